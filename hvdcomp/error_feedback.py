@@ -1,0 +1,68 @@
+"""Error feedback (the "memory" of GRACE): a wrapper that makes any biased compressor converge.
+
+Seide et al. (1-bit SGD, 2014) and Karimireddy et al. (EF-SGD, ICML 2019): each rank keeps the residual e of
+what its compressor dropped and adds it back before the next compression,
+
+    p_t = g_t + e_{t-1},    payload = C(p_t),    e_t = p_t - D(C(p_t)),
+
+so every coordinate is eventually sent. The invariant ``e_t + D(C(p_t)) == p_t`` holds exactly (up to the
+float rounding of one subtraction).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from hvdcomp.compressor import Compressor, Payload, State
+
+
+class ErrorFeedback(Compressor):
+    """Wraps ``inner`` with a per-parameter residual (float32, the tensor's shape and device)."""
+
+    unbiased = False
+
+    def __init__(self, inner: Compressor) -> None:
+        if isinstance(inner, ErrorFeedback):
+            raise ValueError(f"{inner!r} already has error feedback")
+        self.inner = inner
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return self.inner.name
+
+    @property
+    def summable(self) -> bool:  # type: ignore[override]
+        return self.inner.summable
+
+    @property
+    def fixed_size(self) -> bool:  # type: ignore[override]
+        return self.inner.fixed_size
+
+    def init_state(self, tensor: torch.Tensor, seed: int) -> State:
+        return {"residual": torch.zeros_like(tensor, dtype=torch.float32),
+                "inner": self.inner.init_state(tensor, seed)}
+
+    def shared_max(self, tensor: torch.Tensor, state: State) -> torch.Tensor | None:
+        return self.inner.shared_max(tensor + state["residual"], state["inner"])
+
+    def compress(self, tensor: torch.Tensor, state: State, shared: torch.Tensor | None = None) -> tuple[
+            Payload, Any]:
+        residual = state["residual"]
+        compensated = residual.add_(tensor)  # p_t, built in the residual's buffer: no allocation
+        payload, ctx = self.inner.compress(compensated, state["inner"], shared)
+        residual.sub_(self.inner.decompress(payload, ctx))  # e_t = p_t - D(C(p_t))
+        return payload, ctx
+
+    def decompress(self, payload: Payload, ctx: Any) -> torch.Tensor:
+        return self.inner.decompress(payload, ctx)
+
+    def aggregate(self, payloads: list[Payload], ctx: Any) -> torch.Tensor:
+        return self.inner.aggregate(payloads, ctx)
+
+    def unwrapped(self) -> Compressor:
+        return self.inner
+
+    def __repr__(self) -> str:
+        return f"ErrorFeedback({self.inner!r})"

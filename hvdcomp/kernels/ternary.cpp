@@ -1,0 +1,180 @@
+// Fused CPU kernels for TernGrad (Wen et al., NeurIPS 2017) and 2-bit ternary packing.
+//
+// The pure-PyTorch path (hvdcomp/methods/terngrad.py) needs a dozen full passes over the gradient and a
+// per-element Mersenne-Twister draw; these kernels do one read pass for the statistics, one fused
+// clip-ternarize-pack pass, and one unpack-accumulate pass for decoding, so compress+decompress runs close
+// to memory speed on a CPU.
+//
+// Wire format (shared with the PyTorch path): each element takes 2 bits, 4 elements per byte, element j of
+// a byte at bits 2j..2j+1 (little end first); code 0b00 = 0, 0b01 = +1, 0b10 = -1. Padding codes are 0.
+//
+// Randomness is counter-based (splitmix64 of seed and element-pair index), so results do not depend on the
+// thread count and a run resumed from a checkpoint draws the same numbers.
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kGrain = 1 << 15;
+
+inline uint64_t splitmix64(uint64_t z) {
+  z += 0x9E3779B97F4A7C15ULL;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+// Uniform in [0, 1) with 24 random bits: exactly representable in float.
+inline float uniform24(uint32_t bits) { return static_cast<float>(bits >> 8) * (1.0f / 16777216.0f); }
+
+void check_float_contiguous(const torch::Tensor& t, const char* what) {
+  TORCH_CHECK(t.device().is_cpu(), what, " must be a CPU tensor");
+  TORCH_CHECK(t.scalar_type() == torch::kFloat32, what, " must be float32, got ", t.scalar_type());
+  TORCH_CHECK(t.is_contiguous(), what, " must be contiguous");
+}
+
+}  // namespace
+
+// Returns float64 [sum, sum of squares, max |x|] of a float32 tensor, in one pass.
+torch::Tensor moments(const torch::Tensor& x) {
+  check_float_contiguous(x, "moments: x");
+  const float* data = x.data_ptr<float>();
+  const int64_t n = x.numel();
+  const int64_t chunks = std::max<int64_t>(1, (n + kGrain - 1) / kGrain);
+  std::vector<double> sums(chunks, 0.0), squares(chunks, 0.0), maxes(chunks, 0.0);
+  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      const int64_t lo = c * kGrain, hi = std::min(n, lo + kGrain);
+      // 8 independent lanes break the add dependency chain and let the compiler use SIMD.
+      float s[8] = {}, q[8] = {}, m[8] = {};
+      int64_t i = lo;
+      for (; i + 8 <= hi; i += 8)
+        for (int j = 0; j < 8; ++j) {
+          const float v = data[i + j];
+          s[j] += v;
+          q[j] += v * v;
+          m[j] = std::max(m[j], std::fabs(v));
+        }
+      for (; i < hi; ++i) {
+        s[0] += data[i];
+        q[0] += data[i] * data[i];
+        m[0] = std::max(m[0], std::fabs(data[i]));
+      }
+      double cs = 0.0, cq = 0.0, cm = 0.0;
+      for (int j = 0; j < 8; ++j) {
+        cs += s[j];
+        cq += q[j];
+        cm = std::max<double>(cm, m[j]);
+      }
+      sums[c] = cs;
+      squares[c] = cq;
+      maxes[c] = cm;
+    }
+  });
+  double s = 0.0, q = 0.0, m = 0.0;
+  for (int64_t c = 0; c < chunks; ++c) {  // fixed order: the same result for any thread count
+    s += sums[c];
+    q += squares[c];
+    m = std::max(m, maxes[c]);
+  }
+  return torch::tensor({s, q, m}, torch::kFloat64);
+}
+
+// Stochastic ternarization (TernGrad eq. 2 with clipping, eq. 5) fused with 2-bit packing:
+// a_k = min(|x_k|, clip); code_k = sign(x_k) if u_k * scaler < a_k else 0, u_k ~ U[0, 1).
+// E[decoded] = sign(x_k) * a_k: unbiased for the clipped gradient when scaler >= max_k a_k.
+torch::Tensor ternarize_pack(const torch::Tensor& x, double scaler, double clip, int64_t seed) {
+  check_float_contiguous(x, "ternarize_pack: x");
+  TORCH_CHECK(scaler >= 0.0, "ternarize_pack: scaler must be >= 0, got ", scaler);
+  const int64_t n = x.numel();
+  const int64_t nbytes = (n + 3) / 4;
+  auto out = torch::empty({nbytes}, torch::kUInt8);
+  if (n == 0) return out;
+  const float* src = x.data_ptr<float>();
+  uint8_t* dst = out.data_ptr<uint8_t>();
+  const float s = static_cast<float>(scaler);
+  const float c = static_cast<float>(clip);
+  const uint64_t key = static_cast<uint64_t>(seed) * 0xD1B54A32D192ED03ULL;
+  if (s == 0.f) {
+    std::fill(dst, dst + nbytes, 0);
+    return out;
+  }
+  at::parallel_for(0, nbytes, kGrain / 4, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const uint64_t r0 = splitmix64(key + 2 * b), r1 = splitmix64(key + 2 * b + 1);
+      const uint32_t bits[4] = {static_cast<uint32_t>(r0), static_cast<uint32_t>(r0 >> 32),
+                                static_cast<uint32_t>(r1), static_cast<uint32_t>(r1 >> 32)};
+      const int64_t base = 4 * b;
+      const int lanes = static_cast<int>(std::min<int64_t>(4, n - base));
+      uint8_t byte = 0;
+      for (int j = 0; j < lanes; ++j) {
+        const float v = src[base + j];
+        const float a = std::min(std::fabs(v), c);
+        // Branch-free: the draw is random, so a branch here would mispredict half the time.
+        const uint32_t keep = uniform24(bits[j]) * s < a;
+        const uint32_t code = keep << static_cast<uint32_t>(v < 0.f);  // 0, 1 (+1) or 2 (-1)
+        byte |= static_cast<uint8_t>(code << (2 * j));
+      }
+      dst[b] = byte;
+    }
+  });
+  return out;
+}
+
+// Decodes and sums ternary payloads: packed is uint8 [R, ceil(n/4)], scales float32 [R];
+// returns float32 [n] with out_k = sum_r scales_r * t_{r,k}.
+torch::Tensor unpack_sum(const torch::Tensor& packed, const torch::Tensor& scales, int64_t n) {
+  TORCH_CHECK(packed.device().is_cpu() && packed.scalar_type() == torch::kUInt8 && packed.dim() == 2 &&
+                  packed.is_contiguous(),
+              "unpack_sum: packed must be a contiguous CPU uint8 tensor [R, nbytes]");
+  check_float_contiguous(scales, "unpack_sum: scales");
+  const int64_t ranks = packed.size(0), nbytes = packed.size(1);
+  TORCH_CHECK(scales.numel() == ranks, "unpack_sum: ", ranks, " payloads but ", scales.numel(), " scales");
+  TORCH_CHECK(nbytes == (n + 3) / 4, "unpack_sum: ", nbytes, " bytes per payload cannot hold ", n,
+              " elements (expected ", (n + 3) / 4, ")");
+  auto out = torch::empty({n}, torch::kFloat32);
+  if (n == 0) return out;
+  // lut[byte][j] = value of element j in that byte.
+  static const auto lut = [] {
+    std::vector<float> t(256 * 4);
+    for (int byte = 0; byte < 256; ++byte)
+      for (int j = 0; j < 4; ++j) {
+        const int code = (byte >> (2 * j)) & 3;
+        t[byte * 4 + j] = code == 1 ? 1.f : (code == 2 ? -1.f : 0.f);
+      }
+    return t;
+  }();
+  const uint8_t* src = packed.data_ptr<uint8_t>();
+  const float* sc = scales.data_ptr<float>();
+  float* dst = out.data_ptr<float>();
+  const int64_t full = n / 4;
+  const auto decode = [&](int64_t b, float* acc) {
+    for (int j = 0; j < 4; ++j) acc[j] = 0.f;
+    for (int64_t r = 0; r < ranks; ++r) {
+      const float* e = &lut[src[r * nbytes + b] * 4];
+      const float s = sc[r];
+      for (int j = 0; j < 4; ++j) acc[j] += s * e[j];
+    }
+  };
+  at::parallel_for(0, full, kGrain / 4, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) decode(b, dst + 4 * b);
+  });
+  if (full < nbytes) {  // the last, partly filled byte
+    float acc[4];
+    decode(full, acc);
+    std::copy(acc, acc + (n - 4 * full), dst + 4 * full);
+  }
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("moments", &moments, "float64 [sum, sum of squares, max |x|] of a float32 CPU tensor");
+  m.def("ternarize_pack", &ternarize_pack, "TernGrad stochastic ternarization fused with 2-bit packing");
+  m.def("unpack_sum", &unpack_sum, "Decode and sum 2-bit ternary payloads with per-payload scales");
+}

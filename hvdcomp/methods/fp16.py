@@ -1,0 +1,30 @@
+"""Half precision on the wire: the baseline of every compression study (Horovod's ``Compression.fp16``).
+
+Floating-point gradients (float32, float64, bfloat16) travel as float16 and are summed in float16 by
+allreduce: 2x less traffic than float32, at the cost of float16's range (|x| < 65504; a sum that overflows
+becomes inf, which the optimizer reports). Other dtypes travel unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from hvdcomp.compressor import Compressor, Payload, State
+
+
+class FP16Compressor(Compressor):
+    """Casts floating-point tensors to float16 for the wire; summable."""
+
+    name = "fp16"
+    summable = True
+
+    def compress(self, tensor: torch.Tensor, state: State, shared: torch.Tensor | None = None) -> tuple[
+            Payload, Any]:
+        if tensor.dtype.is_floating_point:
+            return [tensor.to(torch.float16)], tensor.dtype
+        return [tensor], tensor.dtype
+
+    def decompress(self, payload: Payload, ctx: Any) -> torch.Tensor:
+        return payload[0].to(ctx)
