@@ -1,0 +1,261 @@
+#!/usr/bin/env bash
+# Set up this checkout on a fresh machine, idempotently:
+#   a. Open MPI (Debian packages) when mpirun/mpicc are missing,
+#   b. the virtual environment .venv with PyTorch,
+#   c. Horovod 0.28.1 built once from its PyPI source release and cached as a wheel outside the checkout,
+#   d. hvdcomp itself (editable, with its test extras),
+#   e. the optional kernel pre-build hook, then `horovodrun --check-build`.
+# A second run skips b-d while .venv/.hvdcomp-setup matches pyproject.toml and this script.
+#
+# Environment:
+#   HVDCOMP_CACHE  where the Horovod source release, built wheels and build logs are kept
+#                  (default: ${XDG_CACHE_HOME:-$HOME/.cache}/hvdcomp)
+set -euo pipefail
+
+readonly HOROVOD_VERSION=0.28.1
+# sha256 of horovod-0.28.1.tar.gz as published on PyPI.
+readonly HOROVOD_SDIST_SHA256=92a43f5a94c43907a56805bad15f19700c62ffc83b7ca483f9e104e229f67ef0
+# Pinned on purpose: an unpinned torch pulls several GB of CUDA wheels on a CPU machine.
+readonly TORCH_VERSION=2.13.0
+
+REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+readonly REPO_ROOT
+cd "$REPO_ROOT"
+
+readonly VENV="$REPO_ROOT/.venv"
+readonly PY="$VENV/bin/python"
+readonly STAMP="$VENV/.hvdcomp-setup"
+readonly CONSTRAINTS="$VENV/hvdcomp-constraints.txt"
+readonly CACHE="${HVDCOMP_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvdcomp}"
+PIP=("$PY" -m pip --disable-pip-version-check --no-input)
+
+log() { echo "[setup] $*"; }
+die() {
+    echo "[setup] ERROR: $*" >&2
+    exit 1
+}
+
+# True when the system python3 already has a torch that can use a GPU: the venv then inherits it.
+system_torch_has_cuda() {
+    python3 -c 'import torch' >/dev/null 2>&1 || return 1
+    python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1 && return 0
+    command -v nvidia-smi >/dev/null && nvidia-smi >/dev/null 2>&1
+}
+
+# a. Open MPI: mpirun to launch ranks, mpicc and the headers to build Horovod and mpi4py.
+install_mpi() {
+    if command -v mpirun >/dev/null && command -v mpicc >/dev/null; then
+        log "Open MPI already installed: $(mpirun --version 2>/dev/null | head -n 1)"
+        return
+    fi
+    local sudo=()
+    if [[ $EUID -ne 0 ]]; then
+        command -v sudo >/dev/null ||
+            die "mpirun/mpicc not found and not running as root: install Open MPI first" \
+                "(Debian/Ubuntu: apt-get install openmpi-bin libopenmpi-dev), then re-run $0"
+        sudo=(sudo)
+    fi
+    log "installing Open MPI from Debian's packages (apt-get install openmpi-bin libopenmpi-dev)"
+    "${sudo[@]}" apt-get update -qq
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive \
+        apt-get install -y -qq --no-install-recommends openmpi-bin libopenmpi-dev >/dev/null
+    log "Open MPI installed: $(mpirun --version 2>/dev/null | head -n 1)"
+}
+
+# b. The virtual environment and torch.
+setup_venv() {
+    local system_site=$1
+    if [[ -x $PY ]] && "$PY" -V >/dev/null 2>&1 &&
+        grep -qx "include-system-site-packages = $system_site" "$VENV/pyvenv.cfg"; then
+        log "virtual environment .venv already exists"
+    elif [[ $system_site == true ]]; then
+        log "creating .venv with --system-site-packages, keeping the system's CUDA torch"
+        python3 -m venv --clear --system-site-packages "$VENV"
+    else
+        log "creating .venv"
+        python3 -m venv --clear "$VENV"
+    fi
+    log "upgrading pip, setuptools and wheel in .venv"
+    "${PIP[@]}" install -q --upgrade pip setuptools wheel
+
+    if [[ $system_site == true ]]; then
+        log "using the system torch $("$PY" -c 'import torch; print(torch.__version__)')"
+    elif [[ $("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null) == "$TORCH_VERSION"* ]]; then
+        log "torch $TORCH_VERSION already installed"
+    else
+        # numpy too: torch warns on import without it (and hvdcomp needs it anyway).
+        log "installing torch==$TORCH_VERSION and numpy"
+        "${PIP[@]}" install -q "torch==$TORCH_VERSION" numpy
+    fi
+}
+
+# Prints where an NCCL to build against is: "system" when nccl.h is where Horovod's CMake looks
+# (HOROVOD_NCCL_HOME, the CUDA toolkit, /usr), else the folder of the nvidia-nccl-cu* Python package; or nothing.
+find_nccl() {
+    local dir
+    for dir in ${HOROVOD_NCCL_HOME:+"$HOROVOD_NCCL_HOME/include"} /usr/local/cuda/include /usr/include; do
+        if [[ -f $dir/nccl.h ]]; then
+            echo system
+            return
+        fi
+    done
+    dir=$("$PY" -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null) || return 0
+    if [[ -f $dir/include/nccl.h && -f $dir/lib/libnccl.so.2 ]]; then
+        echo "$dir"
+    fi
+}
+
+# c. Horovod: install the cached wheel for this python/torch/MPI/NCCL combination, building it first if needed.
+install_horovod() {
+    log "installing Horovod's Python dependencies (cloudpickle, psutil, pyyaml, packaging, cffi)"
+    "${PIP[@]}" install -q cloudpickle psutil pyyaml packaging "cffi>=1.4.0"
+
+    local torch_version torch_cuda nccl="" gpu_ops=cpu ompi_version py_version key
+    torch_version=$("$PY" -c 'import torch; print(torch.__version__)')
+    torch_cuda=$("$PY" -c 'import torch; print(torch.version.cuda or "")')
+    # NCCL ops only make sense with a CUDA torch, nvcc and an NCCL to link.
+    if [[ -n $torch_cuda ]] && command -v nvcc >/dev/null; then
+        nccl=$(find_nccl)
+        [[ -z $nccl ]] || gpu_ops=nccl
+    fi
+    ompi_version=$(mpirun --version 2>/dev/null | sed -n 's/.*(Open MPI) \([0-9.]*\).*/\1/p')
+    [[ -n $ompi_version ]] || die "could not read the Open MPI version from 'mpirun --version'"
+    py_version=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+    key="horovod$HOROVOD_VERSION-py$py_version-torch$torch_version-ompi$ompi_version-$gpu_ops-$(uname -m)"
+
+    local wheel_dir="$CACHE/wheels/$key"
+    local wheels=("$wheel_dir"/horovod-*.whl)
+    if [[ -f ${wheels[0]} ]]; then
+        log "Horovod wheel already built: using the cached $wheel_dir/${wheels[0]##*/}"
+    else
+        build_horovod "$key" "$nccl"
+        wheels=("$wheel_dir"/horovod-*.whl)
+    fi
+    log "installing ${wheels[0]##*/} into .venv"
+    "${PIP[@]}" install -q --force-reinstall --no-deps "${wheels[0]}"
+    printf 'torch==%s\nhorovod==%s\n' "$torch_version" "$HOROVOD_VERSION" >"$CONSTRAINTS"
+}
+
+# Builds the Horovod wheel into $CACHE/wheels/KEY. Args: KEY NCCL (find_nccl's answer; empty: CPU ops only).
+build_horovod() {
+    local key=$1 nccl=$2
+    local sdist="$CACHE/sdist/horovod-$HOROVOD_VERSION.tar.gz"
+    local log_file="$CACHE/logs/horovod-$key.log"
+    mkdir -p "$CACHE/sdist" "$CACHE/logs" "$CACHE/wheels"
+
+    # One build at a time per cache (two checkouts may set up at once); re-check once the lock is ours.
+    exec 9>"$CACHE/wheels/.lock"
+    flock 9
+    if compgen -G "$CACHE/wheels/$key/horovod-*.whl" >/dev/null; then
+        log "Horovod wheel was built meanwhile by another set-up"
+        return
+    fi
+
+    if [[ -f $sdist ]]; then
+        log "Horovod $HOROVOD_VERSION source release already downloaded: $sdist"
+    else
+        log "downloading the Horovod $HOROVOD_VERSION source release from PyPI into $CACHE/sdist"
+        "${PIP[@]}" download -q --no-deps --no-binary :all: -d "$CACHE/sdist" "horovod==$HOROVOD_VERSION"
+    fi
+    echo "$HOROVOD_SDIST_SHA256  $sdist" | sha256sum --check --status ||
+        die "$sdist does not have the expected sha256; delete it and re-run"
+
+    log "installing Horovod's build tools (cmake<4: its bundled gloo does not configure with CMake 4)"
+    "${PIP[@]}" install -q "cmake>=3.13,<4"
+
+    local work
+    work=$(mktemp -d "$CACHE/build.XXXXXX")
+    # shellcheck disable=SC2064 # expand $work now: it is local
+    trap "rm -rf '$work'" EXIT
+    tar -xzf "$sdist" -C "$work"
+    local src="$work/horovod-$HOROVOD_VERSION"
+
+    # torch >= 2.1 headers need C++17; Horovod 0.28.1 asks for C++14 in these two files.
+    local file
+    for file in CMakeLists.txt horovod/torch/CMakeLists.txt; do
+        grep -q 'set(CMAKE_CXX_STANDARD 14)' "$src/$file" ||
+            die "patching Horovod: 'set(CMAKE_CXX_STANDARD 14)' not found in $file"
+        sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' "$src/$file"
+        grep -q 'set(CMAKE_CXX_STANDARD 17)' "$src/$file" || die "patching Horovod: $file not patched"
+    done
+
+    local build_env=(
+        PATH="$VENV/bin:$PATH"
+        HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1
+        HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1
+        MAKEFLAGS="-j$(nproc)"
+    )
+    local ops="PyTorch, MPI, Gloo; CPU only"
+    if [[ -n $nccl ]]; then
+        build_env+=(HOROVOD_GPU_OPERATIONS=NCCL)
+        ops="PyTorch, MPI, Gloo, NCCL"
+        if [[ $nccl != system ]]; then
+            # The pip package has only libnccl.so.2: link it dynamically through a libnccl.so of our own.
+            mkdir "$work/nccl-lib"
+            ln -s "$nccl/lib/libnccl.so.2" "$work/nccl-lib/libnccl.so"
+            build_env+=(HOROVOD_NCCL_LINK=SHARED HOROVOD_NCCL_INCLUDE="$nccl/include"
+                HOROVOD_NCCL_LIB="$work/nccl-lib")
+            ops+=" from $nccl"
+        fi
+    fi
+    log "building Horovod $HOROVOD_VERSION ($ops) with $(nproc) jobs: takes several minutes; log: $log_file"
+
+    local start=$SECONDS
+    if ! env "${build_env[@]}" "${PIP[@]}" wheel -v --no-build-isolation --no-deps \
+        -w "$work/dist" "$src" >"$log_file" 2>&1; then
+        echo "[setup] Horovod build failed. Lines with 'error' in the log:" >&2
+        grep -i 'error' "$log_file" | head -n 40 >&2 || true
+        echo "[setup] Last lines of the log:" >&2
+        tail -n 25 "$log_file" >&2
+        die "Horovod build failed: check that g++, cmake<4 and the MPI headers (libopenmpi-dev) are" \
+            "installed; full log: $log_file"
+    fi
+    mkdir -p "$work/out"
+    mv "$work"/dist/horovod-*.whl "$work/out/"
+    # Rename is atomic on one file system: the key's folder appears complete or not at all.
+    mv "$work/out" "$CACHE/wheels/$key"
+    log "Horovod built in $((SECONDS - start)) s, cached in $CACHE/wheels/$key"
+}
+
+# d. hvdcomp and its remaining dependencies; the constraints keep pip off torch and Horovod.
+install_hvdcomp() {
+    log "installing mpi4py, nvidia-ml-py and pyyaml"
+    "${PIP[@]}" install -q -c "$CONSTRAINTS" mpi4py nvidia-ml-py pyyaml
+    log "installing hvdcomp in editable mode with its test extras"
+    "${PIP[@]}" install -q -c "$CONSTRAINTS" --no-build-isolation -e ".[test]"
+}
+
+main() {
+    local start=$SECONDS
+    install_mpi
+
+    local system_site=false
+    system_torch_has_cuda && system_site=true
+    local stamp_hash
+    stamp_hash=$(cat pyproject.toml launch/setup.sh <(echo "system-site-packages=$system_site") |
+        sha256sum | cut -d ' ' -f 1)
+
+    if [[ -f $STAMP && $(<"$STAMP") == "$stamp_hash" ]] &&
+        "$PY" -c 'import horovod.torch, hvdcomp' >/dev/null 2>&1; then
+        log ".venv is up to date with pyproject.toml and launch/setup.sh: skipping venv, Horovod and hvdcomp"
+    else
+        rm -f "$STAMP"
+        setup_venv "$system_site"
+        install_horovod
+        install_hvdcomp
+        echo "$stamp_hash" >"$STAMP"
+    fi
+
+    # e. Optional hook of the package: pre-builds its C++ extension.
+    if [[ -f hvdcomp/kernels/__main__.py ]]; then
+        log "pre-building hvdcomp's kernels (python -m hvdcomp.kernels --build)"
+        "$PY" -m hvdcomp.kernels --build
+    else
+        log "no hvdcomp/kernels/__main__.py yet: no kernels to pre-build"
+    fi
+    log "horovodrun --check-build:"
+    "$VENV/bin/horovodrun" --check-build
+    log "done in $((SECONDS - start)) s"
+}
+
+main "$@"
