@@ -110,9 +110,9 @@ install_horovod() {
     log "installing Horovod's Python dependencies (cloudpickle, psutil, pyyaml, packaging, cffi)"
     "${PIP[@]}" install -q cloudpickle psutil pyyaml packaging "cffi>=1.4.0"
 
-    local torch_version torch_cuda nccl="" gpu_ops=cpu ompi_version py_version key
-    torch_version=$("$PY" -c 'import torch; print(torch.__version__)')
-    torch_cuda=$("$PY" -c 'import torch; print(torch.version.cuda or "")')
+    local torch_info torch_version torch_cuda nccl="" gpu_ops=cpu ompi_version py_version key
+    torch_info=$("$PY" -c 'import torch; print(torch.__version__, torch.version.cuda or "")')
+    read -r torch_version torch_cuda <<<"$torch_info"
     # NCCL ops only make sense with a CUDA torch, nvcc and an NCCL to link.
     if [[ -n $torch_cuda ]] && command -v nvcc >/dev/null; then
         nccl=$(find_nccl)
@@ -176,7 +176,7 @@ build_horovod() {
         grep -q 'set(CMAKE_CXX_STANDARD 14)' "$src/$file" ||
             die "patching Horovod: 'set(CMAKE_CXX_STANDARD 14)' not found in $file"
         sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' "$src/$file"
-        grep -q 'set(CMAKE_CXX_STANDARD 17)' "$src/$file" || die "patching Horovod: $file not patched"
+        ! grep -q 'set(CMAKE_CXX_STANDARD 14)' "$src/$file" || die "patching Horovod: $file not patched"
     done
 
     local build_env=(
