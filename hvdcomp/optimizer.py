@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import warnings
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -83,6 +83,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.process_set = process_set
         self.backward_passes_per_step = backward_passes_per_step
         self._slots = self._plan(named_parameters)
+        active = process_set.included() and process_set.size() > 1
+        if not active:
+            self._slots = []  # like Horovod: nothing to reduce on one rank
         self._work: dict[int, _Dense | _Compressed] = {}
         self._compressed_total = sum(slot.collective is not None for slot in self._slots)
         self._compressed_started = 0
@@ -92,12 +95,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         self._should_synchronize = True
         self._skip_step = False
-        if process_set.included() and process_set.size() > 1:
+        if active:
             self._check_same_plan()
             for index, slot in enumerate(self._slots):
                 slot.param.register_post_accumulate_grad_hook(self._make_hook(index))
-        else:
-            self._slots = []  # like Horovod: nothing to reduce on one rank
 
     # ----------------------------------------------------------------------------------------- set-up
 
@@ -153,7 +154,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     # ------------------------------------------------------------------------------------ reduction
 
-    def _make_hook(self, index: int):
+    def _make_hook(self, index: int) -> Callable[[torch.Tensor], None]:
         def hook(param: torch.Tensor) -> None:
             slot = self._slots[index]
             if index in self._work:

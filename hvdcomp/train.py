@@ -32,6 +32,7 @@ import torch
 import yaml
 from torch import nn
 
+from hvdcomp.config import CompressionConfig
 from hvdcomp.optimizer import DistributedOptimizer
 from hvdcomp.workloads import WORKLOADS, Workload
 
@@ -64,7 +65,7 @@ class Progress:
         self.start = time.perf_counter()
 
     def update(self, done: int, loss: float) -> None:
-        if not self.enabled:
+        if not self.enabled or (done < self.total and not sys.stderr.isatty()):  # logs get one line per epoch
             return
         width = 30
         filled = width * done // max(self.total, 1)
@@ -181,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = {key: getattr(args, key) if getattr(args, key) is not None else job.get(key)
                 for key in ("workload", "epochs", "batch_size", "lr", "seed")}
     compression = args.compression or job.get("compression", "terngrad")
+    CompressionConfig.parse(compression)  # bad names and values fail here, before any rank starts work
 
     hvd.init()
     runs = ([("dense", "none")] if args.compare else []) + [("compressed", compression)]

@@ -222,7 +222,7 @@ install_hvdcomp() {
     log "installing mpi4py, nvidia-ml-py and pyyaml"
     "${PIP[@]}" install -q -c "$CONSTRAINTS" mpi4py nvidia-ml-py pyyaml
     log "installing hvdcomp in editable mode with its test extras"
-    "${PIP[@]}" install -q -c "$CONSTRAINTS" --no-build-isolation -e ".[test]"
+    "${PIP[@]}" install -q -c "$CONSTRAINTS" --no-build-isolation -e ".[test,perf]"
 }
 
 main() {

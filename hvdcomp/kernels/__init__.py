@@ -1,15 +1,18 @@
 """Fused CPU kernels (``ternary.cpp``), compiled once with PyTorch's C++ extension builder and cached.
 
-The build lands in PyTorch's extension cache (``TORCH_EXTENSIONS_DIR``, by default
-``~/.cache/torch_extensions``), keyed by the source's hash, so it happens once per machine and torch version;
-``launch/setup.sh`` runs it ahead of time (``python -m hvdcomp.kernels --build``). Where no compiler is
-available the methods fall back to their pure-PyTorch path, with one warning saying why.
+The build lands in the Python environment (``<sys.prefix>/hvdcomp-kernels``; PyTorch's extension cache where
+that is not writable) and is rebuilt only when the source or the compiler flags change: once per virtual
+environment, and ``launch/setup.sh`` does it ahead of time (``python -m hvdcomp.kernels --build``). A shared
+cache would make every checkout rebuild the others' copy, as the build command names the environment. Where no
+compiler is available the methods fall back to their pure-PyTorch path, with one warning saying why.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import pathlib
+import sys
 from types import ModuleType
 
 _SOURCE = pathlib.Path(__file__).with_name("ternary.cpp")
@@ -21,7 +24,14 @@ def build() -> ModuleType:
     """Compiles (or loads from the cache) the extension; raises if the build fails."""
     from torch.utils.cpp_extension import load
 
-    return load(name="hvdcomp_kernels", sources=[str(_SOURCE)], extra_cflags=["-O3"], verbose=False)
+    directory = pathlib.Path(sys.prefix) / "hvdcomp-kernels"
+    try:
+        directory.mkdir(exist_ok=True)
+        build_directory = str(directory) if os.access(directory, os.W_OK) else None
+    except OSError:
+        build_directory = None  # a read-only environment: PyTorch's own cache
+    return load(name="hvdcomp_kernels", sources=[str(_SOURCE)], extra_cflags=["-O3"], verbose=False,
+                build_directory=build_directory)
 
 
 def cpu_kernels() -> ModuleType | None:

@@ -100,14 +100,17 @@ class TernGrad(Compressor):
     def shared_max(self, tensor: torch.Tensor, state: State) -> torch.Tensor | None:
         if not self.scaler_sharing:
             return None
-        return self._statistics(self._flat(tensor))[1]
+        # Kept for the compress() call of this same step, which would otherwise read the tensor again.
+        state["statistics"] = self._statistics(self._flat(tensor))
+        return state["statistics"][1]
 
     def compress(self, tensor: torch.Tensor, state: State, shared: torch.Tensor | None = None) -> tuple[
             Payload, Any]:
         x = self._flat(tensor)
         seed = derive_seed(state["seed"], state["step"])
         state["step"] += 1
-        bound, scaler = self._statistics(x)
+        statistics = state.pop("statistics", None)
+        bound, scaler = self._statistics(x) if statistics is None else statistics
         if shared is not None:
             scaler = shared.reshape(1).to(torch.float32)
         kernels = cpu_kernels() if x.device.type == "cpu" else None

@@ -1,0 +1,47 @@
+"""Shared helpers: start real Horovod ranks with mpirun (MPI controller) or horovodrun --gloo (Gloo)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+CONTROLLERS = ("mpi", "gloo")
+
+
+@dataclass
+class Ranks:
+    returncode: int
+    output: str
+
+    def lines(self, prefix: str) -> list[str]:
+        """Output lines starting with ``prefix``, without horovodrun's ``[rank]<stdout>:`` tags."""
+        untagged = (re.sub(r"^\[\d+\]<std(?:out|err)>:", "", line) for line in self.output.splitlines())
+        return [line for line in untagged if line.startswith(prefix)]
+
+
+def run_ranks(args: list[str], np: int, controller: str = "mpi", timeout: float = 300) -> Ranks:
+    """Runs ``python ARGS`` (or a console script) on ``np`` ranks; a hang fails after ``timeout`` seconds."""
+    if controller == "mpi":
+        launcher = [str(REPO / "launch" / "mpirun.sh"), "-np", str(np)]
+    elif controller == "gloo":
+        launcher = [str(BIN / "horovodrun"), "--gloo", "-np", str(np), "-H", f"localhost:{np}"]
+    else:
+        raise ValueError(f"unknown controller {controller!r}; valid: {CONTROLLERS}")
+    command = args if args[0].startswith(str(BIN)) else [sys.executable, *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen([*launcher, *command], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)  # the launcher and every rank it started
+        output, _ = process.communicate()
+        raise AssertionError(f"ranks did not finish within {timeout} s (hang?):\n{output[-5000:]}") from None
+    return Ranks(process.returncode, output)

@@ -1,0 +1,50 @@
+"""The hvdcomp command line: bench compress, and bad input to train (no ranks needed to fail)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+from conftest import BIN
+
+
+def hvdcomp(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BIN / "hvdcomp"), *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize(("method", "max_bits"), [("terngrad", 2.05), ("fp16", 16.0), ("topk", 0.65)])
+def test_bench_compress_json(method: str, max_bits: float) -> None:
+    result = hvdcomp("bench", "compress", "--method", method, "--numel", "200000", "--repeats", "2", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["method"] == method and report["numel"] == 200000
+    assert 0 < report["bits_per_element"] <= max_bits, report
+    for key in ("compress_gbps", "decompress_gbps", "copy_gbps", "fraction_of_copy"):
+        assert report[key] > 0, key
+    assert 0 <= report["relative_error"] < 1.5
+
+
+def test_bench_rejects_unknown_option() -> None:
+    result = hvdcomp("bench", "compress", "--method", "topk", "--option", "ratioo=0.1", "--json")
+    assert result.returncode == 2
+    assert "unknown option for topk 'ratioo'; valid: ratio" in result.stderr
+
+
+def test_train_rejects_unknown_method_with_valid_list() -> None:
+    result = hvdcomp("train", "--compression", "ternary")
+    assert result.returncode == 2
+    assert "unknown compression method 'ternary'; valid: fp16, none, terngrad, topk" in result.stderr
+
+
+def test_train_rejects_bad_job_file(tmp_path) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text("workload: digits\nepoch: 3\n")
+    result = hvdcomp("train", "--config", str(job))
+    assert result.returncode == 2
+    assert "unknown key 'epoch'; valid: workload, epochs" in result.stderr
+
+
+def test_help_lists_commands() -> None:
+    result = hvdcomp("--help")
+    assert result.returncode == 0 and "train" in result.stdout and "bench" in result.stdout

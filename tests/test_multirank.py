@@ -1,0 +1,66 @@
+"""Real ranks under mpirun (MPI controller) and horovodrun --gloo (Gloo controller), 2 and 4 of them.
+
+The scenarios themselves live in tests/ranks.py and assert inside every rank.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import BIN, CONTROLLERS, REPO, run_ranks
+
+pytestmark = pytest.mark.multirank
+
+SCENARIOS = ["collectives", "train", "resume", "stock", "nograd"]
+EXPECTED_FAILURES = {
+    "nonfinite_raise": "non-finite gradient (NaN or Inf)",
+    "mismatch": "ranks are configured differently",
+}
+
+
+@pytest.mark.parametrize("np", [2, 4])
+@pytest.mark.parametrize("controller", CONTROLLERS)
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_scenario(scenario: str, controller: str, np: int) -> None:
+    result = run_ranks([str(REPO / "tests" / "ranks.py"), scenario], np, controller)
+    assert result.returncode == 0, result.output[-5000:]
+    assert len(result.lines(f"{scenario} OK rank")) == np, result.output[-5000:]
+
+
+@pytest.mark.parametrize("controller", CONTROLLERS)
+@pytest.mark.parametrize("scenario", [*EXPECTED_FAILURES, "nonfinite_skip"])
+def test_bad_input_fails_cleanly_on_every_rank(scenario: str, controller: str) -> None:
+    np = 2
+    result = run_ranks([str(REPO / "tests" / "ranks.py"), scenario], np, controller, timeout=180)
+    assert result.returncode == 0, result.output[-5000:]
+    assert len(result.lines(f"{scenario} OK rank")) == np, result.output[-5000:]
+    if scenario in EXPECTED_FAILURES:
+        messages = [line for line in result.lines("EXPECTED rank") if EXPECTED_FAILURES[scenario] in line]
+        assert len(messages) >= np, result.output[-5000:]
+
+
+def test_terngrad_digits_within_one_point_of_dense(tmp_path) -> None:
+    summary = tmp_path / "summary.json"
+    result = run_ranks([str(BIN / "hvdcomp"), "train", "--workload", "digits", "--compression", "terngrad",
+                        "--compare", "dense", "--seed", "0", "--no-progress", "--json", str(summary)], 2)
+    assert result.returncode == 0, result.output[-5000:]
+    dense, terngrad = json.loads(summary.read_text())
+    assert dense["method"] == "none" and terngrad["method"] == "terngrad"
+    assert dense["test_accuracy"] > 0.9, dense
+    assert abs(terngrad["test_accuracy"] - dense["test_accuracy"]) <= 0.01, (dense, terngrad)
+    assert terngrad["compression_ratio"] > 10, terngrad
+    assert "speedup over dense" in result.output
+
+
+def test_train_with_job_file_under_gloo(tmp_path) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text("workload: digits\nepochs: 2\nbatch_size: 16\nlr: 0.05\nseed: 3\n"
+                   "compression:\n  method: topk\n  options: {ratio: 0.05}\n  dense: ['4.*']\n")
+    summary = tmp_path / "summary.json"
+    result = run_ranks([str(BIN / "hvdcomp"), "train", "--config", str(job), "--no-progress", "--json",
+                        str(summary)], 2, "gloo")
+    assert result.returncode == 0, result.output[-5000:]
+    (run,) = json.loads(summary.read_text())
+    assert run["method"] == "topk" and run["epochs"] == 2 and run["ranks"] == 2
+    assert run["compression_ratio"] > 5, run

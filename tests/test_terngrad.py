@@ -1,0 +1,148 @@
+"""TernGrad: unbiasedness, clipping, scaler handling, shapes, wire size; fused kernels and PyTorch path."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import hvdcomp.methods.terngrad as terngrad_module
+from hvdcomp import TernGrad, wire
+from hvdcomp.kernels import cpu_kernels
+from hvdcomp.packing import pack_2bit
+
+PATHS = ["kernels", "torch"]
+
+
+@pytest.fixture(params=PATHS)
+def path(request, monkeypatch):
+    """Runs a test on the fused CPU kernels and on the pure-PyTorch path (used on CUDA)."""
+    if request.param == "kernels":
+        assert cpu_kernels() is not None, "the fused CPU kernels did not build"
+    else:
+        monkeypatch.setattr(terngrad_module, "cpu_kernels", lambda: None)
+    return request.param
+
+
+def clipped(x: torch.Tensor, c: float | None) -> torch.Tensor:
+    if c is None:
+        return x
+    bound = c * x.std(correction=0)
+    return x.clamp(-bound, bound)
+
+
+@pytest.mark.parametrize("clip", [2.5, None])
+def test_unbiased(path: str, clip: float | None) -> None:
+    """E[Q(g)] = clip(g): the mean of R draws is within the variance-derived tolerance."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(4000, generator=generator) * 0.01
+    x[:20] *= 40  # outliers, so clipping matters
+    compressor = TernGrad(clip=clip)
+    state = compressor.init_state(x, seed=1)
+    draws = 400
+    mean = torch.zeros_like(x, dtype=torch.float64)
+    scaler = None
+    for _ in range(draws):
+        payload, ctx = compressor.compress(x, state)
+        scaler = payload[0].item()
+        mean += compressor.decompress(payload, ctx).double() / draws
+    target = clipped(x, clip).double()
+    # Per element, Q_k is s * sign * Bernoulli(|a_k| / s): variance |a_k| (s - |a_k|).
+    variance = target.abs() * (scaler - target.abs()) / draws
+    total_z = (mean - target).sum() / variance.sum().sqrt()
+    assert abs(total_z) < 4.5, f"sum of the means is {total_z:.2f} standard deviations off"
+    random = variance > 0
+    z = (mean - target)[random] / variance[random].sqrt()
+    assert abs(z.pow(2).mean().item() - 1) < 0.2, f"mean z^2 {z.pow(2).mean():.3f}: spread not as derived"
+    torch.testing.assert_close(mean[~random], target[~random], msg="deterministic elements (a = 0 or s) drift")
+
+
+def test_clipping_bounds_the_scaler(path: str) -> None:
+    x = torch.randn(10_000, generator=torch.Generator().manual_seed(1))
+    x[0] = 1000.0
+    bound = 2.5 * x.std(correction=0).item()
+    payload, ctx = TernGrad().compress(x, TernGrad().init_state(x, 0))
+    assert payload[0].item() == pytest.approx(bound, rel=1e-5)
+    values = TernGrad().decompress(payload, ctx)
+    assert set(values.unique().tolist()) <= {-payload[0].item(), 0.0, payload[0].item()}
+    assert values[0].item() == pytest.approx(bound, rel=1e-5), "the outlier is clipped to c*sigma and kept"
+    unclipped, _ = TernGrad(clip=None).compress(x, TernGrad().init_state(x, 0))
+    assert unclipped[0].item() == 1000.0
+
+
+def test_shared_scaler_is_used(path: str) -> None:
+    x = torch.randn(1000, generator=torch.Generator().manual_seed(2))
+    compressor = TernGrad()
+    state = compressor.init_state(x, 0)
+    local = compressor.shared_max(x, state)
+    payload, _ = compressor.compress(x, state, shared=local * 4)
+    assert payload[0].item() == pytest.approx(local.item() * 4)
+    assert TernGrad(scaler_sharing=False).shared_max(x, state) is None
+
+
+@pytest.mark.parametrize("shape", [(), (0,), (1,), (5,), (3, 7), (2, 3, 5)])
+def test_shapes_round_trip(path: str, shape: tuple[int, ...]) -> None:
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(3))
+    compressor = TernGrad()
+    payload, ctx = compressor.compress(x, compressor.init_state(x, 0))
+    out = compressor.decompress(payload, ctx)
+    assert out.shape == x.shape and out.dtype == torch.float32
+    s = payload[0].item()
+    assert all(v in (-s, 0.0, s) for v in out.reshape(-1).tolist())
+    assert torch.all((out == 0) | (torch.sign(out) == torch.sign(x)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_other_gradient_dtypes(path: str, dtype: torch.dtype) -> None:
+    x = torch.randn(333, generator=torch.Generator().manual_seed(4)).to(dtype)
+    compressor = TernGrad()
+    payload, ctx = compressor.compress(x, compressor.init_state(x, 0))
+    assert compressor.decompress(payload, ctx).shape == x.shape
+
+
+def test_kernels_and_torch_path_share_the_wire_format() -> None:
+    """Where every draw is decided (|x| = s or 0), both paths must produce the same bytes."""
+    kernels = cpu_kernels()
+    assert kernels is not None
+    for n in (0, 1, 3, 4, 5, 1001):
+        x = (torch.randint(0, 3, (n,), generator=torch.Generator().manual_seed(n)) - 1).float() * 0.5
+        packed = kernels.ternarize_pack(x, 0.5, math.inf, 123)
+        codes = ((x > 0).to(torch.uint8)) | ((x < 0).to(torch.uint8) << 1)
+        assert torch.equal(packed, pack_2bit(codes)), n
+        decoded = kernels.unpack_sum(packed.view(1, -1), torch.tensor([0.5]), n)
+        assert torch.equal(decoded, x), n
+
+
+def test_kernel_unpack_sum_adds_ranks_with_their_scales() -> None:
+    kernels = cpu_kernels()
+    codes = torch.randint(0, 3, (3, 10), generator=torch.Generator().manual_seed(5)).to(torch.uint8)
+    packed = torch.stack([pack_2bit(c) for c in codes])
+    scales = torch.tensor([1.0, 2.0, 0.25])
+    expected = sum(scales[r] * ((codes[r] & 1).float() - (codes[r] >> 1).float()) for r in range(3))
+    assert torch.equal(kernels.unpack_sum(packed, scales, 10), expected)
+    with pytest.raises(RuntimeError, match="cannot hold"):
+        kernels.unpack_sum(packed, scales, 20)
+
+
+def test_same_seed_and_step_give_the_same_draws(path: str) -> None:
+    x = torch.randn(500, generator=torch.Generator().manual_seed(6))
+    compressor = TernGrad()
+    a, b = compressor.init_state(x, 9), compressor.init_state(x, 9)
+    first = compressor.compress(x, a)[0][1]
+    assert torch.equal(first, compressor.compress(x, b)[0][1])
+    assert not torch.equal(compressor.compress(x, a)[0][1], first), "the next step draws anew"
+
+
+def test_wire_size_at_most_2_05_bits_per_element() -> None:
+    x = torch.randn(1_000_000)
+    compressor = TernGrad()
+    payload, _ = compressor.compress(x, compressor.init_state(x, 0))
+    bits = wire.nbytes(wire.layout_of(payload)) * 8 / x.numel()
+    assert bits <= 2.05, bits
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, "2.5", True])
+def test_bad_clip_is_rejected(bad: object) -> None:
+    with pytest.raises(ValueError, match="clip must be a positive number"):
+        TernGrad(clip=bad)

@@ -1,0 +1,149 @@
+"""Packing, wire format, error feedback, top-k, fp16 and configuration, in one process."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hvdcomp import (
+    METHODS,
+    CompressionConfig,
+    ErrorFeedback,
+    FP16Compressor,
+    HorovodCompression,
+    TernGrad,
+    TopK,
+    make_compressor,
+    wire,
+)
+from hvdcomp.packing import pack_2bit, unpack_2bit
+
+
+@pytest.mark.parametrize("n", [*range(10), 1001, 4096])
+def test_2bit_packing_round_trips_exactly(n: int) -> None:
+    codes = torch.randint(0, 4, (n,), generator=torch.Generator().manual_seed(n), dtype=torch.uint8)
+    packed = pack_2bit(codes)
+    assert packed.numel() == -(-n // 4)
+    assert torch.equal(unpack_2bit(packed, n), codes)
+
+
+def test_packing_rejects_bad_input() -> None:
+    with pytest.raises(ValueError, match="1-D uint8"):
+        pack_2bit(torch.zeros(4))
+    with pytest.raises(ValueError, match="cannot hold"):
+        unpack_2bit(torch.zeros(2, dtype=torch.uint8), 9)
+
+
+def test_wire_round_trip_mixed_dtypes() -> None:
+    payload = [torch.tensor([1.5]), torch.arange(5, dtype=torch.uint8), torch.arange(3, dtype=torch.int64),
+               torch.tensor([], dtype=torch.int32)]
+    buffer = wire.pack(payload)
+    assert buffer.dtype == torch.uint8 and buffer.numel() % wire.ALIGN == 0
+    layout = wire.layout_of(payload)
+    assert buffer.numel() == wire.nbytes(layout) == 8 + 8 + 24 + 0
+    for original, unpacked in zip(payload, wire.unpack(buffer, layout), strict=True):
+        assert torch.equal(original, unpacked)
+    with pytest.raises(ValueError, match="does not match its layout"):
+        wire.unpack(buffer[:-8], layout)
+
+
+@pytest.mark.parametrize("inner", [TopK(0.1), TernGrad(), FP16Compressor()])
+def test_error_feedback_invariant(inner) -> None:
+    """residual + decompressed = compensated input, every step."""
+    compressor = ErrorFeedback(inner)
+    x = torch.randn(40, 25, generator=torch.Generator().manual_seed(0))
+    state = compressor.init_state(x, 0)
+    for step in range(5):
+        g = x * (step + 1)
+        compensated = g + state["residual"]
+        payload, ctx = compressor.compress(g, state)
+        torch.testing.assert_close(state["residual"] + compressor.decompress(payload, ctx), compensated,
+                                   rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="already has error feedback"):
+        ErrorFeedback(compressor)
+
+
+def test_topk_keeps_largest_and_drops_zeros() -> None:
+    x = torch.tensor([0.1, -5.0, 0.0, 3.0, -0.2, 0.0, 0.0, 0.0, 0.0, 0.0])
+    compressor = TopK(0.2)
+    payload, ctx = compressor.compress(x, {})
+    assert sorted(payload[1].tolist()) == [1, 3] and payload[1].dtype == torch.int32
+    assert torch.equal(compressor.decompress(payload, ctx), torch.tensor([0, -5.0, 0, 3.0, 0, 0, 0, 0, 0, 0]))
+    sparse = torch.zeros(10)
+    sparse[4] = 1.0
+    payload, _ = TopK(0.5).compress(sparse, {})
+    assert payload[0].numel() == 1, "zeros among the top-k are not sent"
+    with pytest.raises(ValueError, match=r"ratio must be a number in \(0, 1\]"):
+        TopK(0)
+
+
+def test_topk_aggregate_sums_overlapping_indices() -> None:
+    compressor = TopK(0.5)
+    a, ctx = compressor.compress(torch.tensor([4.0, 0.0, 1.0, 0.0]), {})
+    b, _ = compressor.compress(torch.tensor([2.0, 3.0, 0.0, 0.0]), {})
+    assert torch.equal(compressor.aggregate([a, b], ctx), torch.tensor([6.0, 3.0, 1.0, 0.0]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_fp16(dtype: torch.dtype) -> None:
+    x = torch.randn(100).to(dtype)
+    payload, ctx = FP16Compressor().compress(x, {})
+    assert payload[0].dtype == torch.float16
+    out = FP16Compressor().decompress(payload, ctx)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.float(), x.float(), rtol=1e-2, atol=1e-3)
+
+
+def test_horovod_adapter_accepts_only_summable() -> None:
+    adapter = HorovodCompression(FP16Compressor())
+    tensor, ctx = adapter.compress(torch.ones(3, dtype=torch.float64))
+    assert tensor.dtype == torch.float16
+    assert adapter.decompress(tensor, ctx).dtype == torch.float64
+    with pytest.raises(ValueError, match="not summable"):
+        HorovodCompression(TernGrad())
+
+
+def test_config_choices() -> None:
+    config = CompressionConfig.parse({
+        "method": "terngrad", "options": {"clip": 3.0}, "min_numel": 100, "dense": ["head.*"],
+        "overrides": [{"match": "emb*", "method": "topk", "options": {"ratio": 0.001}},
+                      {"match": "*.bias", "method": "fp16"}]})
+    body = config.choose("body.weight", 1000, world_size=2)
+    assert isinstance(body.compressor, TernGrad) and body.compressor.clip == 3.0
+    assert body.collective == "allgather"
+    assert config.choose("body.weight", 1000, world_size=8).collective == "two_phase"
+    embedding = config.choose("emb.weight", 1000, 2)
+    assert isinstance(embedding.compressor, ErrorFeedback) and embedding.compressor.inner.ratio == 0.001
+    assert config.choose("body.bias", 1000, 2).collective == "allreduce"
+    assert config.choose("head.weight", 10**6, 2).compressor is None
+    assert config.choose("small.weight", 99, 2).compressor is None
+    assert CompressionConfig.parse("none").choose("x", 10**6, 2).compressor is None
+    assert CompressionConfig.parse(TernGrad(clip=None)).choose("x", 10**6, 2).compressor.clip is None
+    unbiased_with_ef = CompressionConfig.parse({"method": "terngrad", "error_feedback": True})
+    assert isinstance(unbiased_with_ef.choose("x", 10**6, 2).compressor, ErrorFeedback)
+
+
+@pytest.mark.parametrize(("config", "message"), [
+    ("terngard", "unknown compression method 'terngard'; valid: fp16, none, terngrad, topk"),
+    ({"method": "terngrad", "options": {"clipp": 2}}, "unknown option for terngrad 'clipp'; valid: clip, "
+                                                      "scaler_sharing"),
+    ({"method": "terngrad", "options": {"clip": -1}}, "clip must be a positive number"),
+    ({"method": "topk", "options": {"ratio": 2}}, "ratio must be a number in"),
+    ({"methd": "topk"}, "unknown key in compression config 'methd'; valid: method, options"),
+    ({"method": "topk", "collective": "ring"}, "unknown collective in compression config 'ring'; valid: auto"),
+    ({"method": "topk", "min_numel": -1}, "min_numel must be a non-negative integer"),
+    ({"method": "topk", "dense": "fc.*"}, "dense must be a list"),
+    ({"method": "topk", "nonfinite": "ignore"}, "unknown nonfinite policy 'ignore'; valid: raise, skip"),
+    ({"method": "topk", "error_feedback": "yes"}, "error_feedback must be true, false or null"),
+    ({"overrides": [{"method": "topk"}]}, r"overrides\[0\] must be a mapping with a 'match' pattern"),
+    ({"overrides": [{"match": "*", "methd": "topk"}]}, r"unknown key in overrides\[0\] 'methd'"),
+    (42, "compression must be a Compressor, a method name or a config mapping"),
+])
+def test_bad_config_is_rejected_with_the_valid_choices(config: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        CompressionConfig.parse(config)
+
+
+def test_every_registered_method_builds_with_defaults() -> None:
+    for name in METHODS:
+        assert make_compressor(name).name == name
