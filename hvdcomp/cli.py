@@ -1,31 +1,33 @@
-"""The ``hvdcomp`` command: ``hvdcomp train`` (run under mpirun/horovodrun) and ``hvdcomp bench``."""
+"""The ``hvdcomp`` command: one subcommand per module, each with its own ``main(argv) -> int``."""
 
 from __future__ import annotations
 
+import importlib
 import sys
 
-USAGE = """usage: hvdcomp COMMAND [ARGS]
+#: subcommand -> (module with main(argv), one-line description)
+COMMANDS = {
+    "train": ("hvdcomp.train", "data-parallel training with compressed gradients (run under mpirun/horovodrun)"),
+    "bench": ("hvdcomp.bench", "micro-benchmarks: bench compress --method NAME [--numel N] [--device cpu|cuda]"),
+}
 
-commands:
-  train   data-parallel training with compressed gradients (run under mpirun or horovodrun)
-  bench   micro-benchmarks: hvdcomp bench compress --method NAME [--numel N] [--device cpu|cuda] --json
 
-'hvdcomp COMMAND --help' describes each command."""
+def usage() -> str:
+    lines = [f"  {name:<8} {description}" for name, (_, description) in COMMANDS.items()]
+    return "usage: hvdcomp COMMAND [ARGS]\n\ncommands:\n" + "\n".join(lines) + \
+        "\n\n'hvdcomp COMMAND --help' describes each command."
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
-        print(USAGE)
+        print(usage())
         return 0
     command, rest = argv[0], argv[1:]
-    if command == "train":
-        from hvdcomp.train import main as run
-    elif command == "bench":
-        from hvdcomp.bench import main as run
-    else:
-        print(f"hvdcomp: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
+    if command not in COMMANDS:
+        print(f"hvdcomp: unknown command {command!r}\n\n{usage()}", file=sys.stderr)
         return 2
+    run = importlib.import_module(COMMANDS[command][0]).main
     try:
         return run(rest)
     except (ValueError, FileNotFoundError) as error:
