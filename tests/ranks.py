@@ -83,7 +83,8 @@ def scenario_collectives() -> None:
                                      f"{label}.{step}")
             result = drive(collective.reduce(compressor, tensor, state, f"{label}.{step}"), f"{label}.{step}")
             assert result.shape == tensor.shape, (label, result.shape)
-            tolerance = 1e-3 if label == "fp16" else 1e-6
+            # fp16 sums round at every addition, and MPI/Gloo add in their own order: a few fp16 ulps (2^-10).
+            tolerance = 4e-3 if label == "fp16" else 1e-6
             torch.testing.assert_close(result.float(), expected.float(), rtol=tolerance, atol=tolerance,
                                        msg=lambda m, label=label: f"{label}: {m}")
         if label == "topk":
