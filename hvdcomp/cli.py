@@ -9,6 +9,7 @@ import sys
 COMMANDS = {
     "train": ("hvdcomp.train", "data-parallel training with compressed gradients (run under mpirun/horovodrun)"),
     "bench": ("hvdcomp.bench", "micro-benchmarks: bench compress --method NAME [--numel N] [--device cpu|cuda]"),
+    "k8s": ("hvdcomp.k8s.cli", "MPI Operator manifests: k8s render --config JOB | validate FILE... | dry-run FILE"),
 }
 
 
