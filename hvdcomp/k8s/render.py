@@ -23,7 +23,7 @@ The job description (every key optional except ``name`` and ``image``)::
     run_policy: {clean_pod_policy: Running, backoff_limit: 0, ttl_seconds_after_finished: 3600,
                  active_deadline_seconds: null}
 
-The compression config travels in a ConfigMap (``<name>-hvdcomp``, key ``job.yaml``, in the format of
+The compression config travels in a ConfigMap (``<name>-config``, key ``job.yaml``, in the format of
 ``hvdcomp train --config``) mounted at ``/etc/hvdcomp`` in every pod; the script gets ``--config
 /etc/hvdcomp/job.yaml`` before its own arguments. The launcher runs ``horovodrun -np N --hostfile
 /etc/mpi/hostfile`` (or ``mpirun -np N``, whose default hostfile the operator sets) with N = nodes x slots;
@@ -214,7 +214,7 @@ class Job:
 
 
 def config_map_name(job: Job) -> str:
-    return f"{job.name}-hvdcomp"
+    return f"{job.name}-config"
 
 
 def _env(job: Job) -> list[dict[str, str]]:
