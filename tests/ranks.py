@@ -327,8 +327,9 @@ def scenario_mismatch() -> None:
 
 SCENARIOS = {name[len("scenario_"):]: fn for name, fn in globals().items() if name.startswith("scenario_")}
 #: Scenarios that compare two runs bit for bit. Horovod's tensor fusion packs whichever gradients are ready
-#: together, and a ring reduces each element in an order set by its offset in the fusion buffer, so two
-#: stock runs can differ in the last bits (seen with Gloo on 4 ranks). Without fusion the order is fixed.
+#: together, and a ring reduces each element in an order set by its offset in the fusion buffer, so the same
+#: sums fused differently (other names, other timing) differ in the last bits: seen with Gloo on 4 ranks,
+#: stock Horovod vs hvdcomp's dense path and a resumed run vs the original. Without fusion the order is fixed.
 RUN_TO_RUN_EXACT = ("stock", "resume")
 
 if __name__ == "__main__":
