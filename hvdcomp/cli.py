@@ -9,6 +9,9 @@ import sys
 COMMANDS = {
     "train": ("hvdcomp.train", "data-parallel training with compressed gradients (run under mpirun/horovodrun)"),
     "bench": ("hvdcomp.bench", "micro-benchmarks: bench compress --method NAME [--numel N] [--device cpu|cuda]"),
+    "probe": ("hvdcomp.perfmodel.probe", "measure GPUs (NVML), NICs and links into a cluster YAML (under mpirun)"),
+    "profile": ("hvdcomp.perfmodel.profile", "measure a model's compute and each compressor's costs into a YAML"),
+    "predict": ("hvdcomp.perfmodel.predict", "predict step time and scaling per compressor from cluster + profile"),
     "k8s": ("hvdcomp.k8s.cli", "MPI Operator manifests: k8s render --config JOB | validate FILE... | dry-run FILE"),
 }
 

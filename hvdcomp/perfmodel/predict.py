@@ -1,0 +1,259 @@
+"""``hvdcomp predict``: step time, throughput and speedup per compressor and worker count, the bandwidth
+below which each compressor pays, and a recommendation, from a cluster YAML and a model profile.
+
+    hvdcomp predict --cluster cluster.yaml --profile profile.yaml --workers 1,2,4,8,16 --plot scaling.png
+    hvdcomp predict --cluster h100-nvlink-ib400 --profile profile.yaml      # a nominal preset by name
+
+For each worker count (nodes filled first: ``ranks_per_node`` ranks per node) and each method, every
+collective the method can use is simulated (:func:`hvdcomp.perfmodel.timeline.simulate`); the table shows
+the one hvdcomp's ``collective: auto`` runs and the best one. Speedup is against one dense worker.
+The recommendation is the fastest (method, collective) at the largest worker count; it says nothing about
+accuracy (TernGrad and top-k change the gradients: check convergence with ``hvdcomp train --compare dense``).
+
+From Python, :func:`predict` returns a :class:`Prediction`, and :func:`tensor_costs` the isolated cost of
+each option for each gradient, what a per-tensor choice needs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from hvdcomp.perfmodel import schema, timeline
+from hvdcomp.perfmodel.schema import Cluster, Profile
+from hvdcomp.perfmodel.timeline import Network, StepTime
+
+PRESETS = Path(__file__).parent / "presets"
+#: a compressor is recommended only if predicted this much faster than dense
+MARGIN = 1.05
+
+
+@dataclass(frozen=True)
+class Option:
+    step: StepTime
+    samples_per_s: float
+    speedup: float  # over one dense worker
+    auto: bool  # what hvdcomp's collective: auto runs
+
+
+@dataclass(frozen=True)
+class BreakEven:
+    """The bandwidth of ``tier`` at which ``method`` and dense take equally long; below it ``method`` wins."""
+
+    method: str
+    workers: int
+    tier: str
+    bandwidth_gbps: float | None
+    verdict: str
+
+
+@dataclass(frozen=True)
+class Prediction:
+    cluster: str
+    nominal: bool
+    model: str
+    batch_size: int
+    workers: tuple[int, ...]
+    options: tuple[Option, ...]
+    break_even: tuple[BreakEven, ...]
+    recommendation: str
+
+    def best(self, workers: int, method: str | None = None) -> Option:
+        """The fastest option at ``workers`` (of ``method``, if given)."""
+        candidates = [o for o in self.options if o.step.workers == workers and method in (None, o.step.method)]
+        return min(candidates, key=lambda o: o.step.step_s)
+
+    def auto(self, workers: int, method: str) -> Option:
+        return next(o for o in self.options if o.step.workers == workers and o.step.method == method and o.auto)
+
+
+def methods_of(profile: Profile) -> list[str]:
+    return ["none", *profile.compressors]
+
+
+def _options(cluster: Cluster, profile: Profile, workers: int, base: float) -> list[Option]:
+    options = []
+    for method in methods_of(profile):
+        compressor = profile.compressors.get(method)
+        auto = timeline.auto_collective(compressor, workers)
+        plans = [auto] if workers == 1 else list(timeline.valid_plans(compressor))
+        for plan in plans:
+            step = timeline.simulate(profile, cluster, method, workers, plan)
+            rate = workers * profile.batch_size / step.step_s
+            options.append(Option(step, rate, rate / base, plan == auto))
+    return options
+
+
+def _scaled(cluster: Cluster, tier: str, factor: float) -> Cluster:
+    values = {"intra_node": cluster.intra_node, "inter_node": cluster.inter_node}
+    values[tier] = values[tier].scaled(factor)
+    return Cluster(cluster.name, cluster.nominal, cluster.ranks_per_node, values["intra_node"],
+                   values["inter_node"], cluster.fusion_threshold_bytes)
+
+
+def break_even(cluster: Cluster, profile: Profile, method: str, workers: int) -> BreakEven:
+    """Bisection on the bottleneck tier's bandwidth (all its measured bus bandwidths scaled alike)."""
+    network = Network(cluster, workers)
+    tier = "inter_node" if network.nodes > 1 or cluster.intra_node is None else "intra_node"
+    link = getattr(cluster, tier)
+
+    def gap(log_factor: float) -> float:  # < 0: the compressor is faster
+        scaled = _scaled(cluster, tier, math.exp(log_factor))
+        return (timeline.simulate(profile, scaled, method, workers).step_s
+                - timeline.simulate(profile, scaled, "none", workers).step_s)
+
+    low, high = math.log(1e-4), math.log(1e4)
+    g_low, g_high = gap(low), gap(high)
+    span = f"{link.bandwidth_gbps * 1e-4:.3g}-{link.bandwidth_gbps * 1e4:.3g} Gbit/s"
+    if workers == 1:
+        return BreakEven(method, workers, tier, None, "one worker: nothing to communicate")
+    if g_low >= 0:
+        return BreakEven(method, workers, tier, None, f"slower than dense at every {tier} bandwidth in {span}")
+    if g_high < 0:
+        return BreakEven(method, workers, tier, None, f"faster than dense at every {tier} bandwidth in {span}")
+    for _ in range(40):
+        middle = (low + high) / 2
+        if gap(middle) < 0:
+            low = middle
+        else:
+            high = middle
+    bandwidth = link.bandwidth_gbps * math.exp((low + high) / 2)
+    return BreakEven(method, workers, tier, bandwidth,
+                     f"faster than dense below {bandwidth:.3g} Gbit/s of {tier} link bandwidth "
+                     f"(this cluster: {link.bandwidth_gbps:.3g})")
+
+
+def recommend(prediction_options: list[Option], workers: int) -> str:
+    """The fastest option hvdcomp can run (a parameter server is priced only for comparison)."""
+    at = [o for o in prediction_options if o.step.workers == workers and o.step.collective != "parameter_server"]
+    dense = min((o for o in at if o.step.method == "none"), key=lambda o: o.step.step_s)
+    best = min(at, key=lambda o: o.step.step_s)
+    if best.step.method == "none" or dense.step.step_s / best.step.step_s < MARGIN:
+        return (f"at {workers} workers: no compression (dense {dense.step.collective}, "
+                f"{dense.step.step_s * 1e3:.1f} ms/step); no compressor is predicted {MARGIN:.2f}x faster")
+    return (f"at {workers} workers: {best.step.method} over {best.step.collective}, {best.step.step_s * 1e3:.1f} "
+            f"ms/step, {dense.step.step_s / best.step.step_s:.2f}x dense's throughput (dense "
+            f"{dense.step.collective}: {dense.step.step_s * 1e3:.1f} ms); check accuracy before adopting it")
+
+
+def predict(cluster: Cluster, profile: Profile, workers: list[int]) -> Prediction:
+    """Every method and collective at every worker count, break-even bandwidths and a recommendation."""
+    if not workers or any(w < 1 for w in workers):
+        raise ValueError(f"workers must be positive integers; got {workers}")
+    workers = sorted(set(workers))
+    base = profile.batch_size / timeline.simulate(profile, cluster, "none", 1).step_s
+    options = [o for w in workers for o in _options(cluster, profile, w, base)]
+    top = workers[-1]
+    evens = tuple(break_even(cluster, profile, m, top) for m in profile.compressors)
+    return Prediction(cluster.name, cluster.nominal, profile.model, profile.batch_size, tuple(workers),
+                      tuple(options), evens, recommend(options, top))
+
+
+def tensor_costs(cluster: Cluster, profile: Profile, workers: int) -> dict[str, dict[str, float]]:
+    """Per gradient, the seconds each (method/collective) takes on its own, encode + collective + decode,
+    with no overlap: the cost a per-tensor choice would compare."""
+    network = Network(cluster, workers)
+    result: dict[str, dict[str, float]] = {}
+    for gradient in profile.gradients:
+        costs = {"none/allreduce": network.time("allreduce", gradient.bytes)}
+        for method, compressor in profile.compressors.items():
+            e = compressor.gradients.get(gradient.name)
+            if e is None:
+                continue
+            for plan in timeline.valid_plans(compressor):
+                if plan == "two_phase":
+                    wire = (network.time("alltoall", e.wire_bytes) +
+                            network.time("allgather", e.wire_bytes / workers))
+                else:
+                    wire = network.time(plan, e.wire_bytes)
+                decode = e.decode_ms if compressor.summable else e.aggregate_ms(workers)
+                costs[f"{method}/{plan}"] = wire + (e.shared_ms + e.encode_ms + decode) * 1e-3
+        result[gradient.name] = costs
+    return result
+
+
+def load_cluster(name_or_path: str) -> Cluster:
+    """A cluster YAML file, or a preset's name (see ``hvdcomp predict --help``)."""
+    path = Path(name_or_path)
+    if not path.exists() and (PRESETS / f"{name_or_path}.yaml").exists():
+        path = PRESETS / f"{name_or_path}.yaml"
+    elif not path.exists():
+        presets = ", ".join(sorted(p.stem for p in PRESETS.glob("*.yaml")))
+        raise FileNotFoundError(f"--cluster {name_or_path}: no such file, and not a preset; presets: {presets}")
+    return schema.load(path, "cluster")
+
+
+def table(prediction: Prediction) -> str:
+    header = (f"{'workers':>7} {'method':>9} {'collective (auto)':>18} {'step ms':>9} {'samples/s':>10} "
+              f"{'speedup':>8} {'MB/rank':>8} {'exposed ms':>10}   best collective")
+    lines = [f"{prediction.model}, batch {prediction.batch_size} per worker, on {prediction.cluster}"
+             f"{' (nominal)' if prediction.nominal else ' (measured)'}", header, "-" * len(header)]
+    for workers in prediction.workers:
+        for method in dict.fromkeys(o.step.method for o in prediction.options):
+            o = prediction.auto(workers, method)
+            best = prediction.best(workers, method)
+            note = "" if best is o else f"{best.step.collective}: {best.step.step_s * 1e3:.1f} ms"
+            lines.append(f"{workers:>7} {method:>9} {o.step.collective:>18} {o.step.step_s * 1e3:>9.1f} "
+                         f"{o.samples_per_s:>10.1f} {o.speedup:>7.2f}x {o.step.bytes_per_rank / 1e6:>8.3f} "
+                         f"{o.step.exposed_s * 1e3:>10.1f}   {note}")
+    lines.append("")
+    lines += [f"break-even {b.method} ({b.workers} workers): {b.verdict}" for b in prediction.break_even]
+    lines.append(f"recommendation {prediction.recommendation}")
+    return "\n".join(lines)
+
+
+def plot(prediction: Prediction, path: str) -> None:
+    try:
+        import matplotlib
+    except ImportError:
+        raise ValueError("--plot needs matplotlib (pip install 'hvdcomp[perf]')") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for method in dict.fromkeys(o.step.method for o in prediction.options):
+        chosen = [prediction.auto(w, method) for w in prediction.workers]
+        left.plot(prediction.workers, [o.samples_per_s for o in chosen], marker="o", label=method)
+        right.plot(prediction.workers, [o.speedup for o in chosen], marker="o", label=method)
+    right.plot(prediction.workers, prediction.workers, color="grey", linestyle=":", label="linear")
+    for axis, label in ((left, "samples/s"), (right, "speedup over 1 dense worker")):
+        axis.set_xscale("log", base=2)
+        axis.set_xlabel("workers")
+        axis.set_ylabel(label)
+        axis.grid(True, alpha=0.3)
+    left.set_yscale("log")
+    right.legend()
+    kind = "nominal" if prediction.nominal else "measured"
+    figure.suptitle(f"{prediction.model} (batch {prediction.batch_size}/worker) on {prediction.cluster} ({kind}); "
+                    "hvdcomp's collective: auto")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def main(argv: list[str] | None = None) -> int:
+    presets = ", ".join(sorted(p.stem for p in PRESETS.glob("*.yaml")))
+    parser = argparse.ArgumentParser(prog="hvdcomp predict", description=__doc__ + f"\npresets: {presets}",
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cluster", required=True, help="a cluster YAML (hvdcomp probe) or a preset name")
+    parser.add_argument("--profile", required=True, help="a profile YAML (hvdcomp profile)")
+    parser.add_argument("--workers", default="1,2,4,8,16,32,64,128,256,512,1024",
+                        help="comma-separated worker counts")
+    parser.add_argument("--plot", metavar="PNG", help="write throughput and speedup vs workers")
+    parser.add_argument("--json", metavar="PATH", help="write the prediction as JSON")
+    args = parser.parse_args(argv)
+    try:
+        workers = [int(w) for w in args.workers.split(",") if w.strip()]
+    except ValueError:
+        parser.error(f"--workers {args.workers!r}: expected comma-separated integers, e.g. 1,2,4,8")
+    prediction = predict(load_cluster(args.cluster), schema.load(args.profile, "profile"), workers)
+    print(table(prediction))
+    if args.plot:
+        plot(prediction, args.plot)
+        print(f"plot: {args.plot}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(asdict(prediction), indent=1) + "\n")
+    return 0

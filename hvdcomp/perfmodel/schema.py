@@ -1,0 +1,299 @@
+"""The YAML files of the performance model: a cluster (``hvdcomp probe``, or a nominal preset) and a model
+profile (``hvdcomp profile``), loaded into frozen dataclasses. Units are in the keys (``latency_us``,
+``bandwidth_gbps`` in Gbit/s, ``time_ms``, ``bytes``). Every error names the file and the field path
+(``inter_node.allreduce.busbw_gbps``), and unknown keys are refused with the valid ones.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hvdcomp.perfmodel.costs import Link
+
+COLLECTIVES = ("allreduce", "allgather", "alltoall")
+#: Horovod 0.28's defaults (horovod/common/operations.cc): 128 MiB fusion buffer, 1 ms cycle.
+HOROVOD_FUSION_THRESHOLD_BYTES = 128 * 1024 * 1024
+
+
+class Fields:
+    """Typed access to one mapping of a YAML document, with errors that name the field path."""
+
+    def __init__(self, data: Any, path: str, where: str) -> None:
+        if not isinstance(data, Mapping):
+            raise ValueError(f"{where}: {path or 'the document'} must be a mapping; got {_shown(data)}")
+        self.data, self.path, self.where = data, path, where
+        self.read: set[str] = set()
+
+    def _name(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def _get(self, key: str, default: Any) -> Any:
+        self.read.add(key)
+        if key not in self.data:
+            if default is _REQUIRED:
+                raise ValueError(f"{self.where}: missing field {self._name(key)}")
+            return default
+        return self.data[key]
+
+    def _fail(self, key: str, expected: str, value: Any) -> ValueError:
+        return ValueError(f"{self.where}: {self._name(key)} must be {expected}; got {_shown(value)}")
+
+    def number(self, key: str, minimum: float = 0.0, strict: bool = False, default: Any = None) -> float:
+        value = self._get(key, _REQUIRED if default is None else default)
+        expected = f"a number {'>' if strict else '>='} {minimum:g}"
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise self._fail(key, expected, value)
+        if value < minimum or (strict and value == minimum):
+            raise self._fail(key, expected, value)
+        return float(value)
+
+    def integer(self, key: str, minimum: int = 0, default: Any = None) -> int:
+        value = self._get(key, _REQUIRED if default is None else default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise self._fail(key, f"an integer >= {minimum}", value)
+        return value
+
+    def string(self, key: str, choices: tuple[str, ...] | None = None, default: Any = None) -> str:
+        value = self._get(key, _REQUIRED if default is None else default)
+        if not isinstance(value, str) or (choices is not None and value not in choices):
+            raise self._fail(key, "one of " + ", ".join(choices) if choices else "a string", value)
+        return value
+
+    def boolean(self, key: str, default: Any = None) -> bool:
+        value = self._get(key, _REQUIRED if default is None else default)
+        if not isinstance(value, bool):
+            raise self._fail(key, "true or false", value)
+        return value
+
+    def mapping(self, key: str, required: bool = True) -> Fields | None:
+        value = self._get(key, _REQUIRED if required else None)
+        return None if value is None else Fields(value, self._name(key), self.where)
+
+    def sequence(self, key: str) -> list[Fields]:
+        value = self._get(key, _REQUIRED)
+        if not isinstance(value, list) or not value:
+            raise self._fail(key, "a non-empty list", value)
+        return [Fields(item, f"{self._name(key)}[{i}]", self.where) for i, item in enumerate(value)]
+
+    def informational(self, *keys: str) -> None:
+        """Keys kept for people (raw measurements, GPU readings): allowed, not used by the model."""
+        self.read.update(keys)
+
+    def done(self) -> None:
+        unknown = [key for key in self.data if key not in self.read]
+        if unknown:
+            raise ValueError(f"{self.where}: unknown field {self._name(str(unknown[0]))}; valid: "
+                             f"{', '.join(sorted(self.read))}")
+
+
+_REQUIRED = object()
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) < 80 else text[:77] + "..."
+
+
+# ---------------------------------------------------------------------------------------------- cluster
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A Horovod collective as measured by the probe: per-step latency and bus bandwidth (nccl-tests)."""
+
+    latency_us: float
+    busbw_gbps: float
+
+    def link(self) -> Link:
+        return Link(self.latency_us * 1e-6, 8 / (self.busbw_gbps * 1e9))
+
+
+@dataclass(frozen=True)
+class Tier:
+    """One level of links: inside a node (per rank) or between nodes (per node, all NICs together)."""
+
+    latency_us: float
+    bandwidth_gbps: float
+    measured: Mapping[str, Measured] = field(default_factory=dict)
+
+    def link(self, collective: str | None = None) -> Link:
+        """The (alpha, beta) for ``collective``: the probe's measurement of it where present, else the link's."""
+        if collective in self.measured:
+            return self.measured[collective].link()
+        return Link(self.latency_us * 1e-6, 8 / (self.bandwidth_gbps * 1e9))
+
+    def scaled(self, factor: float) -> Tier:
+        """The same tier with every bandwidth multiplied by ``factor``."""
+        return Tier(self.latency_us, self.bandwidth_gbps * factor,
+                    {name: Measured(m.latency_us, m.busbw_gbps * factor) for name, m in self.measured.items()})
+
+
+@dataclass(frozen=True)
+class Cluster:
+    name: str
+    nominal: bool
+    ranks_per_node: int
+    intra_node: Tier | None
+    inter_node: Tier | None
+    fusion_threshold_bytes: int = HOROVOD_FUSION_THRESHOLD_BYTES
+
+    def layout(self, workers: int) -> tuple[int, int]:
+        """(ranks per node, nodes) for ``workers`` ranks, nodes filled first."""
+        local = min(workers, self.ranks_per_node)
+        return local, -(-workers // local)
+
+
+def _tier(fields: Fields | None) -> Tier | None:
+    if fields is None:
+        return None
+    measured = {}
+    for name in COLLECTIVES:
+        sub = fields.mapping(name, required=False)
+        if sub is not None:
+            measured[name] = Measured(sub.number("latency_us"), sub.number("busbw_gbps", strict=True))
+            sub.informational("ranks", "points")
+            sub.done()
+    tier = Tier(fields.number("latency_us"), fields.number("bandwidth_gbps", strict=True), measured)
+    fields.informational("name", "pairs")
+    fields.done()
+    return tier
+
+
+def parse_cluster(data: Any, where: str) -> Cluster:
+    top = Fields(data, "", where)
+    top.string("kind", ("cluster",))
+    ranks_per_node = top.integer("ranks_per_node", 1)
+    intra = _tier(top.mapping("intra_node", required=False))
+    inter = _tier(top.mapping("inter_node", required=False))
+    if ranks_per_node > 1 and intra is None:
+        raise ValueError(f"{where}: missing field intra_node (ranks_per_node is {ranks_per_node})")
+    if intra is None and inter is None:
+        raise ValueError(f"{where}: missing field inter_node (a cluster needs intra_node or inter_node)")
+    horovod = top.mapping("horovod", required=False)
+    fusion = HOROVOD_FUSION_THRESHOLD_BYTES
+    if horovod is not None:
+        fusion = horovod.integer("fusion_threshold_bytes", 0, default=HOROVOD_FUSION_THRESHOLD_BYTES)
+        horovod.done()
+    cluster = Cluster(top.string("name"), top.boolean("nominal"), ranks_per_node, intra, inter, fusion)
+    top.informational("source", "gpus", "nics", "hosts", "network_status")
+    top.done()
+    return cluster
+
+
+# ---------------------------------------------------------------------------------------------- profile
+
+
+@dataclass(frozen=True)
+class Gradient:
+    name: str
+    numel: int
+    bytes: int
+    ready_ms: float  # since the start of backward
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """One compressor on one gradient: bytes on the wire and the costs on the rank's compute thread."""
+
+    wire_bytes: int
+    shared_ms: float  # statistics computed in the backward hook (TernGrad's scaler), before the vote
+    encode_ms: float
+    decode_ms: float  # aggregate() of one payload
+    decode_extra_payload_ms: float  # each further payload aggregated
+
+    def aggregate_ms(self, payloads: int) -> float:
+        return self.decode_ms + max(payloads - 1, 0) * self.decode_extra_payload_ms
+
+
+@dataclass(frozen=True)
+class CompressorProfile:
+    method: str
+    summable: bool
+    fixed_size: bool
+    shared_before_encode: bool  # encoding waits for the step's max-allreduce (TernGrad's scaler sharing)
+    gradients: Mapping[str, Encoded]  # compressed gradients only; the others go dense
+
+
+@dataclass(frozen=True)
+class Profile:
+    model: str
+    batch_size: int
+    device: str
+    forward_ms: float
+    backward_ms: float
+    optimizer_ms: float
+    gradients: tuple[Gradient, ...]  # in the order they become ready in backward
+    compressors: Mapping[str, CompressorProfile]
+
+    @property
+    def dense_bytes(self) -> int:
+        return sum(g.bytes for g in self.gradients)
+
+
+def parse_profile(data: Any, where: str) -> Profile:
+    top = Fields(data, "", where)
+    top.string("kind", ("profile",))
+    gradients = []
+    for item in top.sequence("gradients"):
+        gradients.append(Gradient(item.string("name"), item.integer("numel", 1), item.integer("bytes", 1),
+                                  item.number("ready_ms")))
+        item.done()
+    names = {g.name for g in gradients}
+    compressors = {}
+    section = top.mapping("compressors")
+    for method in section.data:
+        entry = section.mapping(str(method))
+        encoded = {}
+        per_gradient = entry.mapping("gradients")
+        for name in per_gradient.data:
+            if name not in names:
+                raise ValueError(f"{where}: compressors.{method}.gradients.{name} is not one of the profile's "
+                                 f"gradients; valid: {', '.join(sorted(names))}")
+            g = per_gradient.mapping(str(name))
+            encoded[name] = Encoded(g.integer("wire_bytes"), g.number("shared_ms", default=0.0),
+                                    g.number("encode_ms"), g.number("decode_ms"), g.number("decode_extra_payload_ms"))
+            g.done()
+        per_gradient.done()
+        compressors[str(method)] = CompressorProfile(str(method), entry.boolean("summable"),
+                                                     entry.boolean("fixed_size"),
+                                                     entry.boolean("shared_before_encode"), encoded)
+        entry.informational("options", "collective")
+        entry.done()
+    section.done()
+    profile = Profile(top.string("model"), top.integer("batch_size", 1), top.string("device"),
+                      top.number("forward_ms"), top.number("backward_ms"), top.number("optimizer_ms"),
+                      tuple(sorted(gradients, key=lambda g: g.ready_ms)), compressors)
+    top.informational("source", "measured")
+    top.done()
+    return profile
+
+
+def load(path: str | Path, kind: str) -> Cluster | Profile:
+    """Loads a ``cluster`` or ``profile`` YAML file; errors name the file and the field."""
+    where = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as error:
+        raise FileNotFoundError(f"{where}: cannot read the {kind} file: {error.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise ValueError(f"{where}: not valid YAML: {error}") from None
+    if kind == "cluster":
+        return parse_cluster(data, where)
+    if kind == "profile":
+        return parse_profile(data, where)
+    raise ValueError(f"unknown kind {kind!r}; valid: cluster, profile")
+
+
+def dump(data: Mapping[str, Any], path: str | Path, header: str = "") -> None:
+    """Writes a document with an optional comment header, keys in the order given."""
+    text = yaml.safe_dump(dict(data), sort_keys=False, default_flow_style=None, width=120)
+    comment = "".join(f"# {line}\n" if line else "#\n" for line in header.splitlines())
+    Path(path).write_text(comment + text)

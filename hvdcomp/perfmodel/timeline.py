@@ -1,0 +1,251 @@
+"""One training step as a timeline: wait-free backprop, Horovod's tensor fusion, hvdcomp's scheduling.
+
+The step is simulated on two resources, as it runs:
+
+* the rank's compute thread: forward; backward, during which each parameter's post-accumulate-grad hook
+  fires when its gradient is ready (:mod:`hvdcomp.optimizer`) and, for a compressed parameter, encodes it
+  on this same thread (so encoding delays the rest of backward); the step's max-allreduce (the *vote*);
+  then ``synchronize()``, which waits for each parameter's collective in parameter-name order and decodes
+  (aggregates) it; the optimizer step;
+* Horovod's background thread: one collective at a time, in the order they were submitted; when it is
+  free it fuses every waiting allreduce of the same kind into one, up to the fusion threshold (Sergeev and
+  Del Balso, "Horovod", arXiv:1802.05799, tensor fusion; Horovod 0.28's 128 MiB default).
+
+Compressors whose encoding needs values shared by all ranks (TernGrad's scaler sharing) only compute their
+statistics in the hook; the vote then runs at the end of backward and all encoding follows it, so their
+communication cannot overlap backward. The two-phase scheme's second collective is submitted from
+``synchronize()`` after the owner has summed and re-encoded its chunk. A parameter server (TernGrad's setting;
+not a collective hvdcomp runs) is priced as one push-pull per gradient, with the server's decode and
+re-encode on the critical path.
+
+Iteration time = forward + backward (+ encoding in hooks) + whatever communication and decoding does not
+overlap + optimizer step: the overlap model of Zhang et al., "Poseidon" (ATC 2017) and Shi et al. (2018,
+"MG-WFBP"), with hvdcomp's own ordering.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from hvdcomp.config import TWO_PHASE_MIN_RANKS
+from hvdcomp.perfmodel import costs
+from hvdcomp.perfmodel.schema import Cluster, CompressorProfile, Profile
+
+#: collective names a plan may use; "allreduce" is also what dense gradients use
+PLANS = ("allreduce", "hierarchical", "allgather", "two_phase", "parameter_server")
+
+
+class Network:
+    """Collective times (seconds) for ``workers`` ranks laid out on ``cluster``'s nodes."""
+
+    def __init__(self, cluster: Cluster, workers: int) -> None:
+        self.cluster, self.workers = cluster, workers
+        self.local, self.nodes = cluster.layout(workers)
+        if self.nodes > 1 and cluster.inter_node is None:
+            raise ValueError(f"cluster {cluster.name!r} has no inter_node link, so it cannot place {workers} "
+                             f"workers ({cluster.ranks_per_node} ranks per node)")
+
+    def link(self, collective: str | None) -> costs.Link:
+        """The flat collective's bottleneck: the slower tier it crosses (a ring crosses both)."""
+        intra, inter = self.cluster.intra_node, self.cluster.inter_node
+        if self.nodes == 1:
+            return (intra or inter).link(collective)
+        if self.local == 1:
+            return inter.link(collective)
+        a, b = intra.link(collective), inter.link(collective)
+        return costs.Link(max(a.alpha, b.alpha), max(a.beta, b.beta))
+
+    def time(self, plan: str, nbytes: float) -> float:
+        p = self.workers
+        if plan == "allreduce":
+            return costs.ring_allreduce(nbytes, p, self.link("allreduce"))
+        if plan == "hierarchical":
+            intra = (self.cluster.intra_node or self.cluster.inter_node).link("allreduce")
+            inter = self.cluster.inter_node.link("allreduce") if self.nodes > 1 else intra
+            return costs.hierarchical_allreduce(nbytes, self.local, self.nodes, intra, inter)
+        if plan == "allgather":
+            return costs.ring_allgather(nbytes, p, self.link("allgather"))
+        if plan == "alltoall":
+            return costs.alltoall(nbytes, p, self.link("alltoall"))
+        if plan == "parameter_server":
+            # one server's link, at the point-to-point speed Horovod's allgather reached on it
+            server = self.cluster.inter_node if self.nodes > 1 else self.cluster.intra_node
+            return costs.parameter_server(nbytes, p, (server or self.cluster.inter_node).link("allgather"))
+        raise ValueError(f"unknown collective {plan!r}; valid: {', '.join(PLANS)}")
+
+
+@dataclass(eq=False)
+class Op:
+    issued: float
+    plan: str
+    nbytes: float
+    fuse: str | None = None  # ops with the same key fuse
+    end: float = math.nan
+
+
+class BackgroundThread:
+    """Horovod's background thread: collectives one at a time, in submission order, with tensor fusion."""
+
+    def __init__(self, cost: Callable[[str, float], float], fusion_threshold_bytes: int) -> None:
+        self.cost, self.threshold = cost, fusion_threshold_bytes
+        self.free = 0.0
+        self.pending: list[Op] = []
+        self.busy = 0.0
+        self.collectives = 0
+
+    def submit(self, op: Op) -> Op:
+        while self.pending and max(self.free, self.pending[0].issued) < op.issued:
+            self._run_next()
+        self.pending.append(op)
+        return op
+
+    def wait(self, op: Op) -> float:
+        while math.isnan(op.end):
+            self._run_next()
+        return op.end
+
+    def _run_next(self) -> None:
+        head = self.pending.pop(0)
+        start = max(self.free, head.issued)
+        batch, size = [head], head.nbytes
+        if head.fuse is not None:
+            for op in list(self.pending):
+                if op.fuse == head.fuse and op.issued <= start and size + op.nbytes <= self.threshold:
+                    batch.append(op)
+                    self.pending.remove(op)
+                    size += op.nbytes
+        duration = self.cost(head.plan, size)
+        self.free = start + duration
+        self.busy += duration
+        self.collectives += 1
+        for op in batch:
+            op.end = self.free
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """One simulated step (seconds), and the traffic one rank hands to collectives."""
+
+    method: str
+    collective: str
+    workers: int
+    step_s: float
+    forward_s: float
+    backward_s: float  # including work done in the hooks (encoding, statistics)
+    encode_s: float
+    decode_s: float
+    optimizer_s: float
+    communication_s: float  # the background thread's busy time
+    exposed_s: float  # step time not spent computing: communication that did not overlap
+    bytes_per_rank: float
+    collectives: int = field(default=0)
+
+
+def auto_collective(compressor: CompressorProfile | None, workers: int) -> str:
+    """What hvdcomp runs with ``collective: auto`` (:meth:`hvdcomp.config.CompressionConfig.choose`)."""
+    if compressor is None or compressor.summable:
+        return "allreduce"
+    return "two_phase" if compressor.fixed_size and workers >= TWO_PHASE_MIN_RANKS else "allgather"
+
+
+def valid_plans(compressor: CompressorProfile | None) -> tuple[str, ...]:
+    if compressor is None or compressor.summable:
+        return ("allreduce", "hierarchical")
+    if compressor.fixed_size:
+        return ("allgather", "two_phase", "parameter_server")
+    return ("allgather", "parameter_server")
+
+
+def simulate(profile: Profile, cluster: Cluster, method: str, workers: int, plan: str | None = None) -> StepTime:
+    """The step time of ``method`` ("none" is dense) on ``workers`` ranks, with collective ``plan``
+    (default: what hvdcomp's ``collective: auto`` picks)."""
+    ms = 1e-3
+    compressor = None
+    if method != "none":
+        if method not in profile.compressors:
+            raise ValueError(f"profile of {profile.model!r} has no compressor {method!r}; valid: none, "
+                             f"{', '.join(profile.compressors)}")
+        compressor = profile.compressors[method]
+    plan = plan or auto_collective(compressor, workers)
+    if plan not in valid_plans(compressor):
+        raise ValueError(f"{method} cannot use collective {plan!r}; valid: {', '.join(valid_plans(compressor))}")
+    forward, backward, optimizer = profile.forward_ms * ms, profile.backward_ms * ms, profile.optimizer_ms * ms
+    if workers == 1:  # DistributedOptimizer reduces nothing on one rank
+        return StepTime(method, plan, 1, forward + backward + optimizer, forward, backward, 0.0, 0.0, optimizer,
+                        0.0, 0.0, 0.0)
+    network = Network(cluster, workers)
+    thread = BackgroundThread(network.time, cluster.fusion_threshold_bytes)
+    encoded = dict(compressor.gradients) if compressor else {}
+    dense_plan = "hierarchical" if plan == "hierarchical" else "allreduce"
+    gated = compressor is not None and compressor.shared_before_encode
+    last_hook = max((i for i, g in enumerate(profile.gradients) if g.name in encoded), default=-1)
+    ops: dict[str, Op] = {}
+    sent = 0.0
+    encode_total = 0.0
+    delay = 0.0  # compute-thread time the hooks add to backward
+    vote: Op | None = None
+
+    def submit(name: str, at: float) -> None:
+        nonlocal sent
+        e = encoded[name]
+        first = "alltoall" if plan == "two_phase" else plan
+        fuse = f"{method}.allreduce" if plan in ("allreduce", "hierarchical") else None
+        ops[name] = thread.submit(Op(at, first, e.wire_bytes, fuse))
+        sent += e.wire_bytes
+
+    for index, gradient in enumerate(profile.gradients):
+        hook = forward + gradient.ready_ms * ms + delay
+        e = encoded.get(gradient.name)
+        if e is None:
+            ops[gradient.name] = thread.submit(Op(hook, dense_plan, gradient.bytes, "dense"))
+            sent += gradient.bytes
+        elif gated:
+            delay += e.shared_ms * ms
+            encode_total += e.shared_ms * ms
+        else:
+            delay += e.encode_ms * ms
+            encode_total += e.encode_ms * ms
+            submit(gradient.name, hook + e.encode_ms * ms)
+        if index == last_hook:
+            now = forward + gradient.ready_ms * ms + delay
+            vote_bytes = 4 * len(encoded) * (2 if gated else 1)  # flags (and scalers)
+            vote = thread.submit(Op(now, "allreduce", vote_bytes))
+            sent += vote_bytes
+            if gated:  # the last hook waits for the vote, then encodes every compressed gradient
+                now = thread.wait(vote)
+                for name in sorted(encoded):
+                    now += encoded[name].encode_ms * ms
+                    encode_total += encoded[name].encode_ms * ms
+                    submit(name, now)
+                delay = now - forward - gradient.ready_ms * ms
+    backward_end = forward + backward + delay
+    now = backward_end
+    if vote is not None and not gated:
+        now = max(now, thread.wait(vote))
+    decode_total = 0.0
+    for gradient in sorted(profile.gradients, key=lambda g: g.name):
+        now = max(now, thread.wait(ops[gradient.name]))
+        e = encoded.get(gradient.name)
+        if e is None:
+            continue
+        if plan == "two_phase":  # the owner sums its chunk of every rank and re-encodes it
+            owner = (e.aggregate_ms(workers) + e.encode_ms) * ms / workers
+            second = thread.submit(Op(now + owner, "allgather", e.wire_bytes / workers))
+            sent += e.wire_bytes / workers
+            now = max(now + owner, thread.wait(second))
+            decode_total += owner
+            decode = e.decode_ms * ms
+        elif plan == "parameter_server":  # the server sums every push and re-encodes the sum
+            decode = (e.aggregate_ms(workers) + e.encode_ms + e.decode_ms) * ms
+        elif compressor.summable:
+            decode = e.decode_ms * ms
+        else:
+            decode = e.aggregate_ms(workers) * ms
+        now += decode
+        decode_total += decode
+    step = now + optimizer
+    computing = forward + backward + encode_total + decode_total + optimizer
+    return StepTime(method, plan, workers, step, forward, backward + delay, encode_total, decode_total, optimizer,
+                    thread.busy, max(step - computing, 0.0), sent, thread.collectives)
