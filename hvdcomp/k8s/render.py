@@ -138,12 +138,12 @@ class Job:
         return self.nodes * self.slots_per_worker
 
     @classmethod
-    def parse(cls, description: Any, where: str = "job") -> Job:
+    def parse(cls, description: Any) -> Job:
         """Checks every key and value; errors name the key path and the fix."""
         given = _check_keys("", description, _KEYS)
         for key in ("name", "image"):
             if key not in given:
-                raise _fail(f"{where}: {key}", "missing", f"add '{key}:' to the job description")
+                raise _fail(key, "missing", f"add '{key}:' to the job description")
         name = _dns1035("name", given["name"])
         if not isinstance(given["image"], str) or not given["image"].strip():
             raise _fail("image", f"must be an image reference, got {given['image']!r}",
