@@ -1,0 +1,400 @@
+"""The performance model: cost formulas against hand-computed values, the step timeline on constructed
+profiles, YAML validation, the probe's NVML path against a fake pynvml (no GPU here), and real
+``hvdcomp probe`` (2 MPI ranks), ``hvdcomp profile`` and ``hvdcomp predict`` runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import BIN, run_ranks
+
+from hvdcomp.perfmodel import costs, predict, probe, schema, timeline
+from hvdcomp.perfmodel.costs import Link
+
+# ------------------------------------------------------------------------------------------------ costs
+
+
+def test_cost_formulas_match_hand_computed_values() -> None:
+    link = Link(alpha=1e-5, beta=1e-9)  # 10 us per step, 1 GB/s
+    # 2*3*10us + 2*3/4 * 1 MB * 1 ns = 60 us + 1.5 ms
+    assert costs.ring_allreduce(1e6, 4, link) == pytest.approx(1.56e-3)
+    assert costs.ring_allgather(1e6, 4, link) == pytest.approx(3e-5 + 3e-3)
+    assert costs.alltoall(1e6, 4, link) == pytest.approx(3e-5 + 0.75e-3)
+    # alltoall of 1 MB (0.78 ms) + allgather of 250 kB per rank (0.78 ms)
+    assert costs.two_phase(1e6, 4, link, link) == pytest.approx(1.56e-3)
+    assert costs.parameter_server(1e6, 4, link) == pytest.approx(2e-5 + 8e-3)
+    intra, inter = Link(1e-6, 1e-10), Link(1e-5, 1e-9)
+    # inside: 2*(7 us + 7/8 * 8 MB * 0.1 ns) = 1.414 ms; across: 6*10 us + 1.5 * 8 MB * 1 ns = 12.06 ms
+    assert costs.hierarchical_allreduce(8e6, 8, 4, intra, inter) == pytest.approx(1.414e-3 + 12.06e-3)
+    for formula in (costs.ring_allreduce, costs.ring_allgather, costs.alltoall, costs.parameter_server):
+        assert formula(1e6, 1, link) == 0.0
+    assert costs.bus_factor("allreduce", 4) == 1.5 and costs.bus_factor("allgather", 4) == 0.75
+    with pytest.raises(ValueError, match="unknown collective 'reduce'"):
+        costs.steps("reduce", 4)
+
+
+def test_fit_line_recovers_alpha_and_beta() -> None:
+    sizes = [8.0, 512.0, 65536.0, 4e6]
+    alpha, beta = costs.fit_line(sizes, [20e-6 + n * 1e-9 for n in sizes])
+    assert alpha == pytest.approx(20e-6) and beta == pytest.approx(1e-9)
+
+
+# --------------------------------------------------------------------------------------------- timeline
+
+
+def _cluster(gbps: float, latency_us: float = 0.0) -> schema.Cluster:
+    return schema.Cluster("test", True, 1, None, schema.Tier(latency_us, gbps))
+
+
+def _profile(ready_ms: float, compressors: dict[str, schema.CompressorProfile] | None = None) -> schema.Profile:
+    gradients = (schema.Gradient("a", 250_000, 1_000_000, ready_ms), schema.Gradient("b", 1, 4, 100.0))
+    return schema.Profile("toy", 8, "cpu", forward_ms=10, backward_ms=100, optimizer_ms=5,
+                          gradients=tuple(sorted(gradients, key=lambda g: g.ready_ms)),
+                          compressors=compressors or {})
+
+
+def test_timeline_full_overlap() -> None:
+    # 1 MB at 0.16 Gbit/s takes 50 ms; ready at 10 ms of a 100 ms backward, so it ends at 70 ms: hidden.
+    step = timeline.simulate(_profile(ready_ms=10), _cluster(0.16), "none", 2)
+    assert step.communication_s == pytest.approx(0.05, rel=1e-4)
+    assert step.step_s == pytest.approx(0.115, rel=1e-4)
+    assert step.exposed_s == pytest.approx(0.0, abs=1e-6)
+
+
+def test_timeline_no_overlap() -> None:
+    # ready at the very end of backward: all 50 ms are exposed
+    step = timeline.simulate(_profile(ready_ms=100), _cluster(0.16), "none", 2)
+    assert step.step_s == pytest.approx(0.010 + 0.100 + 0.050 + 0.005, rel=1e-4)
+    assert step.exposed_s == pytest.approx(0.05, rel=1e-3)
+
+
+def test_timeline_fuses_gradients_ready_together() -> None:
+    # both ready at 100 ms, 1 ms per step of latency: one fused allreduce, one latency term (2(p-1) = 2 steps)
+    step = timeline.simulate(_profile(ready_ms=100), _cluster(0.16, latency_us=1000), "none", 2)
+    assert step.collectives == 1
+    assert step.step_s == pytest.approx(0.115 + 0.002 + 1_000_004 * 8 / 0.16e9, rel=1e-4)
+
+
+def test_timeline_gated_compressor_encodes_after_backward() -> None:
+    # TernGrad-like: statistics in the hook (1 ms), vote, then encode (4 ms), 62.5 kB on the wire, decode of
+    # 2 payloads (2 + 1 ms); gradient "b" goes dense. 62.5 kB allgather at 0.16 Gbit/s (p=2) = 3.125 ms.
+    encoded = schema.Encoded(62_500, shared_ms=1, encode_ms=4, decode_ms=2, decode_extra_payload_ms=1)
+    compressor = schema.CompressorProfile("tern", summable=False, fixed_size=True, shared_before_encode=True,
+                                          gradients={"a": encoded})
+    step = timeline.simulate(_profile(ready_ms=10, compressors={"tern": compressor}), _cluster(0.16), "tern", 2)
+    vote = 8 * 8 / 0.16e9  # flag + scaler
+    # "a" is ready at 10 ms: hook (1 ms), vote, encode (4 ms), then the rest of backward (90 ms) overlaps the
+    # allgather; "b" (ready at 100 ms + 5 ms of hook work) then its tiny allreduce; decode 3 ms; optimizer 5 ms
+    expected = 0.010 + 0.100 + 0.001 + vote + 0.004 + 4 * 8 / 0.16e9 + 0.003 + 0.005
+    assert step.collective == "allgather"
+    assert step.step_s == pytest.approx(expected, rel=1e-4)
+    assert step.bytes_per_rank == pytest.approx(62_500 + 4 + 8)
+    # at 5 workers hvdcomp's auto switches to two-phase: about 2x the payload leaves each rank
+    two_phase = timeline.simulate(_profile(10, {"tern": compressor}), _cluster(0.16), "tern", 5)
+    assert two_phase.collective == "two_phase"
+    assert two_phase.bytes_per_rank == pytest.approx(62_500 * 1.2 + 4 + 8)
+
+
+def test_timeline_rejects_unknown_method_and_collective() -> None:
+    with pytest.raises(ValueError, match="has no compressor 'qsgd'; valid: none"):
+        timeline.simulate(_profile(10), _cluster(1), "qsgd", 2)
+    with pytest.raises(ValueError, match="none cannot use collective 'allgather'; valid: allreduce, hierarchical"):
+        timeline.simulate(_profile(10), _cluster(1), "none", 2, "allgather")
+
+
+def test_multi_node_needs_inter_node_link() -> None:
+    cluster = schema.Cluster("one node", True, 2, schema.Tier(1, 10), None)
+    with pytest.raises(ValueError, match="has no inter_node link, so it cannot place 4 workers"):
+        timeline.simulate(_profile(10), cluster, "none", 4)
+
+
+# ----------------------------------------------------------------------------------------------- schema
+
+CLUSTER = {"kind": "cluster", "name": "c", "nominal": False, "ranks_per_node": 1,
+           "inter_node": {"latency_us": 5, "bandwidth_gbps": 1, "allreduce": {"latency_us": 9, "busbw_gbps": 0.9}}}
+
+
+def _load(tmp_path: Path, data: object, kind: str) -> object:
+    path = tmp_path / f"{kind}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return schema.load(path, kind)
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda d: d["inter_node"].pop("bandwidth_gbps"), "missing field inter_node.bandwidth_gbps"),
+    (lambda d: d["inter_node"].update(latency_us="fast"), "inter_node.latency_us must be a number >= 0; got 'fast'"),
+    (lambda d: d["inter_node"]["allreduce"].update(busbw_gbps=0), "inter_node.allreduce.busbw_gbps must be a "
+                                                                  "number > 0; got 0"),
+    (lambda d: d["inter_node"].update(bandwith_gbps=3), "unknown field inter_node.bandwith_gbps; valid:"),
+    (lambda d: d.update(ranks_per_node=2), "missing field intra_node (ranks_per_node is 2)"),
+    (lambda d: d.update(nominal="yes"), "nominal must be true or false; got 'yes'"),
+    (lambda d: d.update(kind="profile"), "kind must be one of cluster; got 'profile'"),
+])
+def test_cluster_errors_name_the_field(tmp_path: Path, edit, message: str) -> None:
+    data = json.loads(json.dumps(CLUSTER))
+    edit(data)
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        _load(tmp_path, data, "cluster")
+
+
+def test_cluster_uses_measured_collectives(tmp_path: Path) -> None:
+    cluster = _load(tmp_path, CLUSTER, "cluster")
+    allreduce, allgather = cluster.inter_node.link("allreduce"), cluster.inter_node.link("allgather")
+    assert (allreduce.alpha, allreduce.beta) == pytest.approx((9e-6, 8 / 0.9e9))
+    assert (allgather.alpha, allgather.beta) == pytest.approx((5e-6, 8 / 1e9))  # not measured: the link's own
+
+
+PROFILE = {"kind": "profile", "model": "m", "batch_size": 4, "device": "cpu", "forward_ms": 1, "backward_ms": 2,
+           "optimizer_ms": 0.5, "gradients": [{"name": "w", "numel": 10_000, "bytes": 40_000, "ready_ms": 1}],
+           "compressors": {"topk": {"summable": False, "fixed_size": False, "shared_before_encode": False,
+                                    "gradients": {"w": {"wire_bytes": 816, "encode_ms": 0.1, "decode_ms": 0.1,
+                                                        "decode_extra_payload_ms": 0.01}}}}}
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda d: d["gradients"][0].pop("ready_ms"), r"missing field gradients\[0\].ready_ms"),
+    (lambda d: d.update(gradients=[]), "gradients must be a non-empty list; got \\[\\]"),
+    (lambda d: d["compressors"]["topk"]["gradients"]["w"].update(wire_bytes=-1),
+     "compressors.topk.gradients.w.wire_bytes must be an integer >= 0; got -1"),
+    (lambda d: d["compressors"]["topk"]["gradients"].update(v=d["compressors"]["topk"]["gradients"]["w"]),
+     "compressors.topk.gradients.v is not one of the profile's gradients; valid: w"),
+    (lambda d: d["compressors"]["topk"].pop("summable"), "missing field compressors.topk.summable"),
+    (lambda d: d.update(batch_size=1.5), "batch_size must be an integer >= 1; got 1.5"),
+])
+def test_profile_errors_name_the_field(tmp_path: Path, edit, message: str) -> None:
+    data = json.loads(json.dumps(PROFILE))
+    edit(data)
+    with pytest.raises(ValueError, match=message):
+        _load(tmp_path, data, "profile")
+
+
+def test_unreadable_files(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="cannot read the profile file"):
+        schema.load(tmp_path / "missing.yaml", "profile")
+    (tmp_path / "bad.yaml").write_text("kind: [cluster\n")
+    with pytest.raises(ValueError, match="not valid YAML"):
+        schema.load(tmp_path / "bad.yaml", "cluster")
+    (tmp_path / "list.yaml").write_text("- 1\n")
+    with pytest.raises(ValueError, match="the document must be a mapping"):
+        schema.load(tmp_path / "list.yaml", "cluster")
+
+
+def test_presets_load_and_are_nominal(tmp_path: Path) -> None:
+    presets = sorted(predict.PRESETS.glob("*.yaml"))
+    assert len(presets) >= 3
+    for path in presets:
+        cluster = predict.load_cluster(path.stem)
+        assert cluster.nominal and cluster.inter_node is not None, path
+        assert "NOMINAL" in path.read_text().splitlines()[0] and "Sources" in path.read_text(), path
+    with pytest.raises(FileNotFoundError, match="not a preset; presets: a100-nvlink-100gbe"):
+        predict.load_cluster("dgx-9000")
+
+
+def test_predict_api_break_even_and_recommendation(tmp_path: Path) -> None:
+    profile = _load(tmp_path, PROFILE, "profile")
+    slow = predict.predict(_cluster(0.001, latency_us=1), profile, [1, 2, 8])
+    assert slow.auto(8, "topk").step.collective == "allgather"
+    assert slow.best(8).step.method == "topk"
+    assert slow.recommendation.startswith("at 8 workers: topk over allgather")
+    (even,) = slow.break_even
+    assert even.method == "topk" and even.bandwidth_gbps is not None
+    # at the break-even bandwidth both take the same time
+    at = predict._scaled(_cluster(0.001, 1), "inter_node", even.bandwidth_gbps / 0.001)
+    assert timeline.simulate(profile, at, "topk", 8).step_s == pytest.approx(
+        timeline.simulate(profile, at, "none", 8).step_s, rel=1e-6)
+    fast = predict.predict(_cluster(1000, latency_us=1), profile, [2])
+    assert fast.recommendation.startswith("at 2 workers: no compression")
+    costs_per_tensor = predict.tensor_costs(_cluster(0.001, 1), profile, 8)
+    assert set(costs_per_tensor["w"]) == {"none/allreduce", "topk/allgather", "topk/parameter_server"}
+
+
+# ------------------------------------------------------------------------------------- probe: fake NVML
+
+
+class FakeNVML(types.ModuleType):
+    """The pynvml calls the probe makes, for two GPUs, with the errors NVML raises."""
+
+    def __init__(self, unsupported: set[str] = frozenset(), init_error: str | None = None) -> None:
+        super().__init__("pynvml")
+
+        class NVMLError(Exception):
+            def __str__(self) -> str:
+                return self.args[0] if self.args else "Unknown Error"
+
+        self.NVMLError = NVMLError
+        self.NVMLError_NotSupported = type("NVMLError_NotSupported", (NVMLError,),
+                                           {"__str__": lambda s: "Not Supported"})
+        self.NVMLError_InvalidArgument = type("NVMLError_InvalidArgument", (NVMLError,),
+                                              {"__str__": lambda s: "Invalid Argument"})
+        self.NVMLError_DriverNotLoaded = type("NVMLError_DriverNotLoaded", (NVMLError,),
+                                              {"__str__": lambda s: "Driver Not Loaded"})
+        self.NVML_CLOCK_SM, self.NVML_CLOCK_MEM = 1, 2
+        self.NVML_PCIE_UTIL_TX_BYTES, self.NVML_PCIE_UTIL_RX_BYTES = 0, 1
+        self.NVML_P2P_CAPS_INDEX_READ = 0
+        self.NVML_NVLINK_MAX_LINKS = 18
+        self.NVML_FI_DEV_NVLINK_SPEED_MBPS_L0, self.NVML_FI_DEV_NVLINK_SPEED_MBPS_L1 = 164, 165
+        self.unsupported, self.init_error, self.shutdown = unsupported, init_error, False
+        values = {
+            "nvmlDeviceGetName": lambda h: b"NVIDIA H100 80GB HBM3",
+            "nvmlDeviceGetPciInfo": lambda h: types.SimpleNamespace(busId=f"00000000:{h + 0x18:02X}:00.0"),
+            "nvmlDeviceGetCudaComputeCapability": lambda h: (9, 0),
+            "nvmlDeviceGetMemoryInfo": lambda h: types.SimpleNamespace(total=85_520_809_984),
+            "nvmlDeviceGetMemoryBusWidth": lambda h: 5120,
+            "nvmlDeviceGetClockInfo": lambda h, c: 1980 if c == 1 else 2619,
+            "nvmlDeviceGetMaxClockInfo": lambda h, c: 1980 if c == 1 else 2619,
+            "nvmlDeviceGetPowerUsage": lambda h: 71_000,
+            "nvmlDeviceGetEnforcedPowerLimit": lambda h: 700_000,
+            "nvmlDeviceGetUtilizationRates": lambda h: types.SimpleNamespace(gpu=3, memory=0),
+            "nvmlDeviceGetCurrPcieLinkGeneration": lambda h: 5,
+            "nvmlDeviceGetMaxPcieLinkGeneration": lambda h: 5,
+            "nvmlDeviceGetCurrPcieLinkWidth": lambda h: 16,
+            "nvmlDeviceGetMaxPcieLinkWidth": lambda h: 16,
+            "nvmlDeviceGetPcieSpeed": lambda h: 32000,
+            "nvmlDeviceGetPcieThroughput": lambda h, counter: 1234 + counter,
+            "nvmlDeviceGetNvLinkState": self._link_state,
+            "nvmlDeviceGetNvLinkVersion": lambda h, link: 4,
+            "nvmlDeviceGetNvLinkRemotePciInfo": lambda h, link: types.SimpleNamespace(busId=b"00000000:05:00.0"),
+            "nvmlDeviceGetFieldValues": lambda h, fields: [types.SimpleNamespace(
+                nvmlReturn=0, value=types.SimpleNamespace(uiVal=25781))],
+            "nvmlDeviceGetTopologyCommonAncestor": lambda a, b: 0,
+            "nvmlDeviceGetP2PStatus": lambda a, b, index: 0,
+        }
+        for name, function in values.items():
+            setattr(self, name, self._guard(name, function))
+
+    def _guard(self, name, function):
+        def call(*args):
+            if name in self.unsupported:
+                raise self.NVMLError_NotSupported()
+            return function(*args)
+        return call
+
+    def _link_state(self, handle, link):
+        if link >= 2:
+            raise self.NVMLError_InvalidArgument()
+        return 1
+
+    def nvmlInit(self):
+        if self.init_error:
+            raise self.NVMLError_DriverNotLoaded()
+
+    def nvmlShutdown(self):
+        self.shutdown = True
+
+    def nvmlDeviceGetCount(self):
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        return index
+
+    def nvmlSystemGetDriverVersion(self):
+        return "575.57.08"
+
+
+def test_probe_reads_every_gpu_field(monkeypatch) -> None:
+    fake = FakeNVML()
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    records, status = probe.gpus()
+    assert status == "2 GPU(s) seen by NVML, driver 575.57.08" and fake.shutdown
+    first = records[0]
+    assert first["name"] == "NVIDIA H100 80GB HBM3" and first["compute_capability"] == "9.0"
+    assert first["memory_total_bytes"] == 85_520_809_984 and first["memory_bus_width_bits"] == 5120
+    assert first["sm_clock_max_mhz"] == 1980 and first["memory_clock_mhz"] == 2619
+    assert first["power_draw_w"] == 71 and first["power_limit_w"] == 700
+    assert first["utilization_percent"] == {"gpu": 3, "memory": 0}
+    assert (first["pcie_generation"], first["pcie_width_max"], first["pcie_tx_kb_s"]) == (5, 16, 1234)
+    assert first["nvlink"] == [
+        {"link": i, "active": True, "version": 4, "remote_pci_bus_id": "00000000:05:00.0", "speed_mbps": 25781}
+        for i in range(2)]
+    assert first["topology"] == [{"gpus": [0, 1], "common_ancestor": "internal", "p2p_read": "ok"}]
+    assert "unavailable" not in first
+    assert yaml.safe_load(yaml.safe_dump(records)) == records  # plain data, as written to the YAML
+
+
+def test_probe_unsupported_calls_leave_the_field_empty_with_the_reason(monkeypatch) -> None:
+    fake = FakeNVML(unsupported={"nvmlDeviceGetMemoryBusWidth", "nvmlDeviceGetPowerUsage",
+                                 "nvmlDeviceGetNvLinkState", "nvmlDeviceGetP2PStatus"})
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    records, _ = probe.gpus()
+    first = records[0]
+    assert "memory_bus_width_bits" not in first and "power_draw_w" not in first and "nvlink" not in first
+    assert first["unavailable"] == {"memory_bus_width_bits": "NVMLError_NotSupported: Not Supported",
+                                    "power_draw_w": "NVMLError_NotSupported: Not Supported",
+                                    "nvlink": "NVMLError_NotSupported: Not Supported"}
+    assert first["power_limit_w"] == 700 and first["name"] == "NVIDIA H100 80GB HBM3"  # the rest is read
+    assert first["topology"][0]["unavailable"] == {"p2p_read": "NVMLError_NotSupported: Not Supported"}
+
+
+def test_probe_without_driver_or_library(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNVML(init_error="driver"))
+    assert probe.gpus() == ([], "no GPU section: NVML could not start (NVMLError_DriverNotLoaded: Driver Not "
+                                "Loaded); no NVIDIA driver here?")
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml raises ImportError
+    records, status = probe.gpus()
+    assert records == [] and status.startswith("no GPU section: nvidia-ml-py is not installed")
+
+
+def test_nics_from_sysfs(tmp_path: Path) -> None:
+    for name, files in {"net/eth0": {"type": "1", "speed": "10000", "operstate": "up"},
+                        "net/lo": {"type": "772", "operstate": "unknown"},
+                        "infiniband/mlx5_0/ports/1": {"rate": "400 Gb/sec (4X NDR)"}}.items():
+        (tmp_path / name).mkdir(parents=True)
+        for file, text in files.items():
+            (tmp_path / name / file).write_text(text + "\n")
+    eth, lo, ib = probe.nics(tmp_path)
+    assert eth == {"name": "eth0", "kind": "ethernet", "state": "up", "speed_gbps": 10.0}
+    assert lo["kind"] == "loopback" and "speed_gbps" in lo["unavailable"]
+    assert ib == {"name": "mlx5_0/1", "kind": "infiniband", "rate": "400 Gb/sec (4X NDR)", "speed_gbps": 400.0}
+
+
+# ------------------------------------------------------------------------------------ real runs, real ranks
+
+
+def _hvdcomp(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BIN / "hvdcomp"), *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.multirank
+def test_probe_profile_predict_for_real(tmp_path: Path) -> None:
+    cluster_path, profile_path = tmp_path / "cluster.yaml", tmp_path / "profile.yaml"
+    ranks = run_ranks([str(BIN / "hvdcomp"), "probe", "--out", str(cluster_path)], np=2, timeout=300)
+    assert ranks.returncode == 0, ranks.output[-3000:]
+    document = yaml.safe_load(cluster_path.read_text())
+    assert document["gpus"][0]["devices"] == [] and document["gpus"][0]["status"].startswith("no GPU section")
+    cluster = schema.load(cluster_path, "cluster")
+    assert not cluster.nominal and cluster.ranks_per_node == 2 and cluster.inter_node is None
+    assert cluster.intra_node.bandwidth_gbps > 0.1 and set(cluster.intra_node.measured) == {
+        "allreduce", "allgather", "alltoall"}
+    done = _hvdcomp("profile", "--model", "digits", "--repeats", "3", "--out", str(profile_path))
+    assert done.returncode == 0, done.stderr
+    profile = schema.load(profile_path, "profile")
+    assert [g.name for g in profile.gradients][-1] in ("0.weight", "0.bias")  # the first layer is ready last
+    assert profile.dense_bytes == 4 * (64 * 512 + 512 + 512 * 96 + 96 + 96 * 10 + 10)
+    assert set(profile.compressors) == {"fp16", "terngrad", "topk"}
+    assert profile.compressors["terngrad"].shared_before_encode
+    assert set(profile.compressors["topk"].gradients) == {"0.weight", "2.weight"}  # min_numel 1024
+    plot, report = tmp_path / "scaling.png", tmp_path / "prediction.json"
+    done = _hvdcomp("predict", "--cluster", str(cluster_path), "--profile", str(profile_path), "--workers", "1,2",
+                    "--plot", str(plot), "--json", str(report))
+    assert done.returncode == 0, done.stderr
+    assert "recommendation at 2 workers" in done.stdout and plot.stat().st_size > 10_000
+    assert json.loads(report.read_text())["workers"] == [1, 2]
+    done = _hvdcomp("predict", "--cluster", str(cluster_path), "--profile", str(profile_path), "--workers", "4")
+    assert done.returncode == 2 and "has no inter_node link, so it cannot place 4 workers" in done.stderr
+
+
+def test_predict_rejects_bad_arguments(tmp_path: Path) -> None:
+    profile = tmp_path / "p.yaml"
+    profile.write_text(yaml.safe_dump(PROFILE))
+    done = _hvdcomp("predict", "--cluster", "gtx1080-pcie-1gbe", "--profile", str(profile), "--workers", "1,two")
+    assert done.returncode == 2 and "expected comma-separated integers" in done.stderr
+    done = _hvdcomp("predict", "--cluster", "gtx1080-pcie-1gbe", "--profile", str(profile), "--workers", "0,4")
+    assert done.returncode == 2 and "workers must be positive integers" in done.stderr
+    done = _hvdcomp("predict", "--cluster", "gtx1080-pcie-1gbe", "--profile", str(profile), "--workers", "1,4,16")
+    assert done.returncode == 0 and "(nominal)" in done.stdout
