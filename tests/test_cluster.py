@@ -1,0 +1,132 @@
+"""The emulated cluster (hvdcomp/cluster.py): links shaped to the set rate, and real ranks training across them.
+
+Needs root and iproute2; skipped, with the reason, where network namespaces cannot be created.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hvdcomp import cluster
+
+BIN = Path(sys.executable).parent
+NAME = f"hvdt{os.getpid() % 100000}"  # one cluster per test session; concurrent sessions do not collide
+
+
+def namespaces_unavailable() -> str | None:
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    if shutil.which("ip") is None or shutil.which("tc") is None:
+        return "iproute2 (ip, tc) is not installed"
+    probe = f"{NAME}-probe"
+    result = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if result.returncode != 0:
+        return f"cannot create a network namespace here: {result.stderr.strip()}"
+    subprocess.run(["ip", "netns", "delete", probe], check=True)
+    return None
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    reason = namespaces_unavailable()
+    if reason:
+        pytest.skip(reason)
+    try:
+        yield cluster.up(2, rate="100mbit", name=NAME)
+    finally:
+        cluster.down(NAME)
+
+
+def wire_bytes(host: cluster.Host) -> tuple[int, int]:
+    """Bytes received and sent on the host's link so far (its eth0 counters)."""
+    output = subprocess.run(host.command(["cat", "/proc/net/dev"]), capture_output=True, text=True,
+                            check=True).stdout
+    for line in output.splitlines():
+        name, _, counters = line.partition(":")
+        if name.strip() == host.interface:
+            fields = counters.split()
+            return int(fields[0]), int(fields[8])
+    raise AssertionError(f"no {host.interface} in {host.namespace}: {output}")
+
+
+def run(argv: list[str], timeout: float) -> str:
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, 9)
+        output, _ = process.communicate()
+        raise AssertionError(f"{argv[:8]}... did not finish within {timeout} s:\n{output[-4000:]}") from None
+    assert process.returncode == 0, output[-4000:]
+    return output
+
+
+def test_cluster_comes_up(hosts: cluster.Cluster) -> None:
+    assert cluster.status(NAME) == hosts
+    assert [host.address for host in hosts.hosts] == ["10.213.0.1", "10.213.0.2"]
+    for host in hosts.hosts:
+        addresses = subprocess.run(["ip", "-n", host.namespace, "-o", "addr"], capture_output=True, text=True,
+                                   check=True).stdout
+        assert f"inet {host.address}/24" in addresses
+        assert "inet6" not in addresses.replace("inet6 ::1/128", "")  # loopback and the host's address only
+        qdisc = subprocess.run(["tc", "-n", host.namespace, "qdisc", "show", "dev", "eth0"], capture_output=True,
+                               text=True, check=True).stdout
+        assert "tbf" in qdisc and "100Mbit" in qdisc, qdisc
+
+
+@pytest.mark.parametrize(("source", "destination"), [(0, 1), (1, 0)])
+def test_throughput_matches_the_rate(hosts: cluster.Cluster, source: int, destination: int) -> None:
+    goodput = cluster.throughput(hosts, source, destination, nbytes=15_000_000, timeout=30)
+    assert 0.8 * hosts.rate_bps <= goodput <= 1.2 * hosts.rate_bps, f"{goodput / 1e6:.1f} Mbit/s at 100mbit"
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("controller", cluster.CONTROLLERS)
+def test_train_across_hosts(hosts: cluster.Cluster, controller: str, tmp_path: Path) -> None:
+    """A 2-host `hvdcomp train` completes, and its gradient traffic crossed the shaped links."""
+    before = [wire_bytes(host) for host in hosts.hosts]
+    summary = tmp_path / "summary.json"
+    command = [str(BIN / "hvdcomp"), "train", "--workload", "digits", "--epochs", "1", "--compression", "terngrad",
+               "--no-progress", "--json", str(summary)]
+    run(hosts.launch_command(command, controller=controller), timeout=180)
+    [result] = json.loads(summary.read_text())
+    assert result["ranks"] == 2 and result["test_accuracy"] > 0.5, result
+    sent = result["bytes_per_rank_per_step"] * result["steps"]
+    for host, (received_before, sent_before) in zip(hosts.hosts, before, strict=True):
+        received, transmitted = wire_bytes(host)
+        assert transmitted - sent_before >= sent, (host.namespace, transmitted - sent_before, sent)
+        assert received - received_before >= sent, (host.namespace, received - received_before, sent)
+
+
+def test_bad_settings_are_named() -> None:
+    with pytest.raises(ValueError, match="rate: '100' is not a tc rate"):
+        cluster.up(2, rate="100", name=NAME)
+    with pytest.raises(ValueError, match="hosts: 1 must be between 2"):
+        cluster.up(1, name=NAME)
+    with pytest.raises(ValueError, match="name: 'Bad_name'"):
+        cluster.up(2, name="Bad_name")
+    with pytest.raises(ValueError, match="loss: '150%'"):
+        cluster.up(2, loss="150%", name=NAME)
+    assert cluster.parse_rate("1.5gbit") == 1.5e9
+
+
+def test_launch_command_runs_one_rank_per_host(hosts: cluster.Cluster) -> None:
+    argv = hosts.launch_command(["python", "x.py"], env={"A": "1"})
+    assert argv[:4] == ["ip", "netns", "exec", f"{NAME}-h0"]
+    for flag in ("btl", "tcp,self", "pml", "ob1", "btl_tcp_if_include", hosts.subnet):
+        assert flag in argv
+    contexts = " ".join(argv).split(" : ")
+    assert len(contexts) == 2
+    for rank, context in enumerate(contexts):
+        assert f"ip netns exec {NAME}-h{rank} env PMIX_MCA_ptl_tcp_if_include={hosts.subnet} A=1 python x.py" \
+            in context
+    with pytest.raises(ValueError, match="unknown controller 'ssh'"):
+        hosts.launch_command(["true"], controller="ssh")
