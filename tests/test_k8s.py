@@ -368,3 +368,62 @@ def test_dockerfile_image_layout_matches_the_manifests() -> None:
     assert [*worker["command"], *worker["args"]] == ["/usr/sbin/sshd", "-De", "-f", render.SSHD_CONFIG]
     assert ("COPY", f"--chown=mpiuser:mpiuser k8s/sshd_config {render.SSHD_CONFIG}") in steps
 
+
+# ---- dry run
+
+
+def test_dry_run_of_the_cpu_smoke_job_trains(tmp_path: Path) -> None:
+    if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("tc"):
+        pytest.skip("the dry run creates network namespaces: needs root, ip and tc")
+    probe = subprocess.run(["ip", "netns", "add", "hvdck8sprobe"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"network namespaces cannot be created here: {probe.stderr.strip()}")
+    subprocess.run(["ip", "netns", "delete", "hvdck8sprobe"], check=True)
+    manifest = tmp_path / "smoke.yaml"
+    built = subprocess.run([shutil.which("kubectl"), "kustomize", K8S / "overlays" / "cpu-smoke"],
+                           capture_output=True, text=True) if shutil.which("kubectl") else None
+    manifest.write_text(built.stdout if built and built.returncode == 0 else rendered("cpu-smoke"))
+    done = subprocess.run(["flock", "/tmp/hvdcomp-cpu.lock", BIN / "hvdcomp", "k8s", "dry-run", manifest,
+                           "--timeout", "400"], capture_output=True, text=True, timeout=500)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-5000:]
+    assert "hvdcomp-worker-0.hvdcomp.default.svc slots=1" in output
+    summaries = [line for line in output.splitlines() if line.lstrip().startswith('[{"method"')]
+    assert summaries, output[-5000:]
+    summary = yaml.safe_load(summaries[-1].lstrip())[0]
+    assert summary["method"] == "terngrad" and summary["ranks"] == 2 and summary["workload"] == "digits"
+    assert summary["steps"] > 0 and summary["final_loss"] < 2.3 and summary["test_accuracy"] > 0.3  # chance: 0.1
+
+
+@pytest.mark.parametrize("launcher", ["horovodrun", "mpirun"])
+def test_dry_run_prepares_what_the_operator_would(launcher: str, tmp_path: Path) -> None:
+    from hvdcomp.k8s import dryrun
+
+    job = render.load(str(K8S / "overlays" / "cpu-smoke" / "job.yaml"))
+    docs = list(yaml.safe_load_all(render.render(render.Job.parse({
+        **yaml.safe_load((K8S / "overlays" / "cpu-smoke" / "job.yaml").read_text()), "launcher": launcher}))))
+    launch, _, hosts = dryrun.prepare(docs, tmp_path)
+    assert (launch.program, launch.np, hosts, launch.controller) == (launcher, 2, 2, "mpi")
+    assert Path(launch.hostfile).read_text() == ("hvdcomp-worker-0.hvdcomp.default.svc slots=1\n"
+                                                 "hvdcomp-worker-1.hvdcomp.default.svc slots=1\n")
+    config = Path(launch.command[launch.command.index("--config") + 1])
+    assert config.is_relative_to(tmp_path) and yaml.safe_load(config.read_text())["compression"] == job.compression
+    assert launch.command[:2] == ["hvdcomp", "train"] and launch.command[-1] == "--no-progress"
+    assert launch.env["NCCL_SOCKET_IFNAME"] == "eth0" and launch.env["NCCL_DEBUG"] == "WARN"
+    assert launch.env["PATH"].startswith(f"{REPO / '.venv' / 'bin'}:")
+    if launcher == "horovodrun":
+        assert launch.env["OMPI_MCA_btl_tcp_if_include"] == "eth0"  # horovodrun passes its whole environment on
+
+
+def test_dry_run_refuses_what_it_cannot_emulate(tmp_path: Path) -> None:
+    from hvdcomp.k8s import dryrun
+
+    with pytest.raises(ValueError, match="slotsPerWorker is 8: the emulated cluster runs one rank per host"):
+        dryrun.prepare(list(yaml.safe_load_all(rendered("gpu-1node"))), tmp_path / "a")
+    docs = list(yaml.safe_load_all(rendered("cpu-smoke")))
+    _launcher(docs[1])["args"][1] = "3"
+    with pytest.raises(ValueError, match="-np 3 but 2 hosts x 1 slots"):
+        dryrun.prepare(docs, tmp_path / "b")
+    docs = list(yaml.safe_load_all(rendered("cpu-smoke")))
+    with pytest.raises(ValueError, match="mounts the ConfigMap 'hvdcomp-config' at /etc/hvdcomp, but the file has no"):
+        dryrun.prepare(docs[1:], tmp_path / "c")
