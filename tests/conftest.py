@@ -20,10 +20,9 @@ class Ranks:
     returncode: int
     output: str
 
-    def lines(self, prefix: str) -> list[str]:
-        """Output lines starting with ``prefix``, without horovodrun's ``[rank]<stdout>:`` tags."""
-        untagged = (re.sub(r"^\[\d+\]<std(?:out|err)>:", "", line) for line in self.output.splitlines())
-        return [line for line in untagged if line.startswith(prefix)]
+    def ranks_saying(self, text: str) -> set[int]:
+        """The ranks that printed ``<text> rank R`` (output of several ranks can interleave mid-line)."""
+        return {int(rank) for rank in re.findall(rf"{re.escape(text)} rank (\d+)", self.output)}
 
 
 def run_ranks(args: list[str], np: int, controller: str = "mpi", timeout: float = 300) -> Ranks:

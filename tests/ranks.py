@@ -3,7 +3,7 @@
     python tests/ranks.py SCENARIO
 
 Each scenario checks its own results with assertions (identical on every rank) and prints
-``SCENARIO OK rank R``; expected failures print ``EXPECTED rank R: <message>`` instead.
+``SCENARIO OK rank R``; a rank that caught an expected error also prints ``raised ERROR (on every rank) rank R``.
 """
 
 from __future__ import annotations
@@ -243,7 +243,7 @@ def scenario_nonfinite_raise() -> None:
             assert repr(parameter) in str(error), error
             if parameter == "0.weight":
                 assert f"on rank {hvd.size() - 1}" in str(error), error
-            print(f"EXPECTED rank {hvd.rank()}: {error}", flush=True)
+            print(f"raised FloatingPointError (on every rank) rank {hvd.rank()}: {error}", flush=True)
         else:
             raise AssertionError(f"a NaN gradient in {parameter} did not raise")
 
@@ -312,7 +312,7 @@ def scenario_mismatch() -> None:
                                      named_parameters=model.named_parameters(), compression=method)
     except ValueError as error:
         assert "configured differently" in str(error), error
-        print(f"EXPECTED rank {hvd.rank()}: {error}", flush=True)
+        print(f"raised ValueError (on every rank) rank {hvd.rank()}: {error}", flush=True)
     else:
         raise AssertionError("ranks with different compressors were not detected")
     try:
