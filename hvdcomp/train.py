@@ -34,7 +34,7 @@ from torch import nn
 
 from hvdcomp.config import CompressionConfig
 from hvdcomp.optimizer import DistributedOptimizer
-from hvdcomp.workloads import WORKLOADS, Workload
+from hvdcomp.workloads import WORKLOADS, Dataset
 
 JOB_KEYS = ("workload", "epochs", "batch_size", "lr", "seed", "compression")
 
@@ -90,12 +90,23 @@ def load_job(path: str) -> dict[str, Any]:
     return dict(job)
 
 
-def evaluate(model: nn.Module, workload: Workload) -> float:
+def evaluate(model: nn.Module, data: Dataset) -> float:
     model.eval()
     with torch.no_grad():
-        predictions = model(workload.data.test_x).argmax(dim=1)
+        predictions = model(data.test_x).argmax(dim=1)
     model.train()
-    return (predictions == workload.data.test_y).float().mean().item()
+    return (predictions == data.test_y).float().mean().item()
+
+
+def pick_device(name: str) -> torch.device:
+    """``auto``: this rank's GPU (``hvd.local_rank()``) where CUDA is available, else the CPU."""
+    if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ValueError("--device cuda, but torch.cuda.is_available() is False on this machine")
+    device = torch.device("cuda", hvd.local_rank() % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    return device
 
 
 def method_name(compression: Any) -> str:
@@ -105,7 +116,7 @@ def method_name(compression: Any) -> str:
 
 
 def run(workload_name: str, compression: Any, epochs: int | None, batch_size: int | None, lr: float | None,
-        seed: int, show_progress: bool = True) -> Summary:
+        seed: int, show_progress: bool = True, device: str = "auto") -> Summary:
     """Trains one workload with one compression setting; every rank returns the same summary."""
     workload = WORKLOADS[workload_name](seed)
     epochs = workload.epochs if epochs is None else epochs
@@ -113,11 +124,12 @@ def run(workload_name: str, compression: Any, epochs: int | None, batch_size: in
     lr = workload.lr if lr is None else lr
     if epochs < 1 or batch_size < 1 or not lr > 0:
         raise ValueError(f"epochs and batch_size must be >= 1 and lr > 0; got {epochs}, {batch_size}, {lr}")
-    model = workload.model
+    target = pick_device(device)
+    model = workload.model.to(target)
+    data = workload.data.to(target)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     optimizer = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9),
                                      named_parameters=model.named_parameters(), compression=compression)
-    data = workload.data
     rank, size = hvd.rank(), hvd.size()
     shard = len(data.train_x) // size
     steps_per_epoch = shard // batch_size
@@ -128,7 +140,7 @@ def run(workload_name: str, compression: Any, epochs: int | None, batch_size: in
     loss = torch.zeros(())
     for epoch in range(epochs):
         order = torch.randperm(len(data.train_x), generator=torch.Generator().manual_seed(seed * 1000 + epoch))
-        mine = order[rank * shard:(rank + 1) * shard]
+        mine = order.to(target)[rank * shard:(rank + 1) * shard]
         progress = Progress(steps_per_epoch, f"{method_name(compression):>9} epoch {epoch + 1}/{epochs}",
                             show_progress and rank == 0)
         for step in range(steps_per_epoch):
@@ -138,6 +150,8 @@ def run(workload_name: str, compression: Any, epochs: int | None, batch_size: in
             loss = loss_fn(model(data.train_x[batch]), data.train_y[batch])
             loss.backward()
             optimizer.step()
+            if target.type == "cuda":
+                torch.cuda.synchronize(target)
             step_times.append(time.perf_counter() - start)
             progress.update(step + 1, loss.item())
     steps = epochs * steps_per_epoch
@@ -148,7 +162,7 @@ def run(workload_name: str, compression: Any, epochs: int | None, batch_size: in
     final_loss = hvd.allreduce(loss.detach(), name=f"train.loss.{method_name(compression)}").item()
     return Summary(method_name(compression), workload_name, size, epochs, steps, mean_step,
                    batch_size * size / mean_step, per_step, dense_bytes, dense_bytes / per_step, final_loss,
-                   evaluate(model, workload))
+                   evaluate(model, data))
 
 
 def table(summaries: list[Summary]) -> str:
@@ -175,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compare", choices=["dense"], help="also run the uncompressed baseline")
     parser.add_argument("--json", metavar="PATH", help="also write the summaries to this file")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                        help="auto: each rank's GPU (hvd.local_rank()) where CUDA is available, else the CPU")
     args = parser.parse_args(argv)
     job = load_job(args.config) if args.config else {}
     if args.compression is not None and "compression" in job:
@@ -187,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     hvd.init()
     runs = ([("dense", "none")] if args.compare else []) + [("compressed", compression)]
     summaries = [run(settings["workload"] or "digits", setting, settings["epochs"], settings["batch_size"],
-                     settings["lr"], settings["seed"] or 0, show_progress=not args.no_progress)
+                     settings["lr"], settings["seed"] or 0, show_progress=not args.no_progress,
+                     device=args.device)
                  for _, setting in runs]
     if hvd.rank() == 0:
         print(table(summaries))

@@ -24,6 +24,10 @@ class Dataset:
     test_x: torch.Tensor
     test_y: torch.Tensor
 
+    def to(self, device: torch.device) -> Dataset:
+        return Dataset(self.train_x.to(device), self.train_y.to(device), self.test_x.to(device),
+                       self.test_y.to(device))
+
 
 @dataclass(frozen=True)
 class Workload:
