@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import torch
 
-_SHIFTS_2BIT = (0, 2, 4, 6)
-
 
 def pack_2bit(codes: torch.Tensor) -> torch.Tensor:
     """Packs a 1-D uint8 tensor of codes in [0, 3] into ceil(n / 4) bytes (padding codes are 0)."""
@@ -26,6 +24,6 @@ def unpack_2bit(packed: torch.Tensor, n: int) -> torch.Tensor:
     """Inverse of :func:`pack_2bit` for the last dimension: ``[..., ceil(n/4)]`` bytes to ``[..., n]`` codes."""
     if packed.shape[-1] != -(-n // 4):
         raise ValueError(f"{packed.shape[-1]} bytes cannot hold {n} 2-bit codes (expected {-(-n // 4)})")
-    shifts = torch.tensor(_SHIFTS_2BIT, dtype=torch.uint8, device=packed.device)
+    shifts = torch.arange(0, 8, 2, dtype=torch.uint8, device=packed.device)  # made on the device: no copy, no sync
     codes = (packed.unsqueeze(-1) >> shifts) & 3
     return codes.flatten(-2)[..., :n]
