@@ -189,3 +189,22 @@ class TwoPhase(Collective):
 
 
 COLLECTIVES: dict[str, type[Collective]] = {c.name: c for c in (Allreduce, Allgather, TwoPhase)}
+
+
+def run_alone(reduction: Reduction, name: str,
+              process_set: hvd.ProcessSet = hvd.global_process_set) -> torch.Tensor:
+    """Runs one collective to completion by itself, answering a SharedMax request with its own max-allreduce.
+
+    For benchmarks and tests of a single tensor; the optimizer drives many collectives at once and fuses all
+    their SharedMax requests into one vote per step.
+    """
+    request = next(reduction)
+    while True:
+        if isinstance(request, SharedMax):
+            output = hvd.allreduce(request.values, op=hvd.Max, name=f"{name}.shared", process_set=process_set)
+        else:
+            output = hvd.synchronize(request)
+        try:
+            request = reduction.send(output)
+        except StopIteration as done:
+            return done.value

@@ -19,24 +19,10 @@ import torch
 from torch import nn
 
 import hvdcomp
-from hvdcomp.communicator import COLLECTIVES, SharedMax
+from hvdcomp.communicator import COLLECTIVES, run_alone
 from hvdcomp.compressor import Compressor
 
 torch.set_num_threads(1)  # several ranks share 2 cores
-
-
-def drive(reduction, name: str) -> torch.Tensor:
-    """Runs a collective's generator alone (the optimizer does the same, fused across parameters)."""
-    request = next(reduction)
-    while True:
-        if isinstance(request, SharedMax):
-            output = hvd.allreduce(request.values, op=hvd.Max, name=f"{name}.shared")
-        else:
-            output = hvd.synchronize(request)
-        try:
-            request = reduction.send(output)
-        except StopIteration as done:
-            return done.value
 
 
 def reference_sum(compressor: Compressor, collective: str, tensor: torch.Tensor, state: dict,
@@ -82,7 +68,7 @@ def scenario_collectives() -> None:
         for step in range(3):
             expected = reference_sum(compressor, collective_name, tensor, copy.deepcopy(state),
                                      f"{label}.{step}")
-            result = drive(collective.reduce(compressor, tensor, state, f"{label}.{step}"), f"{label}.{step}")
+            result = run_alone(collective.reduce(compressor, tensor, state, f"{label}.{step}"), f"{label}.{step}")
             assert result.shape == tensor.shape, (label, result.shape)
             # fp16 sums round at every addition, and MPI/Gloo add in their own order: a few fp16 ulps (2^-10).
             tolerance = 4e-3 if label == "fp16" else 1e-6
@@ -99,7 +85,7 @@ def scenario_collectives() -> None:
         v = signs[:17 * 59].reshape(shape) if shape != (1003,) else signs
         collective = COLLECTIVES["two_phase"]()
         state = collective.init_state(compressor, v, seed=rank)
-        result = drive(collective.reduce(compressor, (rank + 1) * v, state, f"two_phase.{shape}"),
+        result = run_alone(collective.reduce(compressor, (rank + 1) * v, state, f"two_phase.{shape}"),
                        f"two_phase.{shape}")
         assert torch.equal(result, size * (size + 1) / 2 * v), "two-phase result differs from the exact sum"
     # Two-phase with random gradients: sums are unbiased, so averaging over steps converges to the true sum.
@@ -111,7 +97,7 @@ def scenario_collectives() -> None:
     steps = 200
     for step in range(steps):
         name = f"two_phase.random.{step}"
-        mean += drive(collective.reduce(hvdcomp.TernGrad(), tensor, state, name), name) / steps
+        mean += run_alone(collective.reduce(hvdcomp.TernGrad(), tensor, state, name), name) / steps
     error = ((mean - truth).norm() / truth.norm()).item()
     assert error < 0.2, f"two-phase mean over {steps} steps is {error:.3f} away from the true sum"
 
