@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Mapping
@@ -99,8 +100,14 @@ def evaluate(model: nn.Module, data: Dataset) -> float:
 
 
 def pick_device(name: str) -> torch.device:
-    """``auto``: this rank's GPU (``hvd.local_rank()``) where CUDA is available, else the CPU."""
+    """``auto``: this rank's GPU (``hvd.local_rank()``) where CUDA is available, else the CPU.
+
+    On the CPU, ranks on one host share its cores: unless OMP_NUM_THREADS says otherwise, each rank gets
+    cores / local ranks threads, since more threads than cores make every parallel kernel thrash.
+    """
     if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
+        if "OMP_NUM_THREADS" not in os.environ:
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // hvd.local_size()))
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise ValueError("--device cuda, but torch.cuda.is_available() is False on this machine")
