@@ -1,0 +1,96 @@
+"""Shared by the benchmarks on the emulated cluster (perf/cluster_*.py): the settings swept, launching one
+worker rank per host, the link's byte counters, and the results files.
+
+Each benchmark script is both the driver (run as root on the machine: it brings up each cluster with
+:func:`hvdcomp.cluster.up`, measures the TCP goodput one stream reaches on it, and starts the ranks with
+:meth:`hvdcomp.cluster.Cluster.launch_command`) and, with ``--worker``, the rank program. Rank 0 prints one
+``RESULT {json}`` line per measurement; the driver adds the setting and the machine and appends the rows
+to ``perf/results/<benchmark>.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from hvdcomp import cluster
+
+RESULTS = Path(__file__).resolve().parent / "results"
+HOSTS = (2, 4)
+RATES = ("100mbit", "1gbit", "10gbit")
+NAME = "hvdbench"
+PREFIX = "RESULT "
+
+
+def machine() -> dict[str, Any]:
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), platform.processor())
+    return {"host": platform.node(), "cpu": model, "cores": os.cpu_count(), "kernel": platform.release()}
+
+
+def link_bytes(interface: str = cluster.INTERFACE) -> tuple[int, int]:
+    """(received, sent) bytes so far on this rank's host link: the eth0 counters of its namespace."""
+    for line in Path("/proc/self/net/dev").read_text().splitlines()[2:]:
+        name, _, counters = line.partition(":")
+        if name.strip() == interface:
+            fields = counters.split()
+            return int(fields[0]), int(fields[8])
+    raise RuntimeError(f"no {interface} in this network namespace: run the worker on the emulated cluster")
+
+
+def emit(row: dict[str, Any]) -> None:
+    print(PREFIX + json.dumps(row), flush=True)
+
+
+def run_settings(script: str, worker_args: Iterable[str], hosts: Iterable[int], rates: Iterable[str],
+                 timeout: float, results: str) -> list[dict[str, Any]]:
+    """Runs ``script --worker ARGS`` on a fresh cluster per (hosts, rate); returns and appends the rows."""
+    rows: list[dict[str, Any]] = []
+    for size in hosts:
+        for rate in rates:
+            setting = cluster.up(size, rate, name=NAME)
+            try:
+                goodput = cluster.throughput(setting, 0, 1, nbytes=int(min(setting.rate_bps / 8 * 2, 1e9)))
+                argv = setting.launch_command([sys.executable, script, "--worker", *worker_args],
+                                              env={"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+                start = time.perf_counter()
+                process = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+                wall = time.perf_counter() - start
+                if process.returncode != 0:
+                    raise RuntimeError(f"{script} on {size} hosts at {rate} failed:\n{process.stdout[-3000:]}\n"
+                                       f"{process.stderr[-3000:]}")
+            finally:
+                cluster.down(NAME)
+            common = {"hosts": size, "rate": rate, "rate_bps": setting.rate_bps, "goodput_bps": goodput,
+                      "run_wall_s": wall, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), **machine()}
+            found = [{**json.loads(line[len(PREFIX):]), **common}
+                     for line in process.stdout.splitlines() if line.startswith(PREFIX)]
+            for row in found:
+                print(json.dumps(row), flush=True)
+            RESULTS.mkdir(exist_ok=True)
+            with open(RESULTS / results, "a") as stream:
+                stream.writelines(json.dumps(row) + "\n" for row in found)
+            rows += found
+    return rows
+
+
+def load(results: str, since: str | None = None) -> list[dict[str, Any]]:
+    """The rows of a results file, only those of runs at or after ``since`` (an ISO time) if given."""
+    path = RESULTS / results
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return [row for row in rows if since is None or row["time"] >= since]
+
+
+def latest(rows: list[dict[str, Any]], *keys: str) -> list[dict[str, Any]]:
+    """For each combination of ``keys``, the rows of the most recent run only."""
+    newest: dict[tuple, dict[str, Any]] = {}
+    for row in rows:
+        newest[tuple(row[key] for key in keys)] = row
+    return list(newest.values())
