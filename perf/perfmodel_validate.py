@@ -6,7 +6,7 @@ For each host count it brings up an emulated cluster (:mod:`hvdcomp.cluster`, on
 measures the model profile there (``hvdcomp profile --model synthetic`` on every host at once: the hosts share
 this machine's cores, as the training ranks do). For each link rate it runs ``hvdcomp probe`` across the
 hosts (ping-pong and Horovod collective fits: the only network inputs), then ``hvdcomp train --workload
-synthetic --epochs 1`` once per method through the cluster's launch command, and compares the measured mean
+synthetic --epochs 2`` once per method through the cluster's launch command, and compares the measured mean
 step time with :func:`hvdcomp.perfmodel.timeline.simulate` on the probed cluster and the profile. Each
 multi-rank command holds /tmp/hvdcomp-cpu.lock. Writes perf/results/perfmodel/*.yaml (inputs),
 perf/results/perfmodel_validation.json and a Markdown table on stdout.
@@ -44,6 +44,7 @@ def main() -> int:
     parser.add_argument("--rates", default="100mbit,1gbit,10gbit")
     parser.add_argument("--methods", default="none,fp16,terngrad,topk")
     parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--epochs", type=int, default=2, help="of 2048 samples: 2048 / hosts / batch steps each")
     parser.add_argument("--name", default="hvdpm", help="the emulated cluster's name")
     parser.add_argument("--out", default=str(RESULTS / "perfmodel_validation.json"))
     args = parser.parse_args()
@@ -67,7 +68,7 @@ def main() -> int:
                 for method in args.methods.split(","):
                     summary_path = inputs / f"train-{hosts}hosts-{rate}-{method}.json"
                     run(net.launch_command([HVDCOMP, "train", "--workload", "synthetic", "--compression", method,
-                                            "--epochs", "1", "--batch-size", str(args.batch_size),
+                                            "--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
                                             "--no-progress", "--json", str(summary_path)]), 900)
                     measured = json.loads(summary_path.read_text())[0]
                     predicted = timeline.simulate(profile, probed, method, hosts)

@@ -92,22 +92,19 @@ def steps(collective: str, p: int) -> int:
     raise ValueError(f"unknown collective {collective!r}; valid: allreduce, allgather, alltoall")
 
 
-def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
-    """(intercept, slope) of y = a + b x, least squares in relative error (weights 1/y^2), so that small
-    sizes pin the latency and large ones the bandwidth. Negative parts are clamped to 0."""
+def fit_line(xs: list[float], ys: list[float], tail: int = 3) -> tuple[float, float]:
+    """(alpha, beta) of y = alpha + beta x from measured points: beta is the least-squares slope over the
+    ``tail`` largest x, alpha the smallest x's time less its beta part (both clamped at 0). Fitting one line
+    through all points would let small transfers set the slope, and they run faster than the sustained rate
+    (a token bucket's burst, socket buffers, caches), so large messages would be predicted too fast."""
     if len(xs) != len(ys) or len(xs) < 2:
         raise ValueError(f"need at least 2 points to fit a line; got {len(xs)}")
-    weights = [1.0 / max(y, 1e-12) ** 2 for y in ys]
-    sw = sum(weights)
-    sx = sum(w * x for w, x in zip(weights, xs, strict=True))
-    sy = sum(w * y for w, y in zip(weights, ys, strict=True))
-    sxx = sum(w * x * x for w, x in zip(weights, xs, strict=True))
-    sxy = sum(w * x * y for w, x, y in zip(weights, xs, ys, strict=True))
-    denominator = sw * sxx - sx * sx
-    if denominator <= 0:
+    points = sorted(zip(xs, ys, strict=True))
+    large = points[-max(2, min(tail, len(points))):]
+    mean_x = sum(x for x, _ in large) / len(large)
+    mean_y = sum(y for _, y in large) / len(large)
+    spread = sum((x - mean_x) ** 2 for x, _ in large)
+    if spread <= 0:
         raise ValueError("cannot fit a line: all sizes are equal")
-    slope = (sw * sxy - sx * sy) / denominator
-    intercept = (sy - slope * sx) / sw
-    if slope <= 0:  # no bandwidth term visible: everything is latency
-        return max(sy / sw, 0.0), 0.0
-    return max(intercept, 0.0), slope
+    slope = max(sum((x - mean_x) * (y - mean_y) for x, y in large) / spread, 0.0)
+    return max(points[0][1] - points[0][0] * slope, 0.0), slope
