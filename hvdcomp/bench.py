@@ -5,7 +5,8 @@
 Reports bits per element on the wire (the packed payload, padding included), compress and decompress
 throughput in GB/s of float32 input, the relative error ||D(C(x)) - x|| / ||x|| on a Gaussian tensor, and the
 throughput of ``x.clone()`` measured in the same run as the reference for memory speed. Times are the median
-of ``--repeats`` runs after one warm-up; CUDA runs synchronize around each timed call. The compressor runs
+of ``--repeats`` rounds after one warm-up, copy, compress and decompress interleaved in each round so that a
+change of load hits all three alike; CUDA runs synchronize around each timed call. The compressor runs
 bare (no error feedback), as one rank would compress its own gradient.
 """
 
@@ -26,18 +27,21 @@ from hvdcomp.config import make_compressor
 from hvdcomp.methods import METHODS
 
 
-def _timed(fn: Callable[[], Any], device: torch.device, repeats: int) -> float:
-    fn()
-    times = []
+def _timed(fns: dict[str, Callable[[], Any]], device: torch.device, repeats: int) -> dict[str, float]:
+    """Median seconds of each function, timed in interleaved rounds so that load changes hit all alike."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for fn in fns.values():
+        fn()  # warm-up
     for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for name, fn in fns.items():
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            fn()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def bench_compress(method: str, numel: int, device: str = "cpu", repeats: int = 5, seed: int = 0,
@@ -50,9 +54,9 @@ def bench_compress(method: str, numel: int, device: str = "cpu", repeats: int = 
     gigabytes = numel * 4 / 1e9
     state = compressor.init_state(x, seed)
     payload, ctx = compressor.compress(x, state)
-    copy_s = _timed(lambda: x.clone(), target, repeats)
-    compress_s = _timed(lambda: compressor.compress(x, state), target, repeats)
-    decompress_s = _timed(lambda: compressor.decompress(payload, ctx), target, repeats)
+    timings = _timed({"copy": lambda: x.clone(), "compress": lambda: compressor.compress(x, state),
+                      "decompress": lambda: compressor.decompress(payload, ctx)}, target, repeats)
+    copy_s, compress_s, decompress_s = timings["copy"], timings["compress"], timings["decompress"]
     decoded = compressor.decompress(payload, ctx).float()
     relative_error = ((decoded - x).norm() / x.norm()).item()
     both = gigabytes / (compress_s + decompress_s)
