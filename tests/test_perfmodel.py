@@ -43,6 +43,11 @@ def test_fit_line_recovers_alpha_and_beta() -> None:
     sizes = [8.0, 512.0, 65536.0, 4e6]
     alpha, beta = costs.fit_line(sizes, [20e-6 + n * 1e-9 for n in sizes])
     assert alpha == pytest.approx(20e-6) and beta == pytest.approx(1e-9)
+    # a token bucket: the first 500 kB leave at 10x the rate; the sustained rate is what large messages see
+    sizes = [8.0, 4096.0, 262144.0, 1e6, 4e6, 16e6]
+    times = [20e-6 + min(n, 5e5) * 1e-10 + max(n - 5e5, 0) * 1e-9 for n in sizes]
+    alpha, beta = costs.fit_line(sizes, times)
+    assert beta == pytest.approx(1e-9) and alpha == pytest.approx(20e-6, abs=1e-8)
 
 
 # --------------------------------------------------------------------------------------------- timeline
