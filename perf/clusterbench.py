@@ -16,7 +16,7 @@ import platform
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,24 @@ def link_bytes(interface: str = cluster.INTERFACE) -> tuple[int, int]:
             fields = counters.split()
             return int(fields[0]), int(fields[8])
     raise RuntimeError(f"no {interface} in this network namespace: run the worker on the emulated cluster")
+
+
+def serialized(hook: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    """A DDP communication hook that completes each bucket before the next one starts. PowerSGD's hook chains
+    its second allreduce in a callback; with several buckets in flight, ranks then issue Gloo collectives in
+    different orders (seen here: gloo "op.preamble.length <= op.nbytes ... collective mismatch", an abort)."""
+
+    import torch
+    import torch.distributed as dist
+
+    def run(state: Any, bucket: Any) -> Any:
+        future = hook(state, bucket)
+        future.wait()
+        return future
+
+    # DDP checks the annotations as objects (this module's are strings, from the __future__ import).
+    run.__annotations__ = {"state": object, "bucket": dist.GradBucket, "return": torch.futures.Future[torch.Tensor]}
+    return run
 
 
 def emit(row: dict[str, Any]) -> None:
