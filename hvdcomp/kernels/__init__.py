@@ -35,7 +35,12 @@ def build() -> ModuleType:
 
 
 def cpu_kernels() -> ModuleType | None:
-    """The compiled extension, or None (warning once) when it cannot be built here."""
+    """The compiled extension, or None (warning once) when it cannot be built here.
+
+    ``HVDCOMP_KERNELS=0`` in the environment turns the kernels off (the pure-PyTorch path runs everywhere).
+    """
+    if os.environ.get("HVDCOMP_KERNELS") == "0":
+        return None
     if not _state:
         try:
             _state["module"] = build()
