@@ -9,7 +9,8 @@ hosts (ping-pong and Horovod collective fits: the only network inputs), then ``h
 synthetic --epochs 2`` once per method through the cluster's launch command, and compares the measured mean
 step time with :func:`hvdcomp.perfmodel.timeline.simulate` on the probed cluster and the profile. Each
 multi-rank command holds /tmp/hvdcomp-cpu.lock. Writes perf/results/perfmodel/*.yaml (inputs),
-perf/results/perfmodel_validation.json and a Markdown table on stdout.
+perf/results/perfmodel_validation.json and a Markdown table on stdout. Inputs already in
+perf/results/perfmodel/ (profile, probe, train summaries) are reused: delete them to measure again.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ LOCK = ["flock", "/tmp/hvdcomp-cpu.lock"]
 
 
 def run(argv: list[str], timeout: float) -> str:
-    done = subprocess.run([*LOCK, *argv], cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    """``argv`` under the CPU lock; ``timeout`` counts from when the lock is held."""
+    done = subprocess.run([*LOCK, "timeout", str(int(timeout)), *argv], cwd=REPO, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(argv[-12:])} failed ({done.returncode}):\n{done.stdout[-3000:]}"
                            f"\n{done.stderr[-3000:]}")
@@ -63,13 +65,16 @@ def main() -> int:
                         900)
                 profile = schema.load(profile_path, "profile")
                 cluster_path = inputs / f"cluster-{hosts}hosts-{rate}.yaml"
-                run(net.launch_command([HVDCOMP, "probe", "--out", str(cluster_path)]), 900)
+                if not cluster_path.exists():
+                    run(net.launch_command([HVDCOMP, "probe", "--out", str(cluster_path)]), 900)
                 probed = schema.load(cluster_path, "cluster")
                 for method in args.methods.split(","):
                     summary_path = inputs / f"train-{hosts}hosts-{rate}-{method}.json"
-                    run(net.launch_command([HVDCOMP, "train", "--workload", "synthetic", "--compression", method,
-                                            "--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
-                                            "--no-progress", "--json", str(summary_path)]), 900)
+                    if not summary_path.exists():
+                        run(net.launch_command([HVDCOMP, "train", "--workload", "synthetic", "--compression",
+                                                method, "--epochs", str(args.epochs), "--batch-size",
+                                                str(args.batch_size), "--no-progress", "--json", str(summary_path)]),
+                            900)
                     measured = json.loads(summary_path.read_text())[0]
                     predicted = timeline.simulate(profile, probed, method, hosts)
                     error = predicted.step_s / measured["mean_step_s"] - 1
