@@ -225,6 +225,7 @@ def plot(prediction: Prediction, path: str) -> None:
         axis.set_ylabel(label)
         axis.grid(True, alpha=0.3)
     left.set_yscale("log")
+    right.set_yscale("log", base=2)
     right.legend()
     kind = "nominal" if prediction.nominal else "measured"
     figure.suptitle(f"{prediction.model} (batch {prediction.batch_size}/worker) on {prediction.cluster} ({kind}); "
