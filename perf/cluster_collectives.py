@@ -15,6 +15,7 @@ reduction delivered per second), and link utilization = the bytes that really cr
 direction (the hosts' eth0 counters, headers included) / (t x rate). The largest size is cut per rate (16 MB
 at 100 Mbit/s, 64 MB at 1 Gbit/s; a dense 256 MB allreduce on 4 hosts at 100 Mbit/s alone takes half a minute
 per repetition) to keep a sweep within minutes; ``--sizes`` measures given sizes only.
+``--controller gloo`` runs the ranks under Horovod's Gloo controller instead of MPI (the plot shows MPI rows).
 Rows go to perf/results/cluster_collectives.jsonl; the plot to perf/results/cluster_collectives.png.
 """
 
@@ -156,6 +157,7 @@ def main() -> None:
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     parser.add_argument("--sizes", type=int, nargs="+", metavar="BYTES",
                         help="these sizes only (default: 1 KB up by 4x to the rate's largest size)")
+    parser.add_argument("--controller", choices=["mpi", "gloo"], default="mpi", help="Horovod's controller")
     parser.add_argument("--plot-only", action="store_true", help="re-plot the newest rows of the results file")
     parser.add_argument("--worker", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -166,8 +168,9 @@ def main() -> None:
         for rate in args.rates:
             chosen = args.sizes or sizes(MAX_BYTES[rate])
             clusterbench.run_settings(__file__, [",".join(map(str, chosen)), *args.methods], args.hosts, [rate],
-                                      timeout=1200, results=RESULTS)
-    rows = clusterbench.latest(clusterbench.load(RESULTS), "hosts", "rate", "method", "bytes")
+                                      timeout=1200, results=RESULTS, controller=args.controller)
+    rows = clusterbench.latest([row for row in clusterbench.load(RESULTS) if row.get("controller", "mpi") == "mpi"],
+                               "hosts", "rate", "method", "bytes")
     plot(rows, clusterbench.RESULTS / "cluster_collectives.png")
 
 

@@ -10,7 +10,8 @@ launch on the same links:
 
 * hvdcomp (:func:`hvdcomp.DistributedOptimizer`): ``dense`` (``compression="none"``, exactly stock
   Horovod), ``fp16``, ``terngrad`` (allgather), ``terngrad-two-phase``, ``topk`` (1%, error feedback);
-* peers: ``hvd-fp16`` (``hvd.DistributedOptimizer(compression=hvd.Compression.fp16)``), ``ddp`` (PyTorch
+* peers: ``hvd`` and ``hvd-fp16`` (stock ``hvd.DistributedOptimizer``, without compression and with
+  ``compression=hvd.Compression.fp16``), ``ddp`` (PyTorch
   DistributedDataParallel over torch.distributed's Gloo backend) and ``ddp-powersgd`` (the same with
   PyTorch's PowerSGD communication hook, rank 4, compressing from the 3rd step on).
 
@@ -18,10 +19,12 @@ One warm-up step per method (three for ddp-powersgd, whose first two steps are d
 at 100 Mbit/s (a dense step on 4 hosts takes over 10 s there) and 6 on faster links.
 
 Per method: the slowest rank's mean step time over the timed steps (after warm-up), samples/s, the bytes
-that crossed the busiest host link direction per step (eth0 counters), and the lower bound
+that crossed the busiest host link direction per step (eth0 counters), the lower bound
 compute + wire bytes / rate, where compute is the same forward/backward/update without any communication,
 measured on all ranks at once in the same launch (so it includes the CPU sharing of the ranks on this
-machine). Rows go to perf/results/cluster_training.jsonl, the plot to perf/results/cluster_training.png.
+machine), and the time spent in ``optimizer.step()`` (where Horovod and hvdcomp wait for the reductions
+started during backward; DDP waits at the end of backward instead). Rows go to
+perf/results/cluster_training.jsonl, the plot to perf/results/cluster_training.png.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ import clusterbench
 RESULTS = "cluster_training.jsonl"
 HVDCOMP = {"dense": "none", "fp16": "fp16", "terngrad": {"method": "terngrad", "collective": "allgather"},
            "terngrad-two-phase": {"method": "terngrad", "collective": "two_phase"}, "topk": "topk"}
-PEERS = ("hvd-fp16", "ddp", "ddp-powersgd")
+PEERS = ("hvd", "hvd-fp16", "ddp", "ddp-powersgd")
 METHODS = (*HVDCOMP, *PEERS)
 
 
@@ -71,19 +74,24 @@ def worker(batch_size: int, steps: int, methods: list[str]) -> None:
         return hvd.allreduce(torch.tensor([value], dtype=torch.float64), op=hvd.Max, name=name).item()
 
     def timed(model: nn.Module, optimizer: torch.optim.Optimizer, label: str, warmup: int = 1) -> dict[str, float]:
+        in_step = 0.0
         for step in range(warmup + steps):
             if step == warmup:
                 hvd.allreduce(torch.zeros(1), name=f"{label}.barrier")
                 before = clusterbench.link_bytes()
                 start = time.perf_counter()
+                in_step = 0.0
             x, y = batch(step)
             optimizer.zero_grad()
             loss_fn(model(x), y).backward()
+            stepping = time.perf_counter()
             optimizer.step()
+            in_step += time.perf_counter() - stepping
         elapsed = time.perf_counter() - start
         after = clusterbench.link_bytes()
         wire = max(after[0] - before[0], after[1] - before[1]) / steps
-        return {"step_s": slowest(elapsed / steps, f"{label}.time"), "wire_bytes": slowest(wire, f"{label}.wire")}
+        return {"step_s": slowest(elapsed / steps, f"{label}.time"), "wire_bytes": slowest(wire, f"{label}.wire"),
+                "optimizer_step_s": slowest(in_step / steps, f"{label}.in_step")}
 
     def fresh() -> nn.Module:
         return WORKLOADS["synthetic"](0).model  # the same initial parameters on every rank
@@ -100,9 +108,10 @@ def worker(batch_size: int, steps: int, methods: list[str]) -> None:
                                                      compression=HVDCOMP[method])
             result = timed(model, optimizer, method)
             payload = optimizer.bytes_sent / (1 + steps)
-        elif method == "hvd-fp16":
+        elif method in ("hvd", "hvd-fp16"):
             optimizer = hvd.DistributedOptimizer(sgd, named_parameters=model.named_parameters(),
-                                                 compression=hvd.Compression.fp16)
+                                                 compression=hvd.Compression.fp16 if method == "hvd-fp16"
+                                                 else hvd.Compression.none)
             result = timed(model, optimizer, method)
         else:
             ddp = nn.parallel.DistributedDataParallel(model, init_sync=False)

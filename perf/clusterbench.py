@@ -68,7 +68,7 @@ def emit(row: dict[str, Any]) -> None:
 
 
 def run_settings(script: str, worker_args: Iterable[str], hosts: Iterable[int], rates: Iterable[str],
-                 timeout: float, results: str) -> list[dict[str, Any]]:
+                 timeout: float, results: str, controller: str = "mpi") -> list[dict[str, Any]]:
     """Runs ``script --worker ARGS`` on a fresh cluster per (hosts, rate); returns and appends the rows."""
     rows: list[dict[str, Any]] = []
     for size in hosts:
@@ -77,7 +77,8 @@ def run_settings(script: str, worker_args: Iterable[str], hosts: Iterable[int], 
             try:
                 goodput = cluster.throughput(setting, 0, 1, nbytes=int(min(setting.rate_bps / 8 * 2, 1e9)))
                 argv = setting.launch_command([sys.executable, script, "--worker", *worker_args],
-                                              env={"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+                                              env={"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"},
+                                              controller=controller)
                 start = time.perf_counter()
                 process = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
                 wall = time.perf_counter() - start
@@ -86,8 +87,9 @@ def run_settings(script: str, worker_args: Iterable[str], hosts: Iterable[int], 
                                        f"{process.stderr[-3000:]}")
             finally:
                 cluster.down(NAME)
-            common = {"hosts": size, "rate": rate, "rate_bps": setting.rate_bps, "goodput_bps": goodput,
-                      "run_wall_s": wall, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), **machine()}
+            common = {"hosts": size, "rate": rate, "controller": controller, "rate_bps": setting.rate_bps,
+                      "goodput_bps": goodput, "run_wall_s": wall, "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                      **machine()}
             found = [{**json.loads(line[len(PREFIX):]), **common}
                      for line in process.stdout.splitlines() if line.startswith(PREFIX)]
             for row in found:
