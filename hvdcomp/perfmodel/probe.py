@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import os
 import socket
 import statistics
@@ -193,15 +194,20 @@ def host_id() -> str:
 # ------------------------------------------------------------------------------------------------- links
 
 
-def _repeat(fn: Callable[[], Any], budget_s: float = 0.5, at_least: int = 3, at_most: int = 30) -> float:
-    """Median seconds of ``fn`` after one warm-up, repeated until ``budget_s`` or ``at_most`` runs (2 runs
-    where the warm-up alone took longer than the budget)."""
+def _repeat(fn: Callable[[], Any], budget_s: float = 0.5, agree: Callable[[float], float] | None = None,
+            at_least: int = 3, at_most: int = 30) -> float:
+    """Median seconds of ``fn`` over a number of runs fixed by one timed warm-up: about ``budget_s`` in all,
+    at least ``at_least`` (2 if the warm-up alone took longer than the budget), at most ``at_most``. For a
+    collective, ``agree`` makes every rank use the same warm-up time (e.g. the max over ranks), so that all
+    ranks make the same number of calls."""
     start = time.perf_counter()
     fn()
-    if time.perf_counter() - start > budget_s:
-        at_least = 2
-    times: list[float] = []
-    while len(times) < at_least or (sum(times) < budget_s and len(times) < at_most):
+    warm_up = time.perf_counter() - start
+    if agree is not None:
+        warm_up = agree(warm_up)
+    runs = 2 if warm_up > budget_s else min(at_most, max(at_least, math.ceil(budget_s / max(warm_up, 1e-6))))
+    times = []
+    for _ in range(runs):
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
@@ -259,7 +265,8 @@ def horovod_collectives(comm: Any, sizes: list[int]) -> dict[str, dict[str, Any]
         points = []
         for size in sizes:
             comm.Barrier()
-            seconds = comm.allreduce(_repeat(lambda call=call, size=size: call(size), budget_s=1.0), op=MPI.MAX)
+            seconds = comm.allreduce(_repeat(lambda call=call, size=size: call(size), budget_s=1.0,
+                                             agree=lambda t: comm.allreduce(t, op=MPI.MAX)), op=MPI.MAX)
             points.append((size, seconds))
         # the formulas' variables: allgather takes bytes per rank, the others bytes per rank's buffer
         xs = [n / p if collective == "allgather" else n for n, _ in points]
