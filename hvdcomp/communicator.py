@@ -100,8 +100,9 @@ class Allreduce(Collective):
         shared = yield from self._shared(compressor, tensor, state)
         payload, ctx = compressor.compress(tensor, state, shared)
         self.bytes_sent += sum(part.numel() * part.element_size() for part in payload)
-        summed = yield hvd.grouped_allreduce_async(payload, name=f"hvdcomp.allreduce.{name}", op=hvd.Sum,
-                                                   process_set=self.process_set)
+        # In place: payloads are the compressor's own tensors (or the gradient, which the result replaces).
+        summed = yield hvd.grouped_allreduce_async_(payload, name=f"hvdcomp.allreduce.{name}", op=hvd.Sum,
+                                                    process_set=self.process_set)
         return compressor.decompress(summed, ctx)
 
 

@@ -70,7 +70,7 @@ class Compressor(ABC):
 
     @abstractmethod
     def decompress(self, payload: Payload, ctx: Any) -> torch.Tensor:
-        """Decodes one payload to a tensor of the original shape."""
+        """Decodes one payload to a tensor of the original shape (not necessarily its dtype: callers cast)."""
 
     def aggregate(self, payloads: list[Payload], ctx: Any) -> torch.Tensor:
         """The sum of the decoded payloads of all ranks. Compressors override it to sum in compressed form."""

@@ -181,7 +181,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._work[index] = _Dense(handle, wire)
             self._uncompressed_bytes_sent += wire.numel() * wire.element_size()
             return
-        flag = torch.isfinite(grad).all().logical_not().to(torch.float32).mul_(self.process_set.rank() + 1)
+        if slot.choice.compressor.summable:  # NaN/Inf survive a sum: the check of the result catches them
+            flag = grad.new_zeros((), dtype=torch.float32)
+        else:  # a gathered encoding can hide them (TernGrad's draw): check the input, and name this rank
+            flag = torch.isfinite(grad).all().logical_not().to(torch.float32).mul_(self.process_set.rank() + 1)
         reduction = slot.collective.reduce(slot.choice.compressor, grad, slot.state, slot.name)
         self._work[index] = _Compressed(reduction, next(reduction), flag.reshape(1))
         self._compressed_started += 1

