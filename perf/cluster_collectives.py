@@ -49,29 +49,17 @@ def worker(methods: list[str], all_sizes: list[int]) -> None:
     import torch
 
     import hvdcomp
-    from hvdcomp.communicator import COLLECTIVES, SharedMax
+    from hvdcomp.communicator import COLLECTIVES, run_alone
 
     hvd.init()
     torch.set_num_threads(1)
     rank, size = hvd.rank(), hvd.size()
 
-    def drive(reduction, name: str) -> torch.Tensor:
-        request = next(reduction)
-        while True:
-            if isinstance(request, SharedMax):
-                output = hvd.allreduce(request.values, op=hvd.Max, name=f"{name}.shared")
-            else:
-                output = hvd.synchronize(request)
-            try:
-                request = reduction.send(output)
-            except StopIteration as done:
-                return done.value
-
     def compressed(collective_name: str, compressor: hvdcomp.Compressor, x: torch.Tensor
                    ) -> Callable[[str], torch.Tensor]:
         collective = COLLECTIVES[collective_name]()
         state = collective.init_state(compressor, x, seed=rank)
-        return lambda name: drive(collective.reduce(compressor, x, state, name), name)
+        return lambda name: run_alone(collective.reduce(compressor, x, state, name), name)
 
     def make(method: str, x: torch.Tensor) -> Callable[[str], torch.Tensor]:
         if method == "dense":
