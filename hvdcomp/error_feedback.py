@@ -52,6 +52,8 @@ class ErrorFeedback(Compressor):
         residual = state["residual"]
         compensated = residual.add_(tensor)  # p_t, built in the residual's buffer: no allocation
         payload, ctx = self.inner.compress(compensated, state["inner"], shared)
+        storage = residual.untyped_storage().data_ptr()
+        payload = [part.clone() if part.untyped_storage().data_ptr() == storage else part for part in payload]
         residual.sub_(self.inner.decompress(payload, ctx))  # e_t = p_t - D(C(p_t))
         return payload, ctx
 

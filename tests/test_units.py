@@ -11,6 +11,7 @@ from hvdcomp import (
     ErrorFeedback,
     FP16Compressor,
     HorovodCompression,
+    NoneCompressor,
     TernGrad,
     TopK,
     make_compressor,
@@ -47,7 +48,7 @@ def test_wire_round_trip_mixed_dtypes() -> None:
         wire.unpack(buffer[:-8], layout)
 
 
-@pytest.mark.parametrize("inner", [TopK(0.1), TernGrad(), FP16Compressor()])
+@pytest.mark.parametrize("inner", [TopK(0.1), TernGrad(), FP16Compressor(), NoneCompressor()])
 def test_error_feedback_invariant(inner) -> None:
     """residual + decompressed = compensated input, every step."""
     compressor = ErrorFeedback(inner)
@@ -59,6 +60,8 @@ def test_error_feedback_invariant(inner) -> None:
         payload, ctx = compressor.compress(g, state)
         torch.testing.assert_close(state["residual"] + compressor.decompress(payload, ctx), compensated,
                                    rtol=0, atol=1e-5)
+        if isinstance(inner, NoneCompressor):  # a payload that is a view of its input is not zeroed
+            torch.testing.assert_close(payload[0], compensated)
     with pytest.raises(ValueError, match="already has error feedback"):
         ErrorFeedback(compressor)
 
