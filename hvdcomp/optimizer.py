@@ -12,14 +12,17 @@ Each step:
    communication overlap the rest of backward.
 2. When every compressed parameter has started, one small max-allreduce (the *vote*) carries each
    parameter's non-finite flag and the values methods must share before compressing (TernGrad's scalers):
-   one collective per step, not one per layer.
+   one collective per step, not one per layer. Gated encodings (TernGrad's) then run in the order the
+   gradients became ready.
 3. ``synchronize()`` submits parameters that got no gradient (as zeros, so no rank waits forever), drives
-   every collective to completion in parameter-name order, writes the averaged (or summed) result into
+   every collective to completion in the order they were started (the first sent is the first decoded,
+   while later payloads are still on the wire), writes the averaged (or summed) result into
    ``p.grad``, and checks that no gradient was NaN/Inf. All ranks see the same vote and the same reduced
    values, so they all raise (or skip) together: no rank diverges or hangs.
 
-Every collective has a deterministic name derived from the parameter name, and parameters are visited in
-sorted-name order on every rank.
+Every collective has a deterministic name derived from the parameter name (Horovod matches collectives by
+name, so the order a rank starts or waits for them in is free), and everything that must line up across ranks
+(the plan, the vote's layout) is in sorted-name order.
 """
 
 from __future__ import annotations
@@ -209,15 +212,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _finish_vote(self) -> None:
         result = hvd.synchronize(self._vote)
-        flags, offset = [], 0
-        for work in self._compressed_work():
+        flags, shared, offset = [], {}, 0
+        for work in self._compressed_work():  # the vote's layout: parameter-name order on every rank
             flags.append(result[offset:offset + 1])
             offset += 1
             if isinstance(work.request, SharedMax):
                 length = work.request.values.numel()
-                shared = result[offset:offset + length].to(work.request.values.device)
+                shared[id(work)] = result[offset:offset + length].to(work.request.values.device)
                 offset += length
-                work.request = work.reduction.send(shared)
+        for work in self._work.values():  # encode in the order gradients became ready (see synchronize)
+            if id(work) in shared:
+                work.request = work.reduction.send(shared[id(work)])
         self._vote, self._vote_result = None, torch.cat(flags)
 
     def synchronize(self) -> None:
@@ -230,9 +235,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 self._submit(index)
         if self._vote is not None:
             self._finish_vote()
-        results = []
         divisor = self.process_set.size() if self.op == hvd.Average else 1
-        for index, work in sorted(self._work.items()):
+        # In submission order (the order backward made the gradients ready): the first payloads sent are the
+        # first decoded, while later ones are still on the wire. Horovod matches collectives by name, so
+        # this order need not be the same on every rank.
+        for index, work in self._work.items():
             grad = self._slots[index].param.grad
             if isinstance(work, _Dense):
                 hvd.synchronize(work.handle)
@@ -244,7 +251,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     torch.div(total, divisor, out=grad)
                 else:
                     grad.copy_(total)
-            results.append(grad)
+        results = [self._slots[index].param.grad for index in sorted(self._work)]
         input_flags = self._vote_result
         self._reset_step()
         self._check_finite(input_flags, results)

@@ -1,6 +1,6 @@
 """Time to accuracy on the emulated cluster: the digits classifier, dense against compressed, same hyperparameters.
 
-    flock /tmp/hvdcomp-cpu.lock .venv/bin/python perf/cluster_accuracy.py [--hosts 2 4] [--rates 100mbit 10gbit]
+    .venv/bin/python perf/cluster_accuracy.py [--hosts 2 4] [--rates 100mbit 10gbit]
 
 The real-data workload of ``hvdcomp train --workload digits`` (scikit-learn's handwritten digits, an MLP of
 83 k parameters) with its defaults (20 epochs, batch 32 per rank, SGD lr 0.05, momentum 0.9, the same data

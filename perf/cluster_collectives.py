@@ -1,6 +1,6 @@
 """Collectives on the emulated cluster, in the manner of nccl-tests: time, algorithm and bus bandwidth, link use.
 
-    flock /tmp/hvdcomp-cpu.lock .venv/bin/python perf/cluster_collectives.py [--hosts 2 4]
+    .venv/bin/python perf/cluster_collectives.py [--hosts 2 4]
         [--rates 100mbit 1gbit 10gbit] [--methods dense fp16 ...]
 
 For each cluster (hosts x rate) and each size from 1 KB up by factors of 4, every method reduces (sums) one

@@ -1,7 +1,7 @@
 """Training step time on the emulated cluster: hvdcomp's compressors against dense and against the peers.
 
-    flock /tmp/hvdcomp-cpu.lock .venv/bin/python perf/cluster_training.py [--hosts 2 4]
-        [--rates 100mbit 1gbit 10gbit] [--batch-size 32]
+    .venv/bin/python perf/cluster_training.py [--hosts 2 4] [--rates 100mbit 1gbit 10gbit] [--batch-size 32]
+        [--controller mpi|gloo]
 
 The communication-heavy workload of ``hvdcomp train --workload synthetic`` (:mod:`hvdcomp.workloads`: an MLP of
 25.2 M parameters, 101 MB of float32 gradient per step), trained with the same loop as ``hvdcomp train``
@@ -23,8 +23,10 @@ that crossed the busiest host link direction per step (eth0 counters), the lower
 compute + wire bytes / rate, where compute is the same forward/backward/update without any communication,
 measured on all ranks at once in the same launch (so it includes the CPU sharing of the ranks on this
 machine), and the time spent in ``optimizer.step()`` (where Horovod and hvdcomp wait for the reductions
-started during backward; DDP waits at the end of backward instead). Rows go to
-perf/results/cluster_training.jsonl, the plot to perf/results/cluster_training.png.
+started during backward; DDP waits at the end of backward instead). ``--controller gloo`` runs Horovod (and
+so hvdcomp) over its Gloo controller and collectives instead of MPI. Rows go to
+perf/results/cluster_training.jsonl, the plot (one panel per hosts, rate and controller) to
+perf/results/cluster_training.png.
 """
 
 from __future__ import annotations
@@ -139,17 +141,21 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    settings = sorted({(row["hosts"], row["rate_bps"], row["rate"]) for row in rows})
-    figure, axes = plt.subplots(1, len(settings), figsize=(3.4 * len(settings), 3.8), squeeze=False)
-    for axis, (hosts, _, rate) in zip(axes[0], settings, strict=True):
-        mine = {row["method"]: row for row in rows if row["hosts"] == hosts and row["rate"] == rate}
+    settings = sorted({(row["controller"], row["hosts"], row["rate_bps"], row["rate"]) for row in rows})
+    columns = (len(settings) + 1) // 2
+    figure, axes = plt.subplots(2, columns, figsize=(3.4 * columns, 7.6), squeeze=False)
+    for axis in axes.flat[len(settings):]:
+        axis.set_visible(False)
+    for axis, (controller, hosts, _, rate) in zip(axes.flat, settings, strict=False):
+        mine = {row["method"]: row for row in rows
+                if (row["controller"], row["hosts"], row["rate"]) == (controller, hosts, rate)}
         names = [method for method in METHODS if method in mine]
         axis.bar(names, [mine[name]["step_s"] for name in names],
                  color=["tab:gray" if name in PEERS else "tab:blue" for name in names])
         axis.scatter(names, [mine[name]["bound_s"] for name in names], color="black", marker="_", s=200, zorder=3,
                      label="compute + wire bytes / rate")
         axis.set_yscale("log")
-        axis.set_title(f"{hosts} hosts, {rate}", fontsize=9)
+        axis.set_title(f"{hosts} hosts, {rate}, Horovod over {controller.upper()}", fontsize=9)
         axis.tick_params(axis="x", labelrotation=70, labelsize=7)
         axis.tick_params(axis="y", labelsize=7)
     axes[0][0].set_ylabel("step time (s), log scale\nblue: hvdcomp, gray: peers", fontsize=8)
@@ -164,6 +170,7 @@ def main() -> None:
     parser.add_argument("--rates", nargs="+", default=list(clusterbench.RATES))
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     parser.add_argument("--batch-size", type=int, default=32, help="per rank")
+    parser.add_argument("--controller", choices=["mpi", "gloo"], default="mpi", help="Horovod's controller")
     parser.add_argument("--plot-only", action="store_true")
     parser.add_argument("--worker", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -175,12 +182,13 @@ def main() -> None:
         for rate in args.rates:
             steps = 3 if rate == "100mbit" else 6  # a dense step on 4 hosts at 100 Mbit/s takes over 10 s
             clusterbench.run_settings(__file__, [str(args.batch_size), str(steps), *args.methods], args.hosts,
-                                      [rate], timeout=1500, results=RESULTS)
-    rows = clusterbench.latest(clusterbench.load(RESULTS), "hosts", "rate", "method")
-    dense = {(row["hosts"], row["rate"]): row for row in rows if row["method"] == "dense"}
-    rows = [{**row, **derived(row, dense.get((row["hosts"], row["rate"])))} for row in rows]
+                                      [rate], timeout=1500, results=RESULTS, controller=args.controller)
+    rows = clusterbench.latest(clusterbench.load(RESULTS), "controller", "hosts", "rate", "method")
+    dense = {(row["controller"], row["hosts"], row["rate"]): row for row in rows if row["method"] == "dense"}
+    rows = [{**row, **derived(row, dense.get((row["controller"], row["hosts"], row["rate"])))} for row in rows]
     for row in rows:
-        print(f"{row['hosts']} hosts {row['rate']:>7} {row['method']:>18}: step {row['step_s'] * 1e3:8.0f} ms, "
+        print(f"{row['controller']:>4} {row['hosts']} hosts {row['rate']:>7} {row['method']:>18}: "
+              f"step {row['step_s'] * 1e3:8.0f} ms, "
               f"{row['samples_per_s']:7.1f} samples/s, bound {row['bound_s'] * 1e3:7.0f} ms "
               f"(x{row['over_bound']:.2f}), speedup over dense x{row['speedup_over_dense'] or 0:.2f}")
     plot(rows, clusterbench.RESULTS / "cluster_training.png")

@@ -7,8 +7,8 @@ measures the model profile there (``hvdcomp profile --model synthetic`` on every
 this machine's cores, as the training ranks do). For each link rate it runs ``hvdcomp probe`` across the
 hosts (ping-pong and Horovod collective fits: the only network inputs), then ``hvdcomp train --workload
 synthetic --epochs 2`` once per method through the cluster's launch command, and compares the measured mean
-step time with :func:`hvdcomp.perfmodel.timeline.simulate` on the probed cluster and the profile. Each
-multi-rank command holds /tmp/hvdcomp-cpu.lock. Writes perf/results/perfmodel/*.yaml (inputs),
+step time with :func:`hvdcomp.perfmodel.timeline.simulate` on the probed cluster and the profile. Run it
+on an otherwise idle machine: the hosts share its cores. Writes perf/results/perfmodel/*.yaml (inputs),
 perf/results/perfmodel_validation.json and a Markdown table on stdout. Inputs already in
 perf/results/perfmodel/ (profile, probe, train summaries) are reused: delete them to measure again.
 """
@@ -28,12 +28,10 @@ from hvdcomp.perfmodel import schema, timeline
 REPO = Path(__file__).resolve().parents[1]
 HVDCOMP = str(REPO / ".venv" / "bin" / "hvdcomp")
 RESULTS = REPO / "perf" / "results"
-LOCK = ["flock", "/tmp/hvdcomp-cpu.lock"]
 
 
 def run(argv: list[str], timeout: float) -> str:
-    """``argv`` under the CPU lock; ``timeout`` counts from when the lock is held."""
-    done = subprocess.run([*LOCK, "timeout", str(int(timeout)), *argv], cwd=REPO, capture_output=True, text=True)
+    done = subprocess.run(["timeout", str(int(timeout)), *argv], cwd=REPO, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(argv[-12:])} failed ({done.returncode}):\n{done.stdout[-3000:]}"
                            f"\n{done.stderr[-3000:]}")

@@ -5,8 +5,8 @@ The step is simulated on two resources, as it runs:
 * the rank's compute thread: forward; backward, during which each parameter's post-accumulate-grad hook
   fires when its gradient is ready (:mod:`hvdcomp.optimizer`) and, for a compressed parameter, encodes it
   on this same thread (so encoding delays the rest of backward); the step's max-allreduce (the *vote*);
-  then ``synchronize()``, which waits for each parameter's collective in parameter-name order and decodes
-  (aggregates) it; the optimizer step;
+  then ``synchronize()``, which waits for each parameter's collective in the order they were started (the
+  order gradients became ready) and decodes (aggregates) it; the optimizer step;
 * Horovod's background thread: one collective at a time, in the order they were submitted; when it is
   free it fuses every waiting allreduce of the same kind into one, up to the fusion threshold (Sergeev and
   Del Balso, "Horovod", arXiv:1802.05799, tensor fusion; Horovod 0.28's 128 MiB default).
@@ -215,7 +215,7 @@ def simulate(profile: Profile, cluster: Cluster, method: str, workers: int, plan
             sent += vote_bytes
             if gated:  # the last hook waits for the vote, then encodes every compressed gradient
                 now = thread.wait(vote)
-                for name in sorted(encoded):
+                for name in (g.name for g in profile.gradients if g.name in encoded):  # in ready order
                     now += encoded[name].encode_ms * ms
                     encode_total += encoded[name].encode_ms * ms
                     submit(name, now)
@@ -225,7 +225,7 @@ def simulate(profile: Profile, cluster: Cluster, method: str, workers: int, plan
     if vote is not None and not gated:
         now = max(now, thread.wait(vote))
     decode_total = 0.0
-    for gradient in sorted(profile.gradients, key=lambda g: g.name):
+    for gradient in profile.gradients:  # synchronize() waits in submission order: the order of readiness
         now = max(now, thread.wait(ops[gradient.name]))
         e = encoded.get(gradient.name)
         if e is None:
