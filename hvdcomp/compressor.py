@@ -72,6 +72,11 @@ class Compressor(ABC):
     def decompress(self, payload: Payload, ctx: Any) -> torch.Tensor:
         """Decodes one payload to a tensor of the original shape (not necessarily its dtype: callers cast)."""
 
+    def subtract(self, residual: torch.Tensor, payload: Payload, ctx: Any) -> None:
+        """``residual -= decompress(payload)`` in place (error feedback's update); sparse payloads override it
+        to touch only the entries they carry."""
+        residual.sub_(self.decompress(payload, ctx).view_as(residual))
+
     def aggregate(self, payloads: list[Payload], ctx: Any) -> torch.Tensor:
         """The sum of the decoded payloads of all ranks. Compressors override it to sum in compressed form."""
         total = self.decompress(payloads[0], ctx).float()

@@ -54,7 +54,7 @@ class ErrorFeedback(Compressor):
         payload, ctx = self.inner.compress(compensated, state["inner"], shared)
         storage = residual.untyped_storage().data_ptr()
         payload = [part.clone() if part.untyped_storage().data_ptr() == storage else part for part in payload]
-        residual.sub_(self.inner.decompress(payload, ctx))  # e_t = p_t - D(C(p_t))
+        self.inner.subtract(residual, payload, ctx)  # e_t = p_t - D(C(p_t))
         return payload, ctx
 
     def decompress(self, payload: Payload, ctx: Any) -> torch.Tensor:

@@ -17,6 +17,7 @@ from hvdcomp import (
     make_compressor,
     wire,
 )
+from hvdcomp.methods.topk import largest
 from hvdcomp.packing import pack_2bit, unpack_2bit
 
 
@@ -78,6 +79,24 @@ def test_topk_keeps_largest_and_drops_zeros() -> None:
     assert payload[0].numel() == 1, "zeros among the top-k are not sent"
     with pytest.raises(ValueError, match=r"ratio must be a number in \(0, 1\]"):
         TopK(0)
+
+
+@pytest.mark.parametrize("case", ["gaussian", "ties", "sparse", "fallback"])
+def test_topk_selection_is_exact(case: str) -> None:
+    """The sampled-threshold selection returns the same set as torch.topk, including on its fallback path."""
+    n, k = 1_000_003, 10_001
+    magnitude = torch.randn(n, generator=torch.Generator().manual_seed(3)).abs()
+    if case == "ties":
+        magnitude = magnitude.mul(4).round()  # many equal values around the threshold
+    elif case == "sparse":
+        magnitude[torch.arange(0, n, 3)] = 0.0
+    elif case == "fallback":  # the sampled entries are the largest: their threshold keeps fewer than k
+        magnitude[::n // 65536] = 100.0
+        k = 100_001
+    chosen = largest(magnitude, k)
+    reference = magnitude.topk(k, sorted=False).values
+    assert chosen.numel() == k and chosen.unique().numel() == k
+    assert torch.equal(magnitude[chosen].sort().values, reference.sort().values)
 
 
 def test_topk_aggregate_sums_overlapping_indices() -> None:

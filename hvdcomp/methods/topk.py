@@ -21,6 +21,32 @@ import torch
 
 from hvdcomp.compressor import Compressor, Payload, State
 
+#: entries in the sample that sets the candidate threshold (tensors under 4x this go straight to torch.topk)
+_SAMPLE = 65536
+
+
+def largest(magnitude: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the ``k`` largest entries of the 1-D non-negative ``magnitude``, in no particular order.
+
+    On CPU ``torch.topk`` over millions of elements is slow (0.4 s for 16.8 M elements on one thread). The
+    same set comes faster from a candidate threshold: a strided sample of about 65 k entries gives a value a
+    few standard deviations below the k-th largest, the entries at or above it (slightly more than k) are
+    gathered in one pass, and topk runs on those only. A threshold that keeps fewer than k (a sample
+    unlike the rest) falls back to the full topk, so the result is the exact top-k either way. On CUDA
+    topk is fast and counting the candidates would need a host sync: it runs directly.
+    """
+    n = magnitude.numel()
+    if magnitude.device.type != "cpu" or n < 4 * _SAMPLE or 8 * k > n:
+        return magnitude.topk(k, sorted=False).indices
+    sample = magnitude[::n // _SAMPLE]
+    expected = k * sample.numel() / n  # sampled entries expected above the k-th largest
+    rank = min(sample.numel(), math.ceil(expected + 4 * math.sqrt(expected) + 1))
+    threshold = sample.topk(rank, sorted=False).values.min()
+    candidates = (magnitude >= threshold).nonzero().view(-1)
+    if candidates.numel() < k:
+        return magnitude.topk(k, sorted=False).indices
+    return candidates[magnitude[candidates].topk(k, sorted=False).indices]
+
 
 class TopK(Compressor):
     """Keeps the ``ratio`` fraction of entries with the largest magnitude (at least one).
@@ -43,7 +69,7 @@ class TopK(Compressor):
         x = tensor.detach().reshape(-1)
         n = x.numel()
         k = min(n, max(1, math.ceil(self.ratio * n)))
-        _, indices = x.abs().topk(k, sorted=False)
+        indices = largest(x.abs(), k)
         values = x[indices]
         nonzero = values != 0
         index_dtype = torch.int32 if n < 2**31 else torch.int64
@@ -51,6 +77,10 @@ class TopK(Compressor):
 
     def decompress(self, payload: Payload, ctx: Any) -> torch.Tensor:
         return self.aggregate([payload], ctx)
+
+    def subtract(self, residual: torch.Tensor, payload: Payload, ctx: Any) -> None:
+        values, indices = payload
+        residual.view(-1).index_add_(0, indices.long(), values.to(residual.dtype), alpha=-1)
 
     def aggregate(self, payloads: list[Payload], ctx: Any) -> torch.Tensor:
         shape, n, dtype = ctx
