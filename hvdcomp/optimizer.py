@@ -187,7 +187,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if slot.choice.compressor.summable:  # NaN/Inf survive a sum: the check of the result catches them
             flag = grad.new_zeros((), dtype=torch.float32)
         else:  # a gathered encoding can hide them (TernGrad's draw): check the input, and name this rank
-            flag = _nonfinite(grad).to(torch.float32).mul_(self.process_set.rank() + 1)
+            flag = nonfinite(grad).to(torch.float32).mul_(self.process_set.rank() + 1)
         reduction = slot.collective.reduce(slot.choice.compressor, grad, slot.state, slot.name)
         self._work[index] = _Compressed(reduction, next(reduction), flag.reshape(1))
         self._compressed_started += 1
@@ -266,7 +266,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _check_finite(self, input_flags: torch.Tensor | None, results: list[torch.Tensor]) -> None:
         """One host sync per step: every rank reaches the same verdict from the vote and identical results."""
-        output_bad = torch.stack([_nonfinite(g) for g in results]).float()
+        output_bad = torch.stack([nonfinite(g) for g in results]).float()
         flags = output_bad if input_flags is None else torch.cat([input_flags.to(output_bad.device), output_bad])
         values = flags.tolist()
         if not any(values):
@@ -346,7 +346,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 slot.state = _to_device(saved[slot.name], slot.param.device)
 
 
-def _nonfinite(tensor: torch.Tensor) -> torch.Tensor:
+def nonfinite(tensor: torch.Tensor) -> torch.Tensor:
     """True (a 0-dim bool tensor, no host sync) if ``tensor`` holds a NaN or an Inf.
 
     One pass that allocates nothing of the tensor's size: the min and max propagate NaN and show an Inf,

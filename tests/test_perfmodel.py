@@ -4,6 +4,7 @@ profiles, YAML validation, the probe's NVML path against a fake pynvml (no GPU h
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -104,6 +105,23 @@ def test_timeline_gated_compressor_encodes_after_backward() -> None:
     two_phase = timeline.simulate(_profile(10, {"tern": compressor}), _cluster(0.16), "tern", 5)
     assert two_phase.collective == "two_phase"
     assert two_phase.bytes_per_rank == pytest.approx(62_500 * 1.2 + 4 + 8)
+
+
+def test_timeline_charges_the_checks_and_the_averaging() -> None:
+    # synchronize() checks every reduced gradient for NaN/Inf (2 ms each here), a gathered method also checks
+    # its input in the hook, and each compressed result is written, averaged, into the gradient (3 ms)
+    base = _profile(ready_ms=100)
+    checked = dataclasses.replace(base, gradients=tuple(dataclasses.replace(g, check_ms=2.0) for g in base.gradients))
+    cluster = _cluster(0.16)
+    dense = timeline.simulate(checked, cluster, "none", 2).step_s - timeline.simulate(base, cluster, "none", 2).step_s
+    assert dense == pytest.approx(0.004, rel=1e-6)
+    encoded = schema.Encoded(62_500, shared_ms=0, encode_ms=4, decode_ms=2, decode_extra_payload_ms=1)
+    gathered = {"g": schema.CompressorProfile("g", summable=False, fixed_size=True, shared_before_encode=False,
+                                              gradients={"a": encoded})}
+    finished = {"g": dataclasses.replace(gathered["g"], gradients={"a": dataclasses.replace(encoded, finish_ms=3)})}
+    before = timeline.simulate(dataclasses.replace(base, compressors=gathered), cluster, "g", 2).step_s
+    after = timeline.simulate(dataclasses.replace(checked, compressors=finished), cluster, "g", 2).step_s
+    assert after - before == pytest.approx(0.002 + 0.003 + 0.004, rel=1e-6)  # input check, averaging, output checks
 
 
 def test_timeline_rejects_unknown_method_and_collective() -> None:

@@ -4,11 +4,12 @@
     launch/mpirun.sh -np 4 hvdcomp profile --model synthetic --out profile.yaml   # ranks sharing a host
 
 For one model and per-rank batch size it measures forward, backward and optimizer-step time, each
-gradient's size and the time it becomes ready in backward (a post-accumulate-grad hook per parameter, the
-hook DistributedOptimizer starts its collectives from), and, for every compressor, on that model's own
-gradients and exactly as DistributedOptimizer would configure it (``min_numel``, error feedback): bytes on the
-wire, the statistics computed in the hook (TernGrad's scaler), encoding (packing included), and decoding of
-one payload and of each further payload (``aggregate``), as :mod:`hvdcomp.bench` does for one tensor.
+gradient's size, the time it becomes ready in backward (a post-accumulate-grad hook per parameter, the
+hook DistributedOptimizer starts its collectives from) and the cost of DistributedOptimizer's non-finite
+check on it, and, for every compressor, on that model's own gradients and exactly as DistributedOptimizer
+would configure it (``min_numel``, error feedback): bytes on the wire, the statistics computed in the hook
+(TernGrad's scaler), encoding (packing included), decoding of one payload and of each further payload
+(``aggregate``), as :mod:`hvdcomp.bench` does for one tensor, and writing the averaged sum into the gradient.
 Each time is the median of ``--repeats`` runs after warm-up. Under mpirun every rank measures at the same
 time (barriers around each timed call), as ranks sharing a host's cores compute during training, and the
 slowest rank's median is written (a synchronous step waits for it). Horovod is initialized there, as in
@@ -35,6 +36,7 @@ from hvdcomp import wire
 from hvdcomp.compressor import Compressor
 from hvdcomp.config import CompressionConfig
 from hvdcomp.methods import METHODS
+from hvdcomp.optimizer import nonfinite
 from hvdcomp.perfmodel.schema import dump
 from hvdcomp.workloads import WORKLOADS
 
@@ -103,7 +105,9 @@ def measure_steps(model: nn.Module, x: torch.Tensor, y: torch.Tensor, repeats: i
             for key, value in zip(phases, (t1 - t0, t2 - t1, t3 - t2), strict=True):
                 phases[key].append(value)
     gradients = [{"name": name, "numel": p.numel(), "bytes": p.numel() * p.element_size(),
-                  "ready_ms": round(ranks.slowest(statistics.median(ready[name][2:]) * 1e3), 4)} for name, p in named]
+                  "ready_ms": round(ranks.slowest(statistics.median(ready[name][2:]) * 1e3), 4),
+                  "check_ms": round(_median_ms(lambda p=p: nonfinite(p.grad), repeats, ranks), 4)}
+                 for name, p in named]
     gradients.sort(key=lambda g: g["ready_ms"])
     result = {key: round(ranks.slowest(statistics.median(values) * 1e3), 4) for key, values in phases.items()}
     return {"forward_ms": result["forward"], "backward_ms": result["backward"], "optimizer_ms": result["optimizer"],
@@ -129,6 +133,9 @@ def measure_encoded(compressor: Compressor, grad: torch.Tensor, repeats: int, ra
     if gated:
         statistics_()
     payload, ctx = compressor.compress(grad, state, shared.get("value"))
+    summed = (inner.decompress(payload, ctx) if inner.summable else inner.aggregate([payload], ctx)).view_as(grad)
+    target = grad.clone()
+    finish_ms = _median_ms(lambda: torch.div(summed, PROBE_WORLD, out=target), repeats, ranks)
     extra_ms = 0.0
     if inner.summable:
         wire_bytes = sum(part.numel() * part.element_size() for part in payload)
@@ -139,7 +146,8 @@ def measure_encoded(compressor: Compressor, grad: torch.Tensor, repeats: int, ra
         four_ms = _median_ms(lambda: inner.aggregate([payload] * 4, ctx), repeats, ranks)
         extra_ms = max(four_ms - decode_ms, 0.0) / 3
     return {"wire_bytes": int(wire_bytes), "shared_ms": round(shared_ms, 4), "encode_ms": round(encode_ms, 4),
-            "decode_ms": round(decode_ms, 4), "decode_extra_payload_ms": round(extra_ms, 4)}
+            "decode_ms": round(decode_ms, 4), "decode_extra_payload_ms": round(extra_ms, 4),
+            "finish_ms": round(finish_ms, 4)}
 
 
 def measure_compressor(method: str, named: list[tuple[str, torch.Tensor]], repeats: int,

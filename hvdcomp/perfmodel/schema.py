@@ -195,6 +195,7 @@ class Gradient:
     numel: int
     bytes: int
     ready_ms: float  # since the start of backward
+    check_ms: float = 0.0  # synchronize()'s non-finite check of the reduced gradient (and of the input, if gathered)
 
 
 @dataclass(frozen=True)
@@ -206,6 +207,7 @@ class Encoded:
     encode_ms: float
     decode_ms: float  # aggregate() of one payload
     decode_extra_payload_ms: float  # each further payload aggregated
+    finish_ms: float = 0.0  # writing the reduced sum, averaged, into the gradient (synchronize())
 
     def aggregate_ms(self, payloads: int) -> float:
         return self.decode_ms + max(payloads - 1, 0) * self.decode_extra_payload_ms
@@ -242,7 +244,7 @@ def parse_profile(data: Any, where: str) -> Profile:
     gradients = []
     for item in top.sequence("gradients"):
         gradients.append(Gradient(item.string("name"), item.integer("numel", 1), item.integer("bytes", 1),
-                                  item.number("ready_ms")))
+                                  item.number("ready_ms"), item.number("check_ms", default=0.0)))
         item.done()
     names = {g.name for g in gradients}
     compressors = {}
@@ -257,7 +259,8 @@ def parse_profile(data: Any, where: str) -> Profile:
                                  f"gradients; valid: {', '.join(sorted(names))}")
             g = per_gradient.mapping(str(name))
             encoded[name] = Encoded(g.integer("wire_bytes"), g.number("shared_ms", default=0.0),
-                                    g.number("encode_ms"), g.number("decode_ms"), g.number("decode_extra_payload_ms"))
+                                    g.number("encode_ms"), g.number("decode_ms"), g.number("decode_extra_payload_ms"),
+                                    g.number("finish_ms", default=0.0))
             g.done()
         per_gradient.done()
         compressors[str(method)] = CompressorProfile(str(method), entry.boolean("summable"),

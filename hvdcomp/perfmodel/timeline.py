@@ -201,13 +201,15 @@ def simulate(profile: Profile, cluster: Cluster, method: str, workers: int, plan
         if e is None:
             ops[gradient.name] = thread.submit(Op(hook, dense_plan, gradient.bytes, "dense"))
             sent += gradient.bytes
-        elif gated:
-            delay += e.shared_ms * ms
-            encode_total += e.shared_ms * ms
         else:
-            delay += e.encode_ms * ms
-            encode_total += e.encode_ms * ms
-            submit(gradient.name, hook + e.encode_ms * ms)
+            if not compressor.summable:  # the input's non-finite check: a gathered encoding can hide a NaN
+                delay += gradient.check_ms * ms
+                encode_total += gradient.check_ms * ms
+            hook_work = (e.shared_ms if gated else e.encode_ms) * ms
+            delay += hook_work
+            encode_total += hook_work
+            if not gated:
+                submit(gradient.name, forward + gradient.ready_ms * ms + delay)
         if index == last_hook:
             now = forward + gradient.ready_ms * ms + delay
             vote_bytes = 4 * len(encoded) * (2 if gated else 1)  # flags (and scalers)
@@ -243,8 +245,12 @@ def simulate(profile: Profile, cluster: Cluster, method: str, workers: int, plan
             decode = e.decode_ms * ms
         else:
             decode = e.aggregate_ms(workers) * ms
+        decode += e.finish_ms * ms  # the averaged sum written into the gradient
         now += decode
         decode_total += decode
+    checks = sum(g.check_ms for g in profile.gradients) * ms  # every reduced gradient, once all are in
+    now += checks
+    decode_total += checks
     step = now + optimizer
     computing = forward + backward + encode_total + decode_total + optimizer
     return StepTime(method, plan, workers, step, forward, backward + delay, encode_total, decode_total, optimizer,
