@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 from collections.abc import Mapping
@@ -50,6 +51,7 @@ class Summary:
     epochs: int
     steps: int
     mean_step_s: float
+    median_step_s: float
     samples_per_s: float
     bytes_per_rank_per_step: float
     dense_fp32_bytes_per_step: int
@@ -168,8 +170,8 @@ def run(workload_name: str, compression: Any, epochs: int | None, batch_size: in
     dense_bytes = 4 * sum(p.numel() for p in model.parameters() if p.requires_grad)
     final_loss = hvd.allreduce(loss.detach(), name=f"train.loss.{method_name(compression)}").item()
     return Summary(method_name(compression), workload_name, size, epochs, steps, mean_step,
-                   batch_size * size / mean_step, per_step, dense_bytes, dense_bytes / per_step, final_loss,
-                   evaluate(model, data))
+                   statistics.median(timed), batch_size * size / mean_step, per_step, dense_bytes,
+                   dense_bytes / per_step, final_loss, evaluate(model, data))
 
 
 def table(summaries: list[Summary]) -> str:
