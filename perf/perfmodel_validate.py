@@ -6,8 +6,9 @@ For each host count it brings up an emulated cluster (:mod:`hvdcomp.cluster`, on
 measures the model profile there (``hvdcomp profile --model synthetic`` on every host at once: the hosts share
 this machine's cores, as the training ranks do). For each link rate it runs ``hvdcomp probe`` across the
 hosts (ping-pong and Horovod collective fits: the only network inputs), then ``hvdcomp train --workload
-synthetic --epochs 2`` once per method through the cluster's launch command, and compares the measured mean
-step time with :func:`hvdcomp.perfmodel.timeline.simulate` on the probed cluster and the profile. Run it
+synthetic --epochs 2`` once per method through the cluster's launch command, and compares the measured
+median step time (after the first step; the model predicts the steady state) with
+:func:`hvdcomp.perfmodel.timeline.simulate` on the probed cluster and the profile. Run it
 on an otherwise idle machine: the hosts share its cores. Writes perf/results/perfmodel/*.yaml (inputs),
 perf/results/perfmodel_validation.json and a Markdown table on stdout. Inputs already in
 perf/results/perfmodel/ (profile, probe, train summaries) are reused: delete them to measure again.
