@@ -30,8 +30,21 @@ def build() -> ModuleType:
         build_directory = str(directory) if os.access(directory, os.W_OK) else None
     except OSError:
         build_directory = None  # a read-only environment: PyTorch's own cache
-    return load(name="hvdcomp_kernels", sources=[str(_SOURCE)], extra_cflags=["-O3"], verbose=False,
-                build_directory=build_directory)
+    # PyTorch runs whichever ninja comes first on PATH. Ninja versions hash the commands in the build log
+    # differently (1.11 vs 1.13), so processes with and without the environment's bin/ on PATH would each
+    # find the other's build stale and rebuild it (25 s here): use the environment's own ninja if it has one.
+    path = os.environ.get("PATH")
+    own = pathlib.Path(sys.executable).parent
+    if (own / "ninja").exists():
+        os.environ["PATH"] = os.pathsep.join([str(own), path or os.defpath])
+    try:
+        return load(name="hvdcomp_kernels", sources=[str(_SOURCE)], extra_cflags=["-O3"], verbose=False,
+                    build_directory=build_directory)
+    finally:
+        if path is None:
+            os.environ.pop("PATH", None)
+        else:
+            os.environ["PATH"] = path
 
 
 def cpu_kernels() -> ModuleType | None:
