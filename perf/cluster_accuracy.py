@@ -116,9 +116,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         axis.set_xlabel("training time (s)", fontsize=8)
         axis.tick_params(labelsize=7)
     axes[0][0].set_ylabel("test accuracy", fontsize=8)
-    axes[0][-1].legend(fontsize=7)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    clusterbench.save_figure(figure, axes[0][-1], path)
 
 
 def main() -> None:

@@ -133,9 +133,7 @@ def plot(rows: list[dict], path: Path) -> None:
         bottom.set_ylim(0, 1.1)
     axes[0][0].set_ylabel("effective busbw (Gbit/s)\n(dashed: link rate)", fontsize=8)
     axes[1][0].set_ylabel("link utilization", fontsize=8)
-    axes[0][-1].legend(fontsize=7)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    clusterbench.save_figure(figure, axes[0][-1], path)
 
 
 def main() -> None:
@@ -157,7 +155,7 @@ def main() -> None:
             chosen = args.sizes or sizes(MAX_BYTES[rate])
             clusterbench.run_settings(__file__, [",".join(map(str, chosen)), *args.methods], args.hosts, [rate],
                                       timeout=1200, results=RESULTS, controller=args.controller)
-    rows = clusterbench.latest([row for row in clusterbench.load(RESULTS) if row.get("controller", "mpi") == "mpi"],
+    rows = clusterbench.latest([row for row in clusterbench.load(RESULTS) if row["controller"] == "mpi"],
                                "hosts", "rate", "method", "bytes")
     plot(rows, clusterbench.RESULTS / "cluster_collectives.png")
 

@@ -159,9 +159,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         axis.tick_params(axis="x", labelrotation=70, labelsize=7)
         axis.tick_params(axis="y", labelsize=7)
     axes[0][0].set_ylabel("step time (s), log scale\nblue: hvdcomp, gray: peers", fontsize=8)
-    axes[0][0].legend(fontsize=7)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    clusterbench.save_figure(figure, axes[0][0], path)
 
 
 def main() -> None:
@@ -183,8 +181,7 @@ def main() -> None:
             steps = 3 if rate == "100mbit" else 6  # a dense step on 4 hosts at 100 Mbit/s takes over 10 s
             clusterbench.run_settings(__file__, [str(args.batch_size), str(steps), *args.methods], args.hosts,
                                       [rate], timeout=1500, results=RESULTS, controller=args.controller)
-    rows = [{"controller": "mpi", **row} for row in clusterbench.load(RESULTS)]  # early rows did not say
-    rows = clusterbench.latest(rows, "controller", "hosts", "rate", "method")
+    rows = clusterbench.latest(clusterbench.load(RESULTS), "controller", "hosts", "rate", "method")
     dense = {(row["controller"], row["hosts"], row["rate"]): row for row in rows if row["method"] == "dense"}
     rows = [{**row, **derived(row, dense.get((row["controller"], row["hosts"], row["rate"])))} for row in rows]
     for row in rows:

@@ -95,9 +95,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     axis.set_xlabel(f"time / wire time of 50 MB each way, 2 hosts at {rows[0]['rate']}", fontsize=8)
     axis.tick_params(labelsize=7)
     axis.invert_yaxis()
-    axis.legend(fontsize=7)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    clusterbench.save_figure(figure, axis, path)
 
 
 def main() -> None:

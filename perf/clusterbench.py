@@ -102,10 +102,18 @@ def run_settings(script: str, worker_args: Iterable[str], hosts: Iterable[int], 
 
 
 def load(results: str, since: str | None = None) -> list[dict[str, Any]]:
-    """The rows of a results file, only those of runs at or after ``since`` (an ISO time) if given."""
+    """The rows of a results file, only those of runs at or after ``since`` (an ISO time) if given. Rows of the
+    first runs did not record the controller: they ran over MPI."""
     path = RESULTS / results
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-    return [row for row in rows if since is None or row["time"] >= since]
+    return [{"controller": "mpi", **row} for row in rows if since is None or row["time"] >= since]
+
+
+def save_figure(figure: Any, legend_axis: Any, path: Path) -> None:
+    """The benchmarks' common finish: a small legend on ``legend_axis``, tight layout, a PNG at ``path``."""
+    legend_axis.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
 
 
 def latest(rows: list[dict[str, Any]], *keys: str) -> list[dict[str, Any]]:
