@@ -65,8 +65,9 @@ def main() -> None:
             compressor = config.choose(name, p.numel(), 2).compressor
             if compressor is None:
                 continue
-            state = states.setdefault(name, compressor.init_state(p.grad, 0))
-            payload, ctx = compressor.compress(p.grad, state)
+            if name not in states:
+                states[name] = compressor.init_state(p.grad, 0)
+            payload, ctx = compressor.compress(p.grad, states[name])
             p.grad.copy_(compressor.unwrapped().aggregate([payload], ctx).view_as(p.grad))
         optimizer.step()
     with (RESULTS / "topk_selection.jsonl").open("a") as out:
