@@ -21,6 +21,11 @@ re-encode on the critical path.
 Iteration time = forward + backward (+ encoding in hooks) + whatever communication and decoding does not
 overlap + optimizer step: the overlap model of Zhang et al., "Poseidon" (ATC 2017) and Shi et al. (2018,
 "MG-WFBP"), with hvdcomp's own ordering.
+
+Not modeled: contention between the two resources. Communication and computation that overlap are each
+charged as if alone (the probe times collectives with idle compute, the profile times compute without
+collectives in flight); where they share cores, as ranks and their Horovod threads do on the emulated
+cluster, steps run longer than predicted (perf/RESULTS.md, performance model section).
 """
 
 from __future__ import annotations
