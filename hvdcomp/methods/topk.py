@@ -49,6 +49,12 @@ def candidate_threshold(x: torch.Tensor, k: int) -> torch.Tensor:
     return sample.topk(rank, sorted=False).values.min()
 
 
+def sampled(x: torch.Tensor, k: int) -> bool:
+    """Whether :func:`largest` selects through a sampled threshold: on CPU, for at least 4 x 65536 entries
+    and k at most an eighth of them."""
+    return x.device.type == "cpu" and x.numel() >= 4 * _SAMPLE and 8 * k <= x.numel()
+
+
 def largest(x: torch.Tensor, k: int) -> torch.Tensor:
     """Indices of the ``k`` entries of the 1-D ``x`` with the largest magnitude, in no particular order.
 
@@ -59,8 +65,7 @@ def largest(x: torch.Tensor, k: int) -> torch.Tensor:
     the rest) falls back to the full topk, so the result is the exact top-k either way. On CUDA topk is fast
     and counting the candidates would need a host sync: it runs directly.
     """
-    n = x.numel()
-    if x.device.type != "cpu" or n < 4 * _SAMPLE or 8 * k > n:
+    if not sampled(x, k):
         return x.abs().topk(k, sorted=False).indices
     threshold = candidate_threshold(x, k)
     candidates = (x >= threshold).logical_or_(x <= -threshold).nonzero().view(-1)
