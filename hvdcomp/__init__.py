@@ -7,26 +7,41 @@
     optimizer = hvdcomp.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                              compression="terngrad")
 
-Layout: :mod:`hvdcomp.compressor` (the interface), :mod:`hvdcomp.methods` (one module per method),
-:mod:`hvdcomp.error_feedback` (memory), :mod:`hvdcomp.communicator` (compressed collectives),
-:mod:`hvdcomp.optimizer` (the Horovod drop-in), :mod:`hvdcomp.config` (per-parameter configuration).
+Layout: :mod:`hvdcomp.compressor` (the interface), :mod:`hvdcomp.collectives` (the requests a reduction
+yields and how Horovod runs them), :mod:`hvdcomp.reductions` (how payloads travel: allreduce, allgather,
+two-phase, and the registry methods add to), :mod:`hvdcomp.error_feedback` (memory), :mod:`hvdcomp.methods`
+(one module per method), :mod:`hvdcomp.optimizer` (the Horovod drop-in), :mod:`hvdcomp.config`
+(per-parameter configuration); the tools live in :mod:`hvdcomp.tools` (train, bench, cluster),
+:mod:`hvdcomp.perfmodel` and :mod:`hvdcomp.k8s`.
 """
 
-from hvdcomp.compressor import Compressor, HorovodCompression, NoneCompressor
+from hvdcomp.collectives import Agree, Allgather, Allreduce, Alltoall, Broadcast
+from hvdcomp.compressor import Compressor, Context, HorovodCompression, NoneCompressor
 from hvdcomp.config import CompressionConfig, make_compressor
 from hvdcomp.error_feedback import ErrorFeedback
-from hvdcomp.methods import METHODS, FP16Compressor, TernGrad, TopK
+from hvdcomp.methods import METHODS, FP16Compressor, PowerSGD, RandomK, TernGrad, TopK
 from hvdcomp.optimizer import DistributedOptimizer
+from hvdcomp.reductions import REDUCTIONS, ReductionMethod
 
 __all__ = [
     "METHODS",
+    "REDUCTIONS",
+    "Agree",
+    "Allgather",
+    "Allreduce",
+    "Alltoall",
+    "Broadcast",
     "CompressionConfig",
     "Compressor",
+    "Context",
     "DistributedOptimizer",
     "ErrorFeedback",
     "FP16Compressor",
     "HorovodCompression",
     "NoneCompressor",
+    "PowerSGD",
+    "RandomK",
+    "ReductionMethod",
     "TernGrad",
     "TopK",
     "make_compressor",

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from hvdcomp import wire
+from hvdcomp.compressor import Context
 from hvdcomp.config import make_compressor
 from hvdcomp.methods import METHODS
 
@@ -52,12 +53,13 @@ def bench_compress(method: str, numel: int, device: str = "cpu", repeats: int = 
     compressor = make_compressor(method, options, error_feedback=False)
     x = torch.randn(numel, generator=torch.Generator().manual_seed(seed)).to(target)
     gigabytes = numel * 4 / 1e9
-    state = compressor.init_state(x, seed)
-    payload, ctx = compressor.compress(x, state)
-    timings = _timed({"copy": lambda: x.clone(), "compress": lambda: compressor.compress(x, state),
-                      "decompress": lambda: compressor.decompress(payload, ctx)}, target, repeats)
+    ctx = Context.local(x, seed)
+    state = compressor.init_state(x, ctx)
+    payload, meta = compressor.compress(x, state, ctx)
+    timings = _timed({"copy": lambda: x.clone(), "compress": lambda: compressor.compress(x, state, ctx),
+                      "decompress": lambda: compressor.decompress(payload, meta)}, target, repeats)
     copy_s, compress_s, decompress_s = timings["copy"], timings["compress"], timings["decompress"]
-    decoded = compressor.decompress(payload, ctx).float()
+    decoded = compressor.decompress(payload, meta).float()
     relative_error = ((decoded - x).norm() / x.norm()).item()
     both = gigabytes / (compress_s + decompress_s)
     return {

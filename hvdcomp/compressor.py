@@ -1,35 +1,60 @@
 """The compressor interface: how one gradient tensor is encoded for the wire and decoded back.
 
-A compressor turns a tensor into a *payload* (a list of tensors) plus a *context* that stays on the rank,
-and back. It says how its payloads can be combined across ranks, which decides the collective that
-carries them (see :mod:`hvdcomp.communicator`):
+A compressor turns a tensor into a *payload* (a list of tensors) plus *meta* that stays on the rank, and back.
+How payloads travel is a *reduction* (:mod:`hvdcomp.reductions`): by default the compressor's traits pick one,
 
 * ``summable``: payloads add elementwise (fp16, random-k with a shared seed, sketches), so Horovod's
   allreduce sums them in compressed form;
 * otherwise payloads are gathered and every rank decodes and sums them (:meth:`Compressor.aggregate`);
   ``fixed_size`` says whether a payload's size depends only on the tensor's shape (TernGrad, QSGD, sign) or
   differs per rank (top-k dropping zeros, threshold, DGC). Fixed-size payloads may also use the two-phase
-  compressed allreduce.
+  compressed allreduce;
 
-Compressors hold no per-tensor state themselves: :meth:`Compressor.init_state` creates a dict for one
-parameter (error-feedback residuals, PowerSGD's Q, step counters for seeded draws), the optimizer keeps it
-and checkpoints it. Contexts must not depend on the rank (shape, dtype, shared seeds), because a rank decodes
-every other rank's payload with its own context.
+and a method whose communication is more than one collective (PowerSGD's two allreduces with computation
+between them) names its own reduction in ``reduction``.
 
-This mirrors ``horovod/torch/compression.py`` and GRACE's compressor/memory split; the error-feedback
-"memory" is :class:`hvdcomp.error_feedback.ErrorFeedback`.
+Memory (error feedback) is a policy, decided in one place (:func:`with_memory`): biased methods get
+:class:`hvdcomp.error_feedback.ErrorFeedback` unless they keep a memory of their own (``own_memory``:
+PowerSGD, DGC), whether they are given by name, config or object.
+
+Contracts every method keeps (the optimizer and the reductions rely on them):
+
+* Compressors hold no per-tensor state: :meth:`Compressor.init_state` makes a dict for one parameter, which
+  the optimizer keeps and checkpoints (``state_dict()``); everything that changes over training (residuals,
+  PowerSGD's Q, a ratio, a phase) lives there.
+* ``meta`` must not depend on the rank (shape, dtype, shared seeds): a rank decodes every other rank's
+  payload with its own meta. A method that needs rank-dependent decoding owns its reduction and says so.
+* Payload tensors may be reduced in place (Horovod's in-place allreduce): a payload must not alias anything
+  the method reads afterwards, except where the method wants the sum written there.
+* Whatever a method decides that changes the plan (ratio, phase) comes from values agreed across ranks
+  (:class:`hvdcomp.collectives.Agree`) or from the step counter, so every rank changes in the same step;
+  :meth:`Compressor.plan` states it, and the optimizer checks every step that all ranks hold the same plan.
+* The sequence of requests a reduction yields (kinds, sizes of agreed values) depends only on the plan, never
+  on the rank's data: ranks match collectives by name and order.
+* Randomness comes from the context's seeds (``ctx.seed`` per rank, ``ctx.shared_seed`` the same on every
+  rank) and ``ctx.step``, never from global generators: runs are reproducible and resume exactly.
+* Hot paths make no host-device syncs on CUDA tensors (no ``.item()``, ``.tolist()``, boolean indexing).
+
+This mirrors ``horovod/torch/compression.py`` and GRACE's compressor/memory/communicator split.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+if TYPE_CHECKING:
+    from hvdcomp.collectives import Agree
+
 Payload = list[torch.Tensor]
 State = dict[str, Any]
+
+#: every Compressor subclass with a ``name`` of its own, by that name (the names configs use)
+METHODS: dict[str, type[Compressor]] = {}
 
 
 def derive_seed(*parts: object) -> int:
@@ -38,10 +63,38 @@ def derive_seed(*parts: object) -> int:
     return int.from_bytes(digest, "little") >> 1
 
 
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """What a method knows about the parameter it reduces.
+
+    ``seed`` differs per parameter and rank (TernGrad's and QSGD's draws); ``shared_seed`` differs per
+    parameter but is the same on every rank (random-k's positions, PowerSGD's initial Q, hash functions).
+    ``step`` counts this parameter's reductions (checkpointed with the state).
+    """
+
+    name: str
+    rank: int
+    size: int
+    device: torch.device
+    seed: int
+    shared_seed: int
+    step: int = 0
+
+    @classmethod
+    def local(cls, tensor: torch.Tensor, seed: int = 0, name: str = "tensor") -> Context:
+        """A one-rank context, for using a compressor outside a job (benchmarks, tests)."""
+        return cls(name, 0, 1, tensor.device, derive_seed(seed, name, 0), derive_seed(seed, name, "shared"))
+
+    def derive(self, *parts: object) -> Context:
+        """The context of a part of this tensor (a two-phase chunk, an owner's re-compression): new seeds."""
+        return dataclasses.replace(self, seed=derive_seed(self.seed, *parts),
+                                   shared_seed=derive_seed(self.shared_seed, *parts))
+
+
 class Compressor(ABC):
     """Encodes one tensor for the wire (:meth:`compress`) and decodes it (:meth:`decompress`)."""
 
-    #: The name used in configs (``compression="terngrad"``).
+    #: The name used in configs (``compression="terngrad"``); defining it registers the class in METHODS.
     name: ClassVar[str]
     #: E[decompress(compress(x))] = x. Biased compressors get error feedback by default.
     unbiased: ClassVar[bool] = True
@@ -49,47 +102,70 @@ class Compressor(ABC):
     summable: ClassVar[bool] = False
     #: A payload's sizes depend only on the input's shape and dtype, the same on every rank.
     fixed_size: ClassVar[bool] = True
+    #: The method keeps its own memory (PowerSGD, DGC): never wrapped in generic error feedback.
+    own_memory: ClassVar[bool] = False
+    #: The registered reduction this method owns (hvdcomp.reductions), or None for the default ones.
+    reduction: ClassVar[str | None] = None
 
-    def init_state(self, tensor: torch.Tensor, seed: int) -> State:
-        """Per-parameter state for ``tensor``; ``seed`` is distinct per parameter, rank and role."""
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        name = cls.__dict__.get("name")
+        if isinstance(name, str):
+            if name in METHODS and METHODS[name].__qualname__ != cls.__qualname__:
+                raise ValueError(f"compression method {name!r} is defined twice: {METHODS[name]} and {cls}")
+            METHODS[name] = cls
+
+    def compresses(self, shape: torch.Size) -> bool:
+        """Whether this method compresses a tensor of ``shape``; other tensors go Horovod's dense way."""
+        return True
+
+    def init_state(self, tensor: torch.Tensor, ctx: Context) -> State:
+        """Per-parameter state for ``tensor`` (shape, dtype and device as the gradient's)."""
         return {}
 
-    def shared_max(self, tensor: torch.Tensor, state: State) -> torch.Tensor | None:
-        """Values that all ranks must agree on before compressing, reduced by max across ranks.
+    def agree(self, tensor: torch.Tensor, state: State, ctx: Context) -> Agree | None:
+        """Values all ranks must agree on before compressing, or None.
 
-        Returns a small 1-D float32 tensor or ``None``. The optimizer fuses the values of all parameters into
-        one collective per step and passes the reduced values to :meth:`compress` as ``shared``
-        (TernGrad's scaler sharing).
+        The optimizer fuses the requests of all parameters into one small collective per step and passes
+        the agreed values to :meth:`compress` as ``agreed`` (TernGrad's scaler sharing: a max).
         """
         return None
 
     @abstractmethod
-    def compress(self, tensor: torch.Tensor, state: State, shared: torch.Tensor | None = None) -> tuple[
-            Payload, Any]:
-        """Returns the payload to send and a rank-independent context for decoding."""
+    def compress(self, tensor: torch.Tensor, state: State, ctx: Context,
+                 agreed: torch.Tensor | None = None) -> tuple[Payload, Any]:
+        """Returns the payload to send and rank-independent meta for decoding."""
 
     @abstractmethod
-    def decompress(self, payload: Payload, ctx: Any) -> torch.Tensor:
+    def decompress(self, payload: Payload, meta: Any) -> torch.Tensor:
         """Decodes one payload to a tensor of the original shape (not necessarily its dtype: callers cast)."""
 
-    def subtract(self, residual: torch.Tensor, payload: Payload, ctx: Any) -> None:
+    def subtract(self, residual: torch.Tensor, payload: Payload, meta: Any) -> None:
         """``residual -= decompress(payload)`` in place (error feedback's update); sparse payloads override it
         to touch only the entries they carry."""
-        residual.sub_(self.decompress(payload, ctx).view_as(residual))
+        residual.sub_(self.decompress(payload, meta).view_as(residual))
 
-    def aggregate(self, payloads: list[Payload], ctx: Any) -> torch.Tensor:
-        """The sum of the decoded payloads of all ranks. Compressors override it to sum in compressed form."""
-        total = self.decompress(payloads[0], ctx).float()
+    def aggregate(self, payloads: list[Payload], meta: Any) -> torch.Tensor:
+        """The sum of the decoded payloads of all ranks, added in rank order (the same bits on every rank).
+        Compressors override it to sum in compressed form."""
+        total = self.decompress(payloads[0], meta).float()
         for payload in payloads[1:]:
-            total += self.decompress(payload, ctx)
+            total += self.decompress(payload, meta)
         return total
+
+    def plan(self, state: State) -> str:
+        """The part of this parameter's plan that may change during training (a ratio, a phase), as text.
+
+        The optimizer checks each step that every rank holds the same plan: a method changes it only from
+        agreed values or the step counter."""
+        return ""
 
     def unwrapped(self) -> Compressor:
         """The compressor without wrappers such as error feedback."""
         return self
 
     def __repr__(self) -> str:
-        options = ", ".join(f"{k}={v!r}" for k, v in sorted(vars(self).items()))
+        options = ", ".join(f"{k}={v!r}" for k, v in sorted(vars(self).items()) if not k.startswith("_"))
         return f"{type(self).__name__}({options})"
 
 
@@ -99,12 +175,37 @@ class NoneCompressor(Compressor):
     name = "none"
     summable = True
 
-    def compress(self, tensor: torch.Tensor, state: State, shared: torch.Tensor | None = None) -> tuple[
-            Payload, Any]:
+    def compress(self, tensor: torch.Tensor, state: State, ctx: Context,
+                 agreed: torch.Tensor | None = None) -> tuple[Payload, Any]:
         return [tensor], None
 
-    def decompress(self, payload: Payload, ctx: Any) -> torch.Tensor:
+    def decompress(self, payload: Payload, meta: Any) -> torch.Tensor:
         return payload[0]
+
+
+def with_memory(compressor: Compressor, error_feedback: bool | None = None) -> Compressor:
+    """The memory policy: ``compressor`` wrapped in error feedback where it needs it.
+
+    ``error_feedback=None`` (the default): on for biased methods without a memory of their own, off
+    otherwise. A method with its own memory (PowerSGD, DGC) takes no generic error feedback: its own is a
+    method option. An already wrapped compressor is returned as it is.
+    """
+    from hvdcomp.error_feedback import ErrorFeedback
+
+    if isinstance(compressor, ErrorFeedback):
+        if error_feedback is False:
+            raise ValueError(f"{compressor!r} has error feedback, but error_feedback: false was asked for")
+        return compressor
+    if error_feedback is not None and not isinstance(error_feedback, bool):
+        raise ValueError(f"error_feedback must be true, false or null; got {error_feedback!r}")
+    if compressor.own_memory:
+        if error_feedback:
+            raise ValueError(f"{compressor.name} keeps its own memory: set its own option (e.g. error_feedback in "
+                             "options) instead of the generic error_feedback key")
+        return compressor
+    if error_feedback is None:
+        error_feedback = not compressor.unbiased
+    return ErrorFeedback(compressor) if error_feedback else compressor
 
 
 class HorovodCompression:
@@ -117,18 +218,18 @@ class HorovodCompression:
     """
 
     def __init__(self, compressor: Compressor) -> None:
-        if not compressor.summable:
+        if not compressor.summable or compressor.reduction is not None:
             raise ValueError(
                 f"{compressor!r} is not summable: Horovod's compression hook allreduces the compressed tensor, "
                 "so only summable compressors (none, fp16) fit; use hvdcomp.DistributedOptimizer instead")
         self.compressor = compressor
 
     def compress(self, tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        payload, ctx = self.compressor.compress(tensor, {})
+        payload, meta = self.compressor.compress(tensor, {}, Context.local(tensor))
         if len(payload) != 1:
             raise ValueError(f"{self.compressor!r} sends {len(payload)} tensors; Horovod's hook carries one")
-        return payload[0], (ctx, tensor.dtype)
+        return payload[0], (meta, tensor.dtype)
 
     def decompress(self, tensor: torch.Tensor, ctx: tuple[Any, torch.dtype]) -> torch.Tensor:
-        inner, dtype = ctx
-        return self.compressor.decompress([tensor], inner).to(dtype)
+        meta, dtype = ctx
+        return self.compressor.decompress([tensor], meta).to(dtype)

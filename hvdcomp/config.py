@@ -6,7 +6,9 @@
     method: terngrad            # default for every parameter; see hvdcomp.METHODS
     options: {clip: 2.5}        # keyword arguments of the method's class
     error_feedback: null        # null: on for biased methods (topk), off for unbiased ones
-    collective: auto            # auto | allgather | two_phase (summable methods always use allreduce)
+    collective: auto            # auto | allgather | two_phase (summable methods always use allreduce,
+                                # methods with a reduction of their own, PowerSGD, always use it)
+    collective_options: {}      # keyword arguments of the reduction (two_phase: owner_error_feedback)
     min_numel: 1024             # smaller tensors go uncompressed through Horovod's fused allreduce
     dense: ["fc3.*"]            # parameter-name patterns (fnmatch) that stay uncompressed
     overrides:                  # first matching pattern wins; any key above except dense/min_numel/seed
@@ -27,17 +29,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from hvdcomp.compressor import Compressor
-from hvdcomp.error_feedback import ErrorFeedback
+import torch
+
+from hvdcomp import reductions
+from hvdcomp.compressor import Compressor, with_memory
 from hvdcomp.methods import METHODS
 
-COLLECTIVE_CHOICES = ("auto", "allgather", "two_phase")
 NONFINITE_CHOICES = ("raise", "skip")
-#: With ``collective: auto``, fixed-size gathered payloads switch to the two-phase scheme above this many
-#: ranks: allgather receives (N-1) payloads per rank, two-phase about 2 at any N.
-TWO_PHASE_MIN_RANKS = 5
 
-_METHOD_KEYS = ("method", "options", "error_feedback", "collective")
+_METHOD_KEYS = ("method", "options", "error_feedback", "collective", "collective_options")
 _TOP_KEYS = (*_METHOD_KEYS, "min_numel", "dense", "overrides", "seed", "nonfinite")
 _OVERRIDE_KEYS = ("match", *_METHOD_KEYS)
 
@@ -54,7 +54,7 @@ def _check_keys(where: str, given: Mapping[str, Any], valid: tuple[str, ...]) ->
 
 def make_compressor(method: str, options: Mapping[str, Any] | None = None,
                     error_feedback: bool | None = None) -> Compressor:
-    """Builds the named method; error feedback defaults to on for biased methods."""
+    """Builds the named method with its memory policy (:func:`hvdcomp.compressor.with_memory`)."""
     if method not in METHODS:
         raise _unknown("compression method", method, sorted(METHODS))
     cls = METHODS[method]
@@ -63,23 +63,18 @@ def make_compressor(method: str, options: Mapping[str, Any] | None = None,
     for key in options:
         if key not in valid:
             raise _unknown(f"option for {method}", key, valid or ["(none)"])
-    compressor = cls(**options)
-    if error_feedback is None:
-        error_feedback = not cls.unbiased
-    if not isinstance(error_feedback, bool):
-        raise ValueError(f"error_feedback must be true, false or null; got {error_feedback!r}")
-    return ErrorFeedback(compressor) if error_feedback else compressor
+    return with_memory(cls(**options), error_feedback)
 
 
 @dataclass(frozen=True)
 class Choice:
-    """What one parameter gets: a compressor and collective name, or ``None`` for Horovod's dense path."""
+    """What one parameter gets: a compressor and its reduction, or ``None`` for Horovod's dense path."""
 
     compressor: Compressor | None
-    collective: str = "allreduce"
+    reduction: reductions.ReductionMethod | None = None
 
     def describe(self) -> str:
-        return "dense" if self.compressor is None else f"{self.compressor!r} via {self.collective}"
+        return "dense" if self.reduction is None else repr(self.reduction)
 
 
 @dataclass(frozen=True)
@@ -87,20 +82,29 @@ class _Rule:
     match: str
     compressor: Compressor
     collective: str
+    collective_options: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _mapping(where: str, key: str, value: Any) -> Mapping[str, Any]:
+    value = value or {}
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{key} in {where} must be a mapping; got {value!r}")
+    return value
 
 
 def _rule(where: str, entry: Mapping[str, Any], match: str, defaults: Mapping[str, Any]) -> _Rule:
     merged = {**defaults, **entry}
     collective = merged.get("collective", "auto")
-    if collective not in COLLECTIVE_CHOICES:
-        raise _unknown(f"collective in {where}", collective, COLLECTIVE_CHOICES)
-    options = merged.get("options") or {}
-    if not isinstance(options, Mapping):
-        raise ValueError(f"options in {where} must be a mapping; got {options!r}")
+    if collective not in reductions.selectable():
+        raise _unknown(f"collective in {where}", collective, reductions.selectable())
+    options = _mapping(where, "options", merged.get("options"))
     if "method" in entry and "options" not in entry:
         options = {}  # another method's options do not carry over
     compressor = make_compressor(merged.get("method", "none"), options, merged.get("error_feedback"))
-    return _Rule(match, compressor, collective)
+    rule = _Rule(match, compressor, collective, _mapping(where, "collective_options", merged.get("collective_options")))
+    if collective != "auto":  # a fixed choice is checked now, not at the first parameter it meets
+        reductions.make(reductions.choose(compressor, collective, 2), compressor, rule.collective_options)
+    return rule
 
 
 @dataclass(frozen=True)
@@ -120,7 +124,7 @@ class CompressionConfig:
         if compression is None:
             compression = "none"
         if isinstance(compression, Compressor):
-            return cls(default=_Rule("*", compression, "auto"), source={"method": compression.name})
+            return cls(default=_Rule("*", with_memory(compression), "auto"), source={"method": compression.name})
         if isinstance(compression, str):
             compression = {"method": compression}
         if not isinstance(compression, Mapping):
@@ -151,18 +155,14 @@ class CompressionConfig:
             raise _unknown("nonfinite policy", nonfinite, NONFINITE_CHOICES)
         return cls(default, tuple(overrides), tuple(dense), min_numel, seed, nonfinite, dict(compression))
 
-    def choose(self, name: str, numel: int, world_size: int) -> Choice:
-        """The compressor and collective for parameter ``name`` of ``numel`` elements."""
-        if numel < self.min_numel or any(fnmatch.fnmatchcase(name, p) for p in self.dense):
+    def choose(self, name: str, shape: torch.Size | tuple[int, ...], world_size: int) -> Choice:
+        """The compressor and reduction for parameter ``name`` of ``shape`` (see :func:`reductions.choose`)."""
+        shape = torch.Size(shape)
+        if shape.numel() < self.min_numel or any(fnmatch.fnmatchcase(name, p) for p in self.dense):
             return Choice(None)
         rule = next((r for r in self.overrides if fnmatch.fnmatchcase(name, r.match)), self.default)
         compressor = rule.compressor
-        if compressor.name == "none":
+        if compressor.name == "none" or not compressor.compresses(shape):
             return Choice(None)
-        if compressor.summable:
-            return Choice(compressor, "allreduce")
-        collective = rule.collective
-        if collective == "auto":
-            use_two_phase = compressor.fixed_size and world_size >= TWO_PHASE_MIN_RANKS
-            collective = "two_phase" if use_two_phase else "allgather"
-        return Choice(compressor, collective)
+        reduction = reductions.choose(compressor, rule.collective, world_size)
+        return Choice(compressor, reductions.make(reduction, compressor, rule.collective_options))

@@ -11,11 +11,14 @@ float rounding of one subtraction).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from hvdcomp.compressor import Compressor, Payload, State
+from hvdcomp.compressor import Compressor, Context, Payload, State
+
+if TYPE_CHECKING:
+    from hvdcomp.collectives import Agree
 
 
 class ErrorFeedback(Compressor):
@@ -26,6 +29,8 @@ class ErrorFeedback(Compressor):
     def __init__(self, inner: Compressor) -> None:
         if isinstance(inner, ErrorFeedback):
             raise ValueError(f"{inner!r} already has error feedback")
+        if inner.own_memory:
+            raise ValueError(f"{inner.name} keeps its own memory: it takes no generic error feedback")
         self.inner = inner
 
     @property
@@ -40,28 +45,38 @@ class ErrorFeedback(Compressor):
     def fixed_size(self) -> bool:  # type: ignore[override]
         return self.inner.fixed_size
 
-    def init_state(self, tensor: torch.Tensor, seed: int) -> State:
+    @property
+    def reduction(self) -> str | None:  # type: ignore[override]
+        return self.inner.reduction
+
+    def compresses(self, shape: torch.Size) -> bool:
+        return self.inner.compresses(shape)
+
+    def init_state(self, tensor: torch.Tensor, ctx: Context) -> State:
         return {"residual": torch.zeros_like(tensor, dtype=torch.float32),
-                "inner": self.inner.init_state(tensor, seed)}
+                "inner": self.inner.init_state(tensor, ctx)}
 
-    def shared_max(self, tensor: torch.Tensor, state: State) -> torch.Tensor | None:
-        return self.inner.shared_max(tensor + state["residual"], state["inner"])
+    def agree(self, tensor: torch.Tensor, state: State, ctx: Context) -> Agree | None:
+        return self.inner.agree(tensor + state["residual"], state["inner"], ctx)
 
-    def compress(self, tensor: torch.Tensor, state: State, shared: torch.Tensor | None = None) -> tuple[
-            Payload, Any]:
+    def compress(self, tensor: torch.Tensor, state: State, ctx: Context,
+                 agreed: torch.Tensor | None = None) -> tuple[Payload, Any]:
         residual = state["residual"]
         compensated = residual.add_(tensor)  # p_t, built in the residual's buffer: no allocation
-        payload, ctx = self.inner.compress(compensated, state["inner"], shared)
+        payload, meta = self.inner.compress(compensated, state["inner"], ctx, agreed)
         storage = residual.untyped_storage().data_ptr()
         payload = [part.clone() if part.untyped_storage().data_ptr() == storage else part for part in payload]
-        self.inner.subtract(residual, payload, ctx)  # e_t = p_t - D(C(p_t))
-        return payload, ctx
+        self.inner.subtract(residual, payload, meta)  # e_t = p_t - D(C(p_t))
+        return payload, meta
 
-    def decompress(self, payload: Payload, ctx: Any) -> torch.Tensor:
-        return self.inner.decompress(payload, ctx)
+    def decompress(self, payload: Payload, meta: Any) -> torch.Tensor:
+        return self.inner.decompress(payload, meta)
 
-    def aggregate(self, payloads: list[Payload], ctx: Any) -> torch.Tensor:
-        return self.inner.aggregate(payloads, ctx)
+    def aggregate(self, payloads: list[Payload], meta: Any) -> torch.Tensor:
+        return self.inner.aggregate(payloads, meta)
+
+    def plan(self, state: State) -> str:
+        return self.inner.plan(state["inner"])
 
     def unwrapped(self) -> Compressor:
         return self.inner

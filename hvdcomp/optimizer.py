@@ -8,38 +8,45 @@ Each step:
 
 1. During backward, a post-accumulate-grad hook fires per parameter. Uncompressed parameters (small
    tensors, names listed as dense, method ``none``) start Horovod's own fused in-place allreduce, exactly as
-   stock Horovod does. Compressed ones start their collective (:mod:`hvdcomp.communicator`): compression and
-   communication overlap the rest of backward.
-2. When every compressed parameter has started, one small max-allreduce (the *vote*) carries each
-   parameter's non-finite flag and the values methods must share before compressing (TernGrad's scalers):
-   one collective per step, not one per layer. Gated encodings (TernGrad's) then run in the order the
-   gradients became ready.
+   stock Horovod does. Compressed ones start their reduction (:mod:`hvdcomp.reductions`), a generator of
+   typed requests (:mod:`hvdcomp.collectives`): what it asks for is started at once, so compression and
+   communication overlap the rest of backward, until it asks for agreed values.
+2. When every compressed parameter has started, one small collective (the *vote*) carries each parameter's
+   non-finite flag, a fingerprint of every parameter's plan, and every value methods asked to agree on
+   (TernGrad's scalers): one collective per step, not one per layer. Reductions waiting on it (gated
+   encodings) then go on, in the order the gradients became ready.
 3. ``synchronize()`` submits parameters that got no gradient (as zeros, so no rank waits forever), drives
-   every collective to completion in the order they were started (the first sent is the first decoded,
-   while later payloads are still on the wire), writes the averaged (or summed) result into
-   ``p.grad``, and checks that no gradient was NaN/Inf. All ranks see the same vote and the same reduced
-   values, so they all raise (or skip) together: no rank diverges or hangs.
+   every reduction to completion in the order they were started (the first sent is the first decoded,
+   while later payloads are still on the wire), fusing agreements asked for later in the step into further
+   votes, writes the averaged (or summed) result into ``p.grad``, and checks that no gradient was NaN/Inf.
+   All ranks see the same votes and the same reduced values, so they all raise (or skip) together.
 
-Every collective has a deterministic name derived from the parameter name (Horovod matches collectives by
-name, so the order a rank starts or waits for them in is free), and everything that must line up across ranks
-(the plan, the vote's layout) is in sorted-name order.
+Plans change over time inside methods (a ratio, a phase, in the per-parameter state), decided from agreed
+values or the step counter; the vote's plan fingerprint (its max and min across ranks) shows every step
+whether all ranks hold the same plan, and if not, the full plans are compared and the first difference is
+raised on every rank.
+
+Every collective has a deterministic name derived from the parameter name and the request's index (Horovod
+matches collectives by name, so the order a rank starts or waits for them in is free), and everything that
+must line up across ranks (the plan, the vote's layout, later votes) is in sorted-name order.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import horovod.torch as hvd
 import torch
 
-from hvdcomp.communicator import COLLECTIVES, Collective, Reduction, SharedMax
-from hvdcomp.compressor import Compressor, State, derive_seed
+from hvdcomp.collectives import Agree, Pending, Reduction, start, start_vote
+from hvdcomp.compressor import Compressor, Context, State, derive_seed
 from hvdcomp.config import Choice, CompressionConfig
 
 log = logging.getLogger(__name__)
@@ -47,15 +54,20 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class _Slot:
-    """One parameter's fixed plan and per-parameter compressor state."""
+    """One parameter's configuration, context and per-parameter method state."""
 
     name: str
     param: torch.Tensor
     choice: Choice
-    collective: Collective | None
+    ctx: Context
     state: State
-    seed: int
+    step: int
     delay: int
+
+    def plan(self) -> list[Any]:
+        """What must be the same on every rank for this parameter, now."""
+        changing = "" if self.choice.compressor is None else self.choice.compressor.plan(self.state)
+        return [self.name, list(self.param.shape), self.param.device.type, self.choice.describe(), changing]
 
 
 @dataclass
@@ -66,9 +78,14 @@ class _Dense:
 
 @dataclass
 class _Compressed:
+    slot: _Slot
     reduction: Reduction
-    request: Any  # a Horovod handle, or SharedMax before the vote
     flag: torch.Tensor  # [1] float32: rank + 1 if this rank's gradient is not finite, else 0
+    plan: str
+    requests: int = 0  # requests yielded so far: they name the collectives
+    pending: Pending | None = None  # a started collective
+    agree: Agree | None = None  # waiting for the next vote
+    result: torch.Tensor | None = None
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -90,16 +107,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if not active:
             self._slots = []  # like Horovod: nothing to reduce on one rank
         self._work: dict[int, _Dense | _Compressed] = {}
-        self._compressed_total = sum(slot.collective is not None for slot in self._slots)
+        self._compressed_total = sum(slot.choice.reduction is not None for slot in self._slots)
         self._compressed_started = 0
-        self._uncompressed_bytes_sent = 0
-        self._vote: int | None = None
+        self._bytes_sent = 0
+        self._vote: Pending | None = None
         self._vote_result: torch.Tensor | None = None
         self._synchronized = False
         self._should_synchronize = True
         self._skip_step = False
         if active:
-            self._check_same_plan()
+            self._check_same_plan([slot.plan() for slot in self._slots])
             for index, slot in enumerate(self._slots):
                 slot.param.register_post_accumulate_grad_hook(self._make_hook(index))
 
@@ -128,32 +145,28 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for name, param in sorted(named, key=lambda item: item[0]):
             if id(param) not in optimized or not param.requires_grad:
                 continue
-            choice = self.config.choose(name, param.numel(), size)
-            collective = None
-            state: State = {}
-            seed = derive_seed(self.config.seed, name, rank)
-            if choice.compressor is not None:
-                collective = COLLECTIVES[choice.collective](self.process_set)
-                collective.check(choice.compressor)
-                state = collective.init_state(choice.compressor, param.detach(), seed)
-            slots.append(_Slot(name, param, choice, collective, state, seed, self.backward_passes_per_step))
+            choice = self.config.choose(name, param.shape, size)
+            ctx = Context(name, rank, size, param.device, derive_seed(self.config.seed, name, rank),
+                          derive_seed(self.config.seed, name, "shared"))
+            state = {} if choice.reduction is None else choice.reduction.init_state(param.detach(), ctx)
+            slots.append(_Slot(name, param, choice, ctx, state, 0, self.backward_passes_per_step))
         return slots
 
-    def _check_same_plan(self) -> None:
+    def _check_same_plan(self, plans: list[list[Any]]) -> None:
         """Ranks with different plans would wait forever on each other's collectives: fail fast instead."""
-        plan = [[slot.name, list(slot.param.shape), slot.choice.describe()] for slot in self._slots]
         mine = json.dumps({"op": str(self.op), "passes": self.backward_passes_per_step,
-                           "nonfinite": self.config.nonfinite, "params": plan})
+                           "nonfinite": self.config.nonfinite, "params": plans})
         data = torch.frombuffer(bytearray(mine.encode()), dtype=torch.uint8)
         lengths = hvd.allgather(torch.tensor([data.numel()]), name="hvdcomp.plan.lengths",
                                 process_set=self.process_set)
         gathered = hvd.allgather(data, name="hvdcomp.plan", process_set=self.process_set)
-        plans = [bytes(chunk.tolist()).decode() for chunk in gathered.split(lengths.tolist())]
-        for rank, other in enumerate(plans):
+        others = [bytes(chunk.tolist()).decode() for chunk in gathered.split(lengths.tolist())]
+        for rank, other in enumerate(others):
             if other != mine:
                 raise ValueError(f"hvdcomp: ranks are configured differently (this rank "
                                  f"{self.process_set.rank()} vs rank {rank}): {_first_difference(mine, other)}. "
-                                 "Every rank must use the same model, compression config and optimizer options")
+                                 "Every rank must use the same model, compression config and optimizer options, "
+                                 "and a method may change its plan only from agreed values")
 
     # ------------------------------------------------------------------------------------ reduction
 
@@ -177,53 +190,74 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if grad.is_sparse:
             raise ValueError(f"parameter {slot.name!r} has a sparse gradient; hvdcomp reduces dense gradients "
                              "(use a dense embedding, or hvd.DistributedOptimizer for sparse ones)")
-        if slot.choice.compressor is None:
+        if slot.choice.reduction is None:
             wire = grad.float() if grad.dtype == torch.bfloat16 else grad  # Horovod has no bfloat16 allreduce
             handle = hvd.allreduce_async_(wire, name=f"hvdcomp.dense.{slot.name}", op=self.op,
                                           process_set=self.process_set)
             self._work[index] = _Dense(handle, wire)
-            self._uncompressed_bytes_sent += wire.numel() * wire.element_size()
+            self._bytes_sent += wire.numel() * wire.element_size()
             return
         if slot.choice.compressor.summable:  # NaN/Inf survive a sum: the check of the result catches them
-            flag = grad.new_zeros((), dtype=torch.float32)
-        else:  # a gathered encoding can hide them (TernGrad's draw): check the input, and name this rank
-            flag = nonfinite(grad).to(torch.float32).mul_(self.process_set.rank() + 1)
-        reduction = slot.collective.reduce(slot.choice.compressor, grad, slot.state, slot.name)
-        self._work[index] = _Compressed(reduction, next(reduction), flag.reshape(1))
+            flag = grad.new_zeros(1, dtype=torch.float32)
+        else:  # an encoding can hide them (TernGrad's draw): check the input, and name this rank
+            flag = nonfinite(grad).to(torch.float32).mul_(self.process_set.rank() + 1).reshape(1)
+        plan = json.dumps(slot.plan())
+        ctx = replace(slot.ctx, step=slot.step)
+        slot.step += 1
+        work = _Compressed(slot, slot.choice.reduction.reduce(grad, slot.state, ctx), flag, plan)
+        self._work[index] = work
+        self._advance(work, None)
         self._compressed_started += 1
         if self._compressed_started == self._compressed_total:
             self._start_vote()
-            if any(isinstance(w.request, SharedMax) for w in self._compressed_work()):
-                self._finish_vote()  # shared values gate compression: resolve them now, at end of backward
+            if any(w.agree is not None for w in self._compressed_work()):
+                self._finish_vote()  # agreed values gate compression: resolve them now, at end of backward
+
+    def _advance(self, work: _Compressed, result: Any) -> None:
+        """Sends ``result`` into the reduction and starts what it asks for next (or parks it on an Agree)."""
+        work.pending = work.agree = None
+        try:
+            request = next(work.reduction) if work.requests == 0 else work.reduction.send(result)
+        except StopIteration as done:
+            work.result = done.value
+            return
+        name = f"hvdcomp.{work.slot.name}.{work.requests}"
+        work.requests += 1
+        if isinstance(request, Agree):
+            work.agree = request
+        else:
+            work.pending = start(request, name, self.process_set)
+            self._bytes_sent += work.pending.nbytes
+
+    def _drive(self, work: _Compressed) -> None:
+        """Runs a reduction until it finishes or waits for a vote."""
+        while work.pending is not None:
+            self._advance(work, work.pending.wait())
 
     def _compressed_work(self) -> Iterator[_Compressed]:
+        """Compressed parameters in name order: the order of every vote's layout on every rank."""
         return (w for _, w in sorted(self._work.items()) if isinstance(w, _Compressed))
 
     def _start_vote(self) -> None:
-        parts = []
-        for work in self._compressed_work():
-            parts.append(work.flag)
-            if isinstance(work.request, SharedMax):
-                parts.append(work.request.values.reshape(-1).float())
-        device = parts[0].device
-        votes = torch.cat([part.to(device) for part in parts])
-        self._uncompressed_bytes_sent += votes.numel() * votes.element_size()
-        self._vote = hvd.allreduce_async(votes, name="hvdcomp.vote", op=hvd.Max, process_set=self.process_set)
+        works = list(self._compressed_work())
+        device = works[0].flag.device
+        digest = hashlib.blake2b("\n".join(w.plan for w in works).encode(), digest_size=3).digest()
+        fingerprint = torch.full((1,), float(int.from_bytes(digest, "little")), device=device)  # exact in float32
+        agreements = [Agree(torch.cat([w.flag.to(device) for w in works]), "max"), Agree(fingerprint, "max"),
+                      Agree(fingerprint, "min"), *(w.agree for w in works if w.agree is not None)]
+        self._vote = start_vote(agreements, "hvdcomp.vote", self.process_set)
+        self._bytes_sent += self._vote.nbytes
 
     def _finish_vote(self) -> None:
-        result = hvd.synchronize(self._vote)
-        flags, shared, offset = [], {}, 0
-        for work in self._compressed_work():  # the vote's layout: parameter-name order on every rank
-            flags.append(result[offset:offset + 1])
-            offset += 1
-            if isinstance(work.request, SharedMax):
-                length = work.request.values.numel()
-                shared[id(work)] = result[offset:offset + length].to(work.request.values.device)
-                offset += length
+        flags, highest, lowest, *agreed = self._vote.wait()
+        self._vote, self._vote_result = None, flags
+        if highest.item() != lowest.item():  # one read of a vote already waited for
+            self._check_same_plan([json.loads(w.plan) for w in self._compressed_work()])
+        waiting = [w for w in self._compressed_work() if w.agree is not None]
+        results = {id(w): value for w, value in zip(waiting, agreed, strict=True)}
         for work in self._work.values():  # encode in the order gradients became ready (see synchronize)
-            if id(work) in shared:
-                work.request = work.reduction.send(shared[id(work)])
-        self._vote, self._vote_result = None, torch.cat(flags)
+            if id(work) in results:
+                self._advance(work, results[id(work)])
 
     def synchronize(self) -> None:
         """Waits for every gradient's reduction and writes the results into ``p.grad``."""
@@ -238,7 +272,21 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         divisor = self.process_set.size() if self.op == hvd.Average else 1
         # In submission order (the order backward made the gradients ready): the first payloads sent are the
         # first decoded, while later ones are still on the wire. Horovod matches collectives by name, so
-        # this order need not be the same on every rank.
+        # this order need not be the same on every rank. Agreements asked for on the way are fused into
+        # further votes, in name order.
+        rounds = 0
+        while True:
+            for work in self._work.values():
+                if isinstance(work, _Compressed):
+                    self._drive(work)
+            waiting = [w for w in self._compressed_work() if w.agree is not None]
+            if not waiting:
+                break
+            rounds += 1
+            vote = start_vote([w.agree for w in waiting], f"hvdcomp.vote.{rounds}", self.process_set)
+            self._bytes_sent += vote.nbytes
+            for work, value in zip(waiting, vote.wait(), strict=True):
+                self._advance(work, value)
         for index, work in self._work.items():
             grad = self._slots[index].param.grad
             if isinstance(work, _Dense):
@@ -246,7 +294,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 if work.wire is not grad:
                     grad.copy_(work.wire)
             else:
-                total = _drive(work).view_as(grad)
+                total = work.result.view_as(grad)
                 if divisor > 1:
                     torch.div(total, divisor, out=grad)
                 else:
@@ -271,7 +319,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         values = flags.tolist()
         if not any(values):
             return
-        compressed = [slot for slot in self._slots if slot.collective is not None]
+        compressed = [slot for slot in self._slots if slot.choice.reduction is not None]
         inputs, outputs = values[:len(values) - len(self._slots)], values[len(values) - len(self._slots):]
         problems = [f"{slot.name!r} on rank {int(v) - 1}" for slot, v in zip(compressed, inputs, strict=True) if v]
         problems += [f"{slot.name!r} after reduction" for slot, v in zip(self._slots, outputs, strict=True) if v]
@@ -280,7 +328,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise FloatingPointError(f"hvdcomp: {message}. Lower the learning rate, check the data, or set "
                                      "nonfinite: skip in the compression config to skip such steps")
         for slot in compressed:  # residuals may hold NaN now: start them afresh
-            slot.state = slot.collective.init_state(slot.choice.compressor, slot.param.detach(), slot.seed)
+            slot.state = slot.choice.reduction.init_state(slot.param.detach(), slot.ctx)
         warnings.warn(f"hvdcomp: skipping this optimizer step: {message}", RuntimeWarning, stacklevel=3)
         self._skip_step = True
 
@@ -288,8 +336,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def bytes_sent(self) -> int:
         """Payload bytes this rank has handed to collectives so far (dense gradients, compressed payloads,
         votes); dense float32 would be 4 bytes per gradient element per step."""
-        compressed = sum(slot.collective.bytes_sent for slot in self._slots if slot.collective is not None)
-        return compressed + self._uncompressed_bytes_sent
+        return self._bytes_sent
 
     # --------------------------------------------------------------------------- Horovod's surface
 
@@ -326,11 +373,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def state_dict(self) -> dict[str, Any]:
         """The wrapped optimizer's state plus this rank's compressor state under ``"hvdcomp"``.
 
-        Compressor state (error-feedback residuals, step counters of seeded draws) differs per rank: save
-        one file per rank to resume exactly.
+        Per parameter: the step counter and the method's state (error-feedback residuals, PowerSGD's Q, ratios,
+        phases). It differs per rank: save one file per rank to resume exactly.
         """
         state = super().state_dict()
-        state["hvdcomp"] = {slot.name: slot.state for slot in self._slots if slot.collective is not None}
+        state["hvdcomp"] = {slot.name: {"step": slot.step, "state": slot.state}
+                            for slot in self._slots if slot.choice.reduction is not None}
         return state
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
@@ -340,10 +388,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._reset_step()
         self._synchronized = False
         for slot in self._slots:
-            if saved is not None and slot.collective is not None:
+            if saved is not None and slot.choice.reduction is not None:
                 if slot.name not in saved:
                     raise ValueError(f"checkpoint has no hvdcomp state for parameter {slot.name!r}")
-                slot.state = _to_device(saved[slot.name], slot.param.device)
+                slot.step = int(saved[slot.name]["step"])
+                slot.state = _to_device(saved[slot.name]["state"], slot.param.device)
 
 
 def nonfinite(tensor: torch.Tensor) -> torch.Tensor:
@@ -357,16 +406,6 @@ def nonfinite(tensor: torch.Tensor) -> torch.Tensor:
         return torch.zeros((), dtype=torch.bool, device=tensor.device)
     low, high = torch.aminmax(tensor)
     return torch.stack([low, high]).isfinite().all().logical_not()
-
-
-def _drive(work: _Compressed) -> torch.Tensor:
-    """Runs a reduction to completion: each yielded handle is waited for and its output sent back."""
-    while True:
-        output = hvd.synchronize(work.request)
-        try:
-            work.request = work.reduction.send(output)
-        except StopIteration as done:
-            return done.value
 
 
 def _to_device(value: Any, device: torch.device) -> Any:
@@ -386,7 +425,8 @@ def _first_difference(mine: str, other: str) -> str:
             return f"{key}: {a[key]} here, {b[key]} there"
     for x, y in zip(a["params"], b["params"], strict=False):
         if x != y:
-            return f"parameter {x[0]!r}: {x[2]} {x[1]} here, {y[0]!r}: {y[2]} {y[1]} there"
+            here, there = (" ".join(str(v) for v in p[1:] if v != "") for p in (x, y))
+            return f"parameter {x[0]!r}: {here} here, {y[0]!r}: {there} there"
     return f"{len(a['params'])} parameters here, {len(b['params'])} there"
 
 

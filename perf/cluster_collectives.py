@@ -31,7 +31,7 @@ from pathlib import Path
 import clusterbench
 
 RESULTS = "cluster_collectives.jsonl"
-METHODS = ("dense", "hvd-fp16", "fp16", "terngrad", "terngrad-two-phase", "topk")
+METHODS = ("dense", "hvd-fp16", "fp16", "terngrad", "terngrad-two-phase", "topk", "randomk")
 MAX_BYTES = {"100mbit": 16 << 20, "1gbit": 64 << 20, "10gbit": 256 << 20}
 MIN_BYTES = 1 << 10
 
@@ -45,21 +45,28 @@ def sizes(max_bytes: int) -> list[int]:
 
 
 def worker(methods: list[str], all_sizes: list[int]) -> None:
+    import dataclasses
+    import itertools
+
     import horovod.torch as hvd
     import torch
 
     import hvdcomp
-    from hvdcomp.communicator import COLLECTIVES, run_alone
+    from hvdcomp import reductions
+    from hvdcomp.collectives import run_alone
+    from hvdcomp.compressor import Context, derive_seed
 
     hvd.init()
     torch.set_num_threads(1)
     rank, size = hvd.rank(), hvd.size()
 
-    def compressed(collective_name: str, compressor: hvdcomp.Compressor, x: torch.Tensor
+    def compressed(reduction_name: str, compressor: hvdcomp.Compressor, x: torch.Tensor
                    ) -> Callable[[str], torch.Tensor]:
-        collective = COLLECTIVES[collective_name]()
-        state = collective.init_state(compressor, x, seed=rank)
-        return lambda name: run_alone(collective.reduce(compressor, x, state, name), name)
+        reduction = reductions.make(reduction_name, compressor)
+        ctx = Context("x", rank, size, x.device, derive_seed("x", rank), derive_seed("x", "shared"))
+        state = reduction.init_state(x, ctx)
+        steps = itertools.count()
+        return lambda name: run_alone(reduction.reduce(x, state, dataclasses.replace(ctx, step=next(steps))), name)
 
     def make(method: str, x: torch.Tensor) -> Callable[[str], torch.Tensor]:
         if method == "dense":
@@ -74,6 +81,8 @@ def worker(methods: list[str], all_sizes: list[int]) -> None:
             return compressed("two_phase", hvdcomp.TernGrad(), x)
         if method == "topk":
             return compressed("allgather", hvdcomp.TopK(0.01), x)
+        if method == "randomk":
+            return compressed("allreduce", hvdcomp.RandomK(0.01), x)
         raise ValueError(f"unknown method {method!r}; valid: {', '.join(METHODS)}")
 
     def slowest(value: float, name: str) -> float:

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from hvdcomp.compressor import Context
 from hvdcomp.config import CompressionConfig
 from hvdcomp.methods import topk
 from hvdcomp.workloads import WORKLOADS
@@ -62,13 +63,14 @@ def main() -> None:
         torch.nn.functional.cross_entropy(model(data.train_x[start:start + args.batch_size]),
                                           data.train_y[start:start + args.batch_size]).backward()
         for name, p in model.named_parameters():
-            compressor = config.choose(name, p.numel(), 2).compressor
+            compressor = config.choose(name, p.shape, 2).compressor
             if compressor is None:
                 continue
+            ctx = Context.local(p.grad, name=name)
             if name not in states:
-                states[name] = compressor.init_state(p.grad, 0)
-            payload, ctx = compressor.compress(p.grad, states[name])
-            p.grad.copy_(compressor.unwrapped().aggregate([payload], ctx).view_as(p.grad))
+                states[name] = compressor.init_state(p.grad, ctx)
+            payload, meta = compressor.compress(p.grad, states[name], ctx)
+            p.grad.copy_(compressor.unwrapped().aggregate([payload], meta).view_as(p.grad))
         optimizer.step()
     with (RESULTS / "topk_selection.jsonl").open("a") as out:
         for numel, rows in sorted(records.items()):

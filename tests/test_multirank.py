@@ -12,7 +12,7 @@ from conftest import BIN, CONTROLLERS, REPO, run_ranks
 
 pytestmark = pytest.mark.multirank
 
-SCENARIOS = ["collectives", "train", "resume", "stock", "nograd"]
+SCENARIOS = ["collectives", "requests", "plans", "train", "resume", "stock", "nograd"]
 #: scenario -> what each rank prints, as "<what> (on every rank) rank R", once it caught the expected error
 EXPECTED_FAILURES = {
     "nonfinite_raise": "raised FloatingPointError",
@@ -39,6 +39,13 @@ def test_bad_input_fails_cleanly_on_every_rank(scenario: str, controller: str) -
     if scenario in EXPECTED_FAILURES:
         assert result.ranks_saying(f"{EXPECTED_FAILURES[scenario]} (on every rank)") == set(range(np)), \
             result.output[-5000:]
+
+
+@pytest.mark.parametrize("controller", CONTROLLERS)
+def test_powersgd_matches_pytorch_hook(controller: str) -> None:
+    result = run_ranks([str(REPO / "tests" / "ranks.py"), "powersgd_reference"], 2, controller)
+    assert result.returncode == 0, result.output[-5000:]
+    assert result.ranks_saying("powersgd_reference OK") == {0, 1}, result.output[-5000:]
 
 
 def test_terngrad_digits_within_one_point_of_dense(tmp_path) -> None:

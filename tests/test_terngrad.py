@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 
 import hvdcomp.methods.terngrad as terngrad_module
-from hvdcomp import TernGrad, wire
+from hvdcomp import Context, TernGrad, wire
 from hvdcomp.kernels import cpu_kernels
 from hvdcomp.packing import pack_2bit
 
@@ -39,14 +40,15 @@ def test_unbiased(path: str, clip: float | None) -> None:
     x = torch.randn(4000, generator=generator) * 0.01
     x[:20] *= 40  # outliers, so clipping matters
     compressor = TernGrad(clip=clip)
-    state = compressor.init_state(x, seed=1)
+    ctx = Context.local(x, seed=1)
+    state = compressor.init_state(x, ctx)
     draws = 400
     mean = torch.zeros_like(x, dtype=torch.float64)
     scaler = None
-    for _ in range(draws):
-        payload, ctx = compressor.compress(x, state)
+    for step in range(draws):
+        payload, meta = compressor.compress(x, state, replace(ctx, step=step))
         scaler = payload[0].item()
-        mean += compressor.decompress(payload, ctx).double() / draws
+        mean += compressor.decompress(payload, meta).double() / draws
     target = clipped(x, clip).double()
     # Per element, Q_k is s * sign * Bernoulli(|a_k| / s): variance |a_k| (s - |a_k|).
     variance = target.abs() * (scaler - target.abs()) / draws
@@ -62,31 +64,33 @@ def test_clipping_bounds_the_scaler(path: str) -> None:
     x = torch.randn(10_000, generator=torch.Generator().manual_seed(1))
     x[0] = 1000.0
     bound = 2.5 * x.std(correction=0).item()
-    payload, ctx = TernGrad().compress(x, TernGrad().init_state(x, 0))
+    payload, meta = TernGrad().compress(x, {}, Context.local(x))
     assert payload[0].item() == pytest.approx(bound, rel=1e-5)
-    values = TernGrad().decompress(payload, ctx)
+    values = TernGrad().decompress(payload, meta)
     assert set(values.unique().tolist()) <= {-payload[0].item(), 0.0, payload[0].item()}
     assert values[0].item() == pytest.approx(bound, rel=1e-5), "the outlier is clipped to c*sigma and kept"
-    unclipped, _ = TernGrad(clip=None).compress(x, TernGrad().init_state(x, 0))
+    unclipped, _ = TernGrad(clip=None).compress(x, {}, Context.local(x))
     assert unclipped[0].item() == 1000.0
 
 
 def test_shared_scaler_is_used(path: str) -> None:
     x = torch.randn(1000, generator=torch.Generator().manual_seed(2))
     compressor = TernGrad()
-    state = compressor.init_state(x, 0)
-    local = compressor.shared_max(x, state)
-    payload, _ = compressor.compress(x, state, shared=local * 4)
-    assert payload[0].item() == pytest.approx(local.item() * 4)
-    assert TernGrad(scaler_sharing=False).shared_max(x, state) is None
+    ctx = Context.local(x)
+    state = compressor.init_state(x, ctx)
+    request = compressor.agree(x, state, ctx)
+    assert request.op == "max"
+    payload, _ = compressor.compress(x, state, ctx, agreed=request.values * 4)
+    assert payload[0].item() == pytest.approx(request.values.item() * 4)
+    assert TernGrad(scaler_sharing=False).agree(x, state, ctx) is None
 
 
 @pytest.mark.parametrize("shape", [(), (0,), (1,), (5,), (3, 7), (2, 3, 5)])
 def test_shapes_round_trip(path: str, shape: tuple[int, ...]) -> None:
     x = torch.randn(shape, generator=torch.Generator().manual_seed(3))
     compressor = TernGrad()
-    payload, ctx = compressor.compress(x, compressor.init_state(x, 0))
-    out = compressor.decompress(payload, ctx)
+    payload, meta = compressor.compress(x, {}, Context.local(x))
+    out = compressor.decompress(payload, meta)
     assert out.shape == x.shape and out.dtype == torch.float32
     s = payload[0].item()
     assert all(v in (-s, 0.0, s) for v in out.reshape(-1).tolist())
@@ -97,8 +101,8 @@ def test_shapes_round_trip(path: str, shape: tuple[int, ...]) -> None:
 def test_other_gradient_dtypes(path: str, dtype: torch.dtype) -> None:
     x = torch.randn(333, generator=torch.Generator().manual_seed(4)).to(dtype)
     compressor = TernGrad()
-    payload, ctx = compressor.compress(x, compressor.init_state(x, 0))
-    assert compressor.decompress(payload, ctx).shape == x.shape
+    payload, meta = compressor.compress(x, {}, Context.local(x))
+    assert compressor.decompress(payload, meta).shape == x.shape
 
 
 def test_kernels_and_torch_path_share_the_wire_format() -> None:
@@ -128,16 +132,17 @@ def test_kernel_unpack_sum_adds_ranks_with_their_scales() -> None:
 def test_same_seed_and_step_give_the_same_draws(path: str) -> None:
     x = torch.randn(500, generator=torch.Generator().manual_seed(6))
     compressor = TernGrad()
-    a, b = compressor.init_state(x, 9), compressor.init_state(x, 9)
-    first = compressor.compress(x, a)[0][1]
-    assert torch.equal(first, compressor.compress(x, b)[0][1])
-    assert not torch.equal(compressor.compress(x, a)[0][1], first), "the next step draws anew"
+    ctx = Context.local(x, seed=9)
+    first = compressor.compress(x, {}, ctx)[0][1]
+    assert torch.equal(first, compressor.compress(x, {}, Context.local(x, seed=9))[0][1])
+    assert not torch.equal(compressor.compress(x, {}, replace(ctx, step=1))[0][1], first), "the next step draws anew"
+    assert not torch.equal(compressor.compress(x, {}, Context.local(x, seed=10))[0][1], first), "another seed"
 
 
 def test_wire_size_at_most_2_05_bits_per_element() -> None:
     x = torch.randn(1_000_000)
     compressor = TernGrad()
-    payload, _ = compressor.compress(x, compressor.init_state(x, 0))
+    payload, _ = compressor.compress(x, {}, Context.local(x))
     bits = wire.nbytes(wire.layout_of(payload)) * 8 / x.numel()
     assert bits <= 2.05, bits
 

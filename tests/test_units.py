@@ -10,6 +10,7 @@ import torch
 from hvdcomp import (
     METHODS,
     CompressionConfig,
+    Context,
     ErrorFeedback,
     FP16Compressor,
     HorovodCompression,
@@ -56,12 +57,13 @@ def test_error_feedback_invariant(inner) -> None:
     """residual + decompressed = compensated input, every step."""
     compressor = ErrorFeedback(inner)
     x = torch.randn(40, 25, generator=torch.Generator().manual_seed(0))
-    state = compressor.init_state(x, 0)
+    ctx = Context.local(x)
+    state = compressor.init_state(x, ctx)
     for step in range(5):
         g = x * (step + 1)
         compensated = g + state["residual"]
-        payload, ctx = compressor.compress(g, state)
-        torch.testing.assert_close(state["residual"] + compressor.decompress(payload, ctx), compensated,
+        payload, meta = compressor.compress(g, state, ctx)
+        torch.testing.assert_close(state["residual"] + compressor.decompress(payload, meta), compensated,
                                    rtol=0, atol=1e-5)
         if isinstance(inner, NoneCompressor):  # a payload that is a view of its input is not zeroed
             torch.testing.assert_close(payload[0], compensated)
@@ -72,12 +74,12 @@ def test_error_feedback_invariant(inner) -> None:
 def test_topk_keeps_largest_and_drops_zeros() -> None:
     x = torch.tensor([0.1, -5.0, 0.0, 3.0, -0.2, 0.0, 0.0, 0.0, 0.0, 0.0])
     compressor = TopK(0.2)
-    payload, ctx = compressor.compress(x, {})
+    payload, meta = compressor.compress(x, {}, Context.local(x))
     assert sorted(payload[1].tolist()) == [1, 3] and payload[1].dtype == torch.int32
-    assert torch.equal(compressor.decompress(payload, ctx), torch.tensor([0, -5.0, 0, 3.0, 0, 0, 0, 0, 0, 0]))
+    assert torch.equal(compressor.decompress(payload, meta), torch.tensor([0, -5.0, 0, 3.0, 0, 0, 0, 0, 0, 0]))
     sparse = torch.zeros(10)
     sparse[4] = 1.0
-    payload, _ = TopK(0.5).compress(sparse, {})
+    payload, _ = TopK(0.5).compress(sparse, {}, Context.local(sparse))
     assert payload[0].numel() == 1, "zeros among the top-k are not sent"
     with pytest.raises(ValueError, match=r"ratio must be a number in \(0, 1\]"):
         TopK(0)
@@ -118,17 +120,18 @@ def test_topk_candidate_threshold_holds_on_a_layer_gradient(shape: tuple[int, ..
 
 def test_topk_aggregate_sums_overlapping_indices() -> None:
     compressor = TopK(0.5)
-    a, ctx = compressor.compress(torch.tensor([4.0, 0.0, 1.0, 0.0]), {})
-    b, _ = compressor.compress(torch.tensor([2.0, 3.0, 0.0, 0.0]), {})
-    assert torch.equal(compressor.aggregate([a, b], ctx), torch.tensor([6.0, 3.0, 1.0, 0.0]))
+    x, y = torch.tensor([4.0, 0.0, 1.0, 0.0]), torch.tensor([2.0, 3.0, 0.0, 0.0])
+    a, meta = compressor.compress(x, {}, Context.local(x))
+    b, _ = compressor.compress(y, {}, Context.local(y))
+    assert torch.equal(compressor.aggregate([a, b], meta), torch.tensor([6.0, 3.0, 1.0, 0.0]))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
 def test_fp16(dtype: torch.dtype) -> None:
     x = torch.randn(100).to(dtype)
-    payload, ctx = FP16Compressor().compress(x, {})
+    payload, meta = FP16Compressor().compress(x, {}, Context.local(x))
     assert payload[0].dtype == torch.float16
-    out = FP16Compressor().decompress(payload, ctx)
+    out = FP16Compressor().decompress(payload, meta)
     assert out.shape == x.shape
     torch.testing.assert_close(out.float(), x.float(), rtol=1e-2, atol=1e-3)
 
@@ -147,29 +150,45 @@ def test_config_choices() -> None:
         "method": "terngrad", "options": {"clip": 3.0}, "min_numel": 100, "dense": ["head.*"],
         "overrides": [{"match": "emb*", "method": "topk", "options": {"ratio": 0.001}},
                       {"match": "*.bias", "method": "fp16"}]})
-    body = config.choose("body.weight", 1000, world_size=2)
+    body = config.choose("body.weight", (1000,), world_size=2)
     assert isinstance(body.compressor, TernGrad) and body.compressor.clip == 3.0
-    assert body.collective == "allgather"
-    assert config.choose("body.weight", 1000, world_size=8).collective == "two_phase"
-    embedding = config.choose("emb.weight", 1000, 2)
+    assert body.reduction.name == "allgather"
+    assert config.choose("body.weight", (1000,), world_size=8).reduction.name == "two_phase"
+    embedding = config.choose("emb.weight", (1000,), 2)
     assert isinstance(embedding.compressor, ErrorFeedback) and embedding.compressor.inner.ratio == 0.001
-    assert config.choose("body.bias", 1000, 2).collective == "allreduce"
-    assert config.choose("head.weight", 10**6, 2).compressor is None
-    assert config.choose("small.weight", 99, 2).compressor is None
-    assert CompressionConfig.parse("none").choose("x", 10**6, 2).compressor is None
-    assert CompressionConfig.parse(TernGrad(clip=None)).choose("x", 10**6, 2).compressor.clip is None
+    assert config.choose("body.bias", (1000,), 2).reduction.name == "allreduce"
+    assert config.choose("head.weight", (10**6,), 2).compressor is None
+    assert config.choose("small.weight", (99,), 2).compressor is None
+    assert CompressionConfig.parse("none").choose("x", (10**6,), 2).compressor is None
+    assert CompressionConfig.parse(TernGrad(clip=None)).choose("x", (10**6,), 2).compressor.clip is None
     unbiased_with_ef = CompressionConfig.parse({"method": "terngrad", "error_feedback": True})
-    assert isinstance(unbiased_with_ef.choose("x", 10**6, 2).compressor, ErrorFeedback)
+    assert isinstance(unbiased_with_ef.choose("x", (10**6,), 2).compressor, ErrorFeedback)
+    owner = CompressionConfig.parse({"method": "terngrad", "collective": "two_phase",
+                                     "collective_options": {"owner_error_feedback": False}})
+    assert owner.choose("x", (10**6,), 2).reduction.owner_error_feedback is False
+
+
+def test_memory_policy_is_the_same_for_names_configs_and_objects() -> None:
+    """Biased methods get error feedback whether given by name, by config or as an object."""
+    for given in ("topk", {"method": "topk"}, TopK(0.01)):
+        chosen = CompressionConfig.parse(given).choose("x", (10**6,), 2).compressor
+        assert isinstance(chosen, ErrorFeedback) and isinstance(chosen.inner, TopK), given
+    bare = CompressionConfig.parse({"method": "topk", "error_feedback": False}).choose("x", (10**6,), 2)
+    assert isinstance(bare.compressor, TopK)
+    assert not isinstance(CompressionConfig.parse(TernGrad()).choose("x", (10**6,), 2).compressor, ErrorFeedback)
 
 
 @pytest.mark.parametrize(("config", "message"), [
-    ("terngard", "unknown compression method 'terngard'; valid: fp16, none, terngrad, topk"),
+    ("terngard", "unknown compression method 'terngard'; valid: fp16, none, powersgd, randomk, terngrad, topk"),
     ({"method": "terngrad", "options": {"clipp": 2}}, "unknown option for terngrad 'clipp'; valid: clip, "
                                                       "scaler_sharing"),
     ({"method": "terngrad", "options": {"clip": -1}}, "clip must be a positive number"),
     ({"method": "topk", "options": {"ratio": 2}}, "ratio must be a number in"),
     ({"methd": "topk"}, "unknown key in compression config 'methd'; valid: method, options"),
     ({"method": "topk", "collective": "ring"}, "unknown collective in compression config 'ring'; valid: auto"),
+    ({"method": "topk", "collective": "two_phase"}, "two_phase needs fixed-size payloads"),
+    ({"method": "terngrad", "collective": "two_phase", "collective_options": {"owner": 1}},
+     "unknown option 'owner' for the two_phase collective; valid: owner_error_feedback"),
     ({"method": "topk", "min_numel": -1}, "min_numel must be a non-negative integer"),
     ({"method": "topk", "dense": "fc.*"}, "dense must be a list"),
     ({"method": "topk", "nonfinite": "ignore"}, "unknown nonfinite policy 'ignore'; valid: raise, skip"),

@@ -1,4 +1,5 @@
-"""Fused CPU kernels (``ternary.cpp``), compiled once with PyTorch's C++ extension builder and cached.
+"""Fused CPU kernels (``ternary.cpp`` for TernGrad, ``randomk.cpp`` for random-k, bound in ``module.cpp``),
+compiled once into one extension with PyTorch's C++ extension builder and cached.
 
 The build lands in the Python environment (``<sys.prefix>/hvdcomp-kernels``; PyTorch's extension cache where
 that is not writable) and is rebuilt only when the source or the compiler flags change: once per virtual
@@ -15,7 +16,7 @@ import pathlib
 import sys
 from types import ModuleType
 
-_SOURCE = pathlib.Path(__file__).with_name("ternary.cpp")
+_SOURCES = sorted(pathlib.Path(__file__).parent.glob("*.cpp"))
 _state: dict[str, ModuleType | Exception] = {}
 log = logging.getLogger(__name__)
 
@@ -38,8 +39,8 @@ def build() -> ModuleType:
     if (own / "ninja").exists():
         os.environ["PATH"] = os.pathsep.join([str(own), path or os.defpath])
     try:
-        return load(name="hvdcomp_kernels", sources=[str(_SOURCE)], extra_cflags=["-O3"], verbose=False,
-                    build_directory=build_directory)
+        return load(name="hvdcomp_kernels", sources=[str(source) for source in _SOURCES], extra_cflags=["-O3"],
+                    verbose=False, build_directory=build_directory)
     finally:
         if path is None:
             os.environ.pop("PATH", None)

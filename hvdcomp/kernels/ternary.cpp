@@ -10,6 +10,8 @@
 //
 // Randomness is counter-based (splitmix64 of seed and element-pair index), so results do not depend on the
 // thread count and a run resumed from a checkpoint draws the same numbers.
+#include "common.h"
+
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
@@ -19,27 +21,8 @@
 #include <cstdint>
 #include <vector>
 
-namespace {
+namespace hvdcomp {
 
-constexpr int64_t kGrain = 1 << 15;
-
-inline uint64_t splitmix64(uint64_t z) {
-  z += 0x9E3779B97F4A7C15ULL;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
-}
-
-// Uniform in [0, 1) with 24 random bits: exactly representable in float.
-inline float uniform24(uint32_t bits) { return static_cast<float>(bits >> 8) * (1.0f / 16777216.0f); }
-
-void check_float_contiguous(const torch::Tensor& t, const char* what) {
-  TORCH_CHECK(t.device().is_cpu(), what, " must be a CPU tensor");
-  TORCH_CHECK(t.scalar_type() == torch::kFloat32, what, " must be float32, got ", t.scalar_type());
-  TORCH_CHECK(t.is_contiguous(), what, " must be contiguous");
-}
-
-}  // namespace
 
 // Returns float64 [sum, sum of squares, max |x|] of a float32 tensor, in one pass.
 torch::Tensor moments(const torch::Tensor& x) {
@@ -173,8 +156,4 @@ torch::Tensor unpack_sum(const torch::Tensor& packed, const torch::Tensor& scale
   return out;
 }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("moments", &moments, "float64 [sum, sum of squares, max |x|] of a float32 CPU tensor");
-  m.def("ternarize_pack", &ternarize_pack, "TernGrad stochastic ternarization fused with 2-bit packing");
-  m.def("unpack_sum", &unpack_sum, "Decode and sum 2-bit ternary payloads with per-payload scales");
-}
+}  // namespace hvdcomp

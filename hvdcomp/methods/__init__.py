@@ -1,10 +1,22 @@
-"""Compression methods, one module per method family, registered by the name used in configs."""
+"""Compression methods, one module per method family, named after the method.
 
-from hvdcomp.compressor import Compressor, NoneCompressor
-from hvdcomp.methods.fp16 import FP16Compressor
-from hvdcomp.methods.terngrad import TernGrad
-from hvdcomp.methods.topk import TopK
+Every module in this package is imported here, and each :class:`~hvdcomp.compressor.Compressor` subclass
+with a ``name`` registers itself in :data:`METHODS` (a method that owns its reduction registers that too, in
+:data:`hvdcomp.reductions.REDUCTIONS`): a new method is a new file, with no list to edit.
+"""
 
-METHODS: dict[str, type[Compressor]] = {cls.name: cls for cls in (NoneCompressor, FP16Compressor, TernGrad, TopK)}
+import importlib
+import pkgutil
 
-__all__ = ["METHODS", "FP16Compressor", "TernGrad", "TopK"]
+from hvdcomp.compressor import METHODS, NoneCompressor
+
+for _module in sorted(info.name for info in pkgutil.iter_modules(__path__)):
+    importlib.import_module(f"{__name__}.{_module}")
+
+from hvdcomp.methods.fp16 import FP16Compressor  # noqa: E402
+from hvdcomp.methods.powersgd import PowerSGD  # noqa: E402
+from hvdcomp.methods.randomk import RandomK  # noqa: E402
+from hvdcomp.methods.terngrad import TernGrad  # noqa: E402
+from hvdcomp.methods.topk import TopK  # noqa: E402
+
+__all__ = ["METHODS", "FP16Compressor", "NoneCompressor", "PowerSGD", "RandomK", "TernGrad", "TopK"]

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from hvdcomp.compressor import Compressor, Payload, State
+from hvdcomp.compressor import Compressor, Context, Payload, State
 
 
 class FP16Compressor(Compressor):
@@ -20,13 +20,13 @@ class FP16Compressor(Compressor):
     name = "fp16"
     summable = True
 
-    def compress(self, tensor: torch.Tensor, state: State, shared: torch.Tensor | None = None) -> tuple[
-            Payload, Any]:
+    def compress(self, tensor: torch.Tensor, state: State, ctx: Context,
+                 agreed: torch.Tensor | None = None) -> tuple[Payload, Any]:
         if tensor.dtype.is_floating_point:
             return [tensor.to(torch.float16)], tensor.dtype
         return [tensor], tensor.dtype
 
-    def decompress(self, payload: Payload, ctx: Any) -> torch.Tensor:
+    def decompress(self, payload: Payload, meta: Any) -> torch.Tensor:
         # No cast: whoever stores the result casts on the way (the optimizer writes into p.grad with out=),
         # which saves a full-size temporary.
         return payload[0]

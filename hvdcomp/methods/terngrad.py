@@ -19,7 +19,7 @@ element at 1 M elements. Decoding sums the ranks' ternary codes times their scal
 On CPU float32 the fused kernels of :mod:`hvdcomp.kernels` do the statistics in one pass and
 clip-ternarize-pack in another, with counter-based random numbers; elsewhere (CUDA, or no compiler) the same
 operations run as PyTorch ops with ``torch.rand``. Both draw from a seed derived from the per-parameter seed
-and the step, so a run resumed from a checkpoint continues exactly.
+and the step (the context's), so a run resumed from a checkpoint continues exactly.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from typing import Any
 
 import torch
 
-from hvdcomp.compressor import Compressor, Payload, State, derive_seed
+from hvdcomp.collectives import Agree
+from hvdcomp.compressor import Compressor, Context, Payload, State, derive_seed
 from hvdcomp.kernels import cpu_kernels
 from hvdcomp.packing import pack_2bit, unpack_2bit
 
@@ -71,8 +72,6 @@ class TernGrad(Compressor):
         self.clip = None if clip is None else float(clip)
         self.scaler_sharing = scaler_sharing
 
-    def init_state(self, tensor: torch.Tensor, seed: int) -> State:
-        return {"seed": seed, "step": 0}
 
     @staticmethod
     def _flat(tensor: torch.Tensor) -> torch.Tensor:
@@ -97,22 +96,21 @@ class TernGrad(Compressor):
         bound = (self.clip * x.std(correction=0)).reshape(1)
         return bound, torch.minimum(absmax, bound)
 
-    def shared_max(self, tensor: torch.Tensor, state: State) -> torch.Tensor | None:
+    def agree(self, tensor: torch.Tensor, state: State, ctx: Context) -> Agree | None:
         if not self.scaler_sharing:
             return None
         # Kept for the compress() call of this same step, which would otherwise read the tensor again.
         state["statistics"] = self._statistics(self._flat(tensor))
-        return state["statistics"][1]
+        return Agree(state["statistics"][1], "max")
 
-    def compress(self, tensor: torch.Tensor, state: State, shared: torch.Tensor | None = None) -> tuple[
-            Payload, Any]:
+    def compress(self, tensor: torch.Tensor, state: State, ctx: Context,
+                 agreed: torch.Tensor | None = None) -> tuple[Payload, Any]:
         x = self._flat(tensor)
-        seed = derive_seed(state["seed"], state["step"])
-        state["step"] += 1
+        seed = derive_seed(ctx.seed, ctx.step)
         statistics = state.pop("statistics", None)
         bound, scaler = self._statistics(x) if statistics is None else statistics
-        if shared is not None:
-            scaler = shared.reshape(1).to(torch.float32)
+        if agreed is not None:
+            scaler = agreed.reshape(1).to(torch.float32)
         kernels = cpu_kernels() if x.device.type == "cpu" else None
         if kernels is not None:
             packed = kernels.ternarize_pack(x, float(scaler), float(bound), seed)
@@ -123,11 +121,11 @@ class TernGrad(Compressor):
             packed = pack_2bit(codes)
         return [scaler, packed], (tensor.shape, x.numel())
 
-    def decompress(self, payload: Payload, ctx: Any) -> torch.Tensor:
-        return self.aggregate([payload], ctx)
+    def decompress(self, payload: Payload, meta: Any) -> torch.Tensor:
+        return self.aggregate([payload], meta)
 
-    def aggregate(self, payloads: list[Payload], ctx: Any) -> torch.Tensor:
-        shape, n = ctx
+    def aggregate(self, payloads: list[Payload], meta: Any) -> torch.Tensor:
+        shape, n = meta
         scales = torch.cat([payload[0] for payload in payloads])
         packed = [payload[1] for payload in payloads]
         kernels = cpu_kernels() if scales.device.type == "cpu" else None

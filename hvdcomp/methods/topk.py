@@ -6,10 +6,15 @@ Each rank sends the k = ceil(ratio * d) entries of largest magnitude, as values 
     Q(g) = g * 1{|g_k| >= |g|_(k)},
 
 biased, so it runs with error feedback by default (:mod:`hvdcomp.error_feedback`): with memory it converges
-at the rate of SGD (Stich et al., Theorem 2.4). Selected entries that are exactly zero are not sent, so a rank
-whose gradient is sparse (unused embedding rows, a parameter that got no gradient) sends less: payload sizes
-differ per rank, and the allgather collective gathers the sizes too (one host sync per tensor, as
-``hvd.allgather`` itself does).
+at the rate of SGD (Stich et al., Theorem 2.4). On CPU, selected entries that are exactly zero are not sent,
+so a rank whose gradient is sparse (unused embedding rows, a parameter that got no gradient) sends less:
+payload sizes differ per rank, and the allgather collective gathers the sizes too (one host sync per tensor
+in ``synchronize()``, as ``hvd.allgather`` itself does). On CUDA all k entries travel: dropping the zeros
+would need the count on the host, a sync inside backward.
+
+Decoding adds each rank's payload in rank order (an index is unique within one payload), so the sum has the
+same bits on every rank and every device: one ``index_add_`` over all ranks' indices at once would add
+duplicates in an order CUDA does not fix.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from typing import Any
 
 import torch
 
-from hvdcomp.compressor import Compressor, Payload, State
+from hvdcomp.compressor import Compressor, Context, Payload, State
 
 #: entries in the sample that sets the candidate threshold (tensors under 4x this go straight to torch.topk)
 _SAMPLE = 65536
@@ -90,27 +95,29 @@ class TopK(Compressor):
             raise ValueError(f"topk: ratio must be a number in (0, 1]; got {ratio!r}")
         self.ratio = float(ratio)
 
-    def compress(self, tensor: torch.Tensor, state: State, shared: torch.Tensor | None = None) -> tuple[
-            Payload, Any]:
+    def compress(self, tensor: torch.Tensor, state: State, ctx: Context,
+                 agreed: torch.Tensor | None = None) -> tuple[Payload, Any]:
         x = tensor.detach().reshape(-1)
         n = x.numel()
         k = min(n, max(1, math.ceil(self.ratio * n)))
         indices = largest(x, k)
         values = x[indices]
-        nonzero = values != 0
+        if x.device.type == "cpu":
+            nonzero = values != 0
+            values, indices = values[nonzero], indices[nonzero]
         index_dtype = torch.int32 if n < 2**31 else torch.int64
-        return [values[nonzero], indices[nonzero].to(index_dtype)], (tensor.shape, n, x.dtype)
+        return [values, indices.to(index_dtype)], (tensor.shape, n, x.dtype)
 
-    def decompress(self, payload: Payload, ctx: Any) -> torch.Tensor:
-        return self.aggregate([payload], ctx)
+    def decompress(self, payload: Payload, meta: Any) -> torch.Tensor:
+        return self.aggregate([payload], meta)
 
-    def subtract(self, residual: torch.Tensor, payload: Payload, ctx: Any) -> None:
+    def subtract(self, residual: torch.Tensor, payload: Payload, meta: Any) -> None:
         values, indices = payload
         residual.view(-1).index_add_(0, indices.long(), values.to(residual.dtype), alpha=-1)
 
-    def aggregate(self, payloads: list[Payload], ctx: Any) -> torch.Tensor:
-        shape, n, dtype = ctx
-        values = torch.cat([payload[0] for payload in payloads])
-        indices = torch.cat([payload[1] for payload in payloads]).long()
-        total = torch.zeros(n, dtype=dtype, device=values.device)
-        return total.index_add_(0, indices, values.to(dtype)).view(shape)
+    def aggregate(self, payloads: list[Payload], meta: Any) -> torch.Tensor:
+        shape, n, dtype = meta
+        total = torch.zeros(n, dtype=dtype, device=payloads[0][0].device)
+        for values, indices in payloads:  # rank order; indices unique within a payload: deterministic
+            total.index_add_(0, indices.long(), values.to(dtype))
+        return total.view(shape)

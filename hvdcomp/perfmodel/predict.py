@@ -164,13 +164,15 @@ def tensor_costs(cluster: Cluster, profile: Profile, workers: int) -> dict[str, 
             if e is None:
                 continue
             for plan in timeline.valid_plans(compressor):
-                if plan == "two_phase":
-                    wire = (network.time("alltoall", e.wire_bytes) +
-                            network.time("allgather", e.wire_bytes / workers))
-                else:
+                reduction = timeline.reduction_of(plan)
+                phases = reduction.phases(e, workers)
+                if plan in timeline.MODEL_ONLY:
                     wire = network.time(plan, e.wire_bytes)
-                decode = e.decode_ms if compressor.summable else e.aggregate_ms(workers)
-                costs[f"{method}/{plan}"] = wire + (e.shared_ms + e.encode_ms + decode) * 1e-3
+                else:
+                    wire = sum(network.time(phase.collective, phase.nbytes) for phase in phases)
+                compute = (e.shared_ms + reduction.hook_ms(e) + sum(phase.compute_ms for phase in phases)
+                           + reduction.decode_ms(e, workers))
+                costs[f"{method}/{plan}"] = wire + compute * 1e-3
         result[gradient.name] = costs
     return result
 

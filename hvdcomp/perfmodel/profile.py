@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from hvdcomp import wire
-from hvdcomp.compressor import Compressor
+from hvdcomp.compressor import Compressor, Context
 from hvdcomp.config import CompressionConfig
 from hvdcomp.methods import METHODS
 from hvdcomp.optimizer import nonfinite
@@ -117,37 +117,40 @@ def measure_steps(model: nn.Module, x: torch.Tensor, y: torch.Tensor, repeats: i
 def measure_encoded(compressor: Compressor, grad: torch.Tensor, repeats: int, ranks: Ranks) -> dict[str, Any]:
     """Wire bytes and costs of ``compressor`` (as DistributedOptimizer wraps it) on one gradient."""
     inner = compressor.unwrapped()
-    state = compressor.init_state(grad, 0)
-    gated = compressor.shared_max(grad, state) is not None
+    ctx = Context.local(grad)
+    state = compressor.init_state(grad, ctx)
+    gated = compressor.agree(grad, state, ctx) is not None
     shared: dict[str, Any] = {}
 
     def statistics_() -> None:
-        shared["value"] = compressor.shared_max(grad, state)
+        request = compressor.agree(grad, state, ctx)
+        shared["value"] = None if request is None else request.values
 
     def encode() -> Any:
-        payload = compressor.compress(grad, state, shared.get("value"))[0]
+        payload = compressor.compress(grad, state, ctx, shared.get("value"))[0]
         return payload if inner.summable else wire.pack(payload)
 
     shared_ms = _median_ms(statistics_, repeats, ranks) if gated else 0.0
     encode_ms = _median_ms(encode, repeats, ranks, before=statistics_ if gated else None)
     if gated:
         statistics_()
-    payload, ctx = compressor.compress(grad, state, shared.get("value"))
-    summed = (inner.decompress(payload, ctx) if inner.summable else inner.aggregate([payload], ctx)).view_as(grad)
+    payload, meta = compressor.compress(grad, state, ctx, shared.get("value"))
+    summed = (inner.decompress(payload, meta) if inner.summable else inner.aggregate([payload], meta)).view_as(grad)
     target = grad.clone()
     finish_ms = _median_ms(lambda: torch.div(summed, PROBE_WORLD, out=target), repeats, ranks)
     extra_ms = 0.0
-    if inner.summable:
-        wire_bytes = sum(part.numel() * part.element_size() for part in payload)
-        decode_ms = _median_ms(lambda: inner.decompress(payload, ctx), repeats, ranks)
+    part_bytes = [part.numel() * part.element_size() for part in payload]
+    if inner.summable or inner.reduction is not None:  # allreduced as they are
+        wire_bytes = sum(part_bytes)
+        decode_ms = _median_ms(lambda: inner.decompress(payload, meta), repeats, ranks)
     else:
         wire_bytes = wire.nbytes(wire.layout_of(payload)) + (0 if inner.fixed_size else 8 * len(payload))
-        decode_ms = _median_ms(lambda: inner.aggregate([payload], ctx), repeats, ranks)
-        four_ms = _median_ms(lambda: inner.aggregate([payload] * 4, ctx), repeats, ranks)
+        decode_ms = _median_ms(lambda: inner.aggregate([payload], meta), repeats, ranks)
+        four_ms = _median_ms(lambda: inner.aggregate([payload] * 4, meta), repeats, ranks)
         extra_ms = max(four_ms - decode_ms, 0.0) / 3
-    return {"wire_bytes": int(wire_bytes), "shared_ms": round(shared_ms, 4), "encode_ms": round(encode_ms, 4),
-            "decode_ms": round(decode_ms, 4), "decode_extra_payload_ms": round(extra_ms, 4),
-            "finish_ms": round(finish_ms, 4)}
+    return {"wire_bytes": int(wire_bytes), "part_bytes": part_bytes, "shared_ms": round(shared_ms, 4),
+            "encode_ms": round(encode_ms, 4), "decode_ms": round(decode_ms, 4),
+            "decode_extra_payload_ms": round(extra_ms, 4), "finish_ms": round(finish_ms, 4)}
 
 
 def measure_compressor(method: str, named: list[tuple[str, torch.Tensor]], repeats: int,
@@ -157,13 +160,15 @@ def measure_compressor(method: str, named: list[tuple[str, torch.Tensor]], repea
     entry: dict[str, Any] = {}
     summary: dict[str, Any] = {}
     for name, grad in named:
-        compressor = config.choose(name, grad.numel(), PROBE_WORLD).compressor
+        compressor = config.choose(name, grad.shape, PROBE_WORLD).compressor
         if compressor is None:
             continue
         entry[name] = measure_encoded(compressor, grad, repeats, ranks)
         inner = compressor.unwrapped()
+        ctx = Context.local(grad)
         summary = {"summable": inner.summable, "fixed_size": inner.fixed_size,
-                   "shared_before_encode": compressor.shared_max(grad, compressor.init_state(grad, 0)) is not None,
+                   "shared_before_encode": compressor.agree(grad, compressor.init_state(grad, ctx), ctx) is not None,
+                   **({"reduction": inner.reduction} if inner.reduction else {}),
                    "options": {k: v for k, v in vars(inner).items() if not k.startswith("_")}}
     if not entry:
         return {}

@@ -208,6 +208,7 @@ class Encoded:
     decode_ms: float  # aggregate() of one payload
     decode_extra_payload_ms: float  # each further payload aggregated
     finish_ms: float = 0.0  # writing the reduced sum, averaged, into the gradient (synchronize())
+    part_bytes: tuple[int, ...] = ()  # the payload's parts (PowerSGD's P and Q travel in separate collectives)
 
     def aggregate_ms(self, payloads: int) -> float:
         return self.decode_ms + max(payloads - 1, 0) * self.decode_extra_payload_ms
@@ -215,11 +216,14 @@ class Encoded:
 
 @dataclass(frozen=True)
 class CompressorProfile:
+    """A method's traits (what hvdcomp.reductions chooses by) and its measured costs per gradient."""
+
     method: str
     summable: bool
     fixed_size: bool
-    shared_before_encode: bool  # encoding waits for the step's max-allreduce (TernGrad's scaler sharing)
+    shared_before_encode: bool  # encoding waits for the step's vote (TernGrad's scaler sharing)
     gradients: Mapping[str, Encoded]  # compressed gradients only; the others go dense
+    reduction: str | None = None  # the method's own reduction (PowerSGD), if it has one
 
 
 @dataclass(frozen=True)
@@ -236,6 +240,18 @@ class Profile:
     @property
     def dense_bytes(self) -> int:
         return sum(g.bytes for g in self.gradients)
+
+
+def _part_bytes(fields: Fields) -> tuple[int, ...]:
+    if "part_bytes" not in fields.data:  # profiles measured before parts were recorded
+        fields.informational("part_bytes")
+        return ()
+    parts = fields.data["part_bytes"]
+    fields.informational("part_bytes")
+    if not isinstance(parts, list) or not all(isinstance(p, int) and not isinstance(p, bool) and p >= 0
+                                              for p in parts):
+        raise fields._fail("part_bytes", "a list of non-negative integers", parts)
+    return tuple(parts)
 
 
 def parse_profile(data: Any, where: str) -> Profile:
@@ -260,12 +276,13 @@ def parse_profile(data: Any, where: str) -> Profile:
             g = per_gradient.mapping(str(name))
             encoded[name] = Encoded(g.integer("wire_bytes"), g.number("shared_ms", default=0.0),
                                     g.number("encode_ms"), g.number("decode_ms"), g.number("decode_extra_payload_ms"),
-                                    g.number("finish_ms", default=0.0))
+                                    g.number("finish_ms", default=0.0), _part_bytes(g))
             g.done()
         per_gradient.done()
+        reduction = entry.string("reduction", default="") or None
         compressors[str(method)] = CompressorProfile(str(method), entry.boolean("summable"),
                                                      entry.boolean("fixed_size"),
-                                                     entry.boolean("shared_before_encode"), encoded)
+                                                     entry.boolean("shared_before_encode"), encoded, reduction)
         entry.informational("options", "collective")
         entry.done()
     section.done()

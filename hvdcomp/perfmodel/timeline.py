@@ -13,10 +13,13 @@ The step is simulated on two resources, as it runs:
 
 Compressors whose encoding needs values shared by all ranks (TernGrad's scaler sharing) only compute their
 statistics in the hook; the vote then runs at the end of backward and all encoding follows it, so their
-communication cannot overlap backward. The two-phase scheme's second collective is submitted from
-``synchronize()`` after the owner has summed and re-encoded its chunk. A parameter server (TernGrad's setting;
-not a collective hvdcomp runs) is priced as one push-pull per gradient, with the server's decode and
-re-encode on the critical path.
+communication cannot overlap backward. What a reduction sends, and the computation between its collectives,
+is what the reduction class itself states (:meth:`hvdcomp.reductions.ReductionMethod.phases`): the
+two-phase scheme's second collective is submitted from ``synchronize()`` after the owner has summed and
+re-encoded its chunk; PowerSGD's Q allreduce after P's. Which reductions a method may use and which
+``collective: auto`` picks come from :mod:`hvdcomp.reductions` too. Two plans are priced only for comparison
+(hvdcomp does not run them): a parameter server (TernGrad's setting), one push-pull per gradient with the
+server's decode and re-encode on the critical path, and a hierarchical allreduce.
 
 Iteration time = forward + backward (+ encoding in hooks) + whatever communication and decoding does not
 overlap + optimizer step: the overlap model of Zhang et al., "Poseidon" (ATC 2017) and Shi et al. (2018,
@@ -34,12 +37,14 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from hvdcomp.config import TWO_PHASE_MIN_RANKS
+from hvdcomp import reductions
 from hvdcomp.perfmodel import costs
 from hvdcomp.perfmodel.schema import Cluster, CompressorProfile, Profile
 
-#: collective names a plan may use; "allreduce" is also what dense gradients use
-PLANS = ("allreduce", "hierarchical", "allgather", "two_phase", "parameter_server")
+#: plans priced for comparison only: hvdcomp runs neither
+MODEL_ONLY = ("hierarchical", "parameter_server")
+#: what Network.time prices: "allreduce" is also what dense gradients use
+PLANS = ("allreduce", "hierarchical", "allgather", "alltoall", "parameter_server")
 
 
 class Network:
@@ -149,18 +154,24 @@ class StepTime:
 
 
 def auto_collective(compressor: CompressorProfile | None, workers: int) -> str:
-    """What hvdcomp runs with ``collective: auto`` (:meth:`hvdcomp.config.CompressionConfig.choose`)."""
-    if compressor is None or compressor.summable:
-        return "allreduce"
-    return "two_phase" if compressor.fixed_size and workers >= TWO_PHASE_MIN_RANKS else "allgather"
+    """What hvdcomp runs with ``collective: auto`` (:func:`hvdcomp.reductions.choose`)."""
+    return "allreduce" if compressor is None else reductions.choose(compressor, "auto", workers)
 
 
 def valid_plans(compressor: CompressorProfile | None) -> tuple[str, ...]:
-    if compressor is None or compressor.summable:
+    """The reductions hvdcomp may run for ``compressor`` (:func:`hvdcomp.reductions.allowed`), then the
+    model-only plans: hierarchical for what an allreduce carries, a parameter server for gathered payloads."""
+    if compressor is None:
         return ("allreduce", "hierarchical")
-    if compressor.fixed_size:
-        return ("allgather", "two_phase", "parameter_server")
-    return ("allgather", "parameter_server")
+    runnable = reductions.allowed(compressor)
+    if compressor.reduction is not None:
+        return runnable
+    return (*runnable, "hierarchical" if compressor.summable else "parameter_server")
+
+
+def reduction_of(plan: str) -> type[reductions.ReductionMethod]:
+    """The reduction whose costs price ``plan`` (a model-only plan borrows the one it stands in for)."""
+    return reductions.REDUCTIONS[{"hierarchical": "allreduce", "parameter_server": "allgather"}.get(plan, plan)]
 
 
 def simulate(profile: Profile, cluster: Cluster, method: str, workers: int, plan: str | None = None) -> StepTime:
@@ -185,6 +196,7 @@ def simulate(profile: Profile, cluster: Cluster, method: str, workers: int, plan
     encoded = dict(compressor.gradients) if compressor else {}
     dense_plan = "hierarchical" if plan == "hierarchical" else "allreduce"
     gated = compressor is not None and compressor.shared_before_encode
+    reduction = reduction_of(plan)
     last_hook = max((i for i, g in enumerate(profile.gradients) if g.name in encoded), default=-1)
     ops: dict[str, Op] = {}
     sent = 0.0
@@ -192,13 +204,13 @@ def simulate(profile: Profile, cluster: Cluster, method: str, workers: int, plan
     delay = 0.0  # compute-thread time the hooks add to backward
     vote: Op | None = None
 
-    def submit(name: str, at: float) -> None:
+    def submit(name: str, at: float, phase: reductions.Phase) -> None:
         nonlocal sent
-        e = encoded[name]
-        first = "alltoall" if plan == "two_phase" else plan
-        fuse = f"{method}.allreduce" if plan in ("allreduce", "hierarchical") else None
-        ops[name] = thread.submit(Op(at, first, e.wire_bytes, fuse))
-        sent += e.wire_bytes
+        kind = {"allreduce": dense_plan}.get(phase.collective, phase.collective)
+        if plan == "parameter_server":
+            kind = plan
+        ops[name] = thread.submit(Op(at, kind, phase.nbytes, f"{method}.allreduce" if kind == dense_plan else None))
+        sent += phase.nbytes
 
     for index, gradient in enumerate(profile.gradients):
         hook = forward + gradient.ready_ms * ms + delay
@@ -207,25 +219,25 @@ def simulate(profile: Profile, cluster: Cluster, method: str, workers: int, plan
             ops[gradient.name] = thread.submit(Op(hook, dense_plan, gradient.bytes, "dense"))
             sent += gradient.bytes
         else:
-            if not compressor.summable:  # the input's non-finite check: a gathered encoding can hide a NaN
+            if not compressor.summable:  # the input's non-finite check: an encoding can hide a NaN
                 delay += gradient.check_ms * ms
                 encode_total += gradient.check_ms * ms
-            hook_work = (e.shared_ms if gated else e.encode_ms) * ms
+            hook_work = (e.shared_ms if gated else reduction.hook_ms(e)) * ms
             delay += hook_work
             encode_total += hook_work
             if not gated:
-                submit(gradient.name, forward + gradient.ready_ms * ms + delay)
+                submit(gradient.name, forward + gradient.ready_ms * ms + delay, reduction.phases(e, workers)[0])
         if index == last_hook:
             now = forward + gradient.ready_ms * ms + delay
-            vote_bytes = 4 * len(encoded) * (2 if gated else 1)  # flags (and scalers)
+            vote_bytes = 4 * len(encoded) * (2 if gated else 1) + 8  # flags (and scalers), the plan fingerprint
             vote = thread.submit(Op(now, "allreduce", vote_bytes))
             sent += vote_bytes
             if gated:  # the last hook waits for the vote, then encodes every compressed gradient
                 now = thread.wait(vote)
                 for name in (g.name for g in profile.gradients if g.name in encoded):  # in ready order
-                    now += encoded[name].encode_ms * ms
-                    encode_total += encoded[name].encode_ms * ms
-                    submit(name, now)
+                    now += reduction.hook_ms(encoded[name]) * ms
+                    encode_total += reduction.hook_ms(encoded[name]) * ms
+                    submit(name, now, reduction.phases(encoded[name], workers)[0])
                 delay = now - forward - gradient.ready_ms * ms
     backward_end = forward + backward + delay
     now = backward_end
@@ -237,19 +249,15 @@ def simulate(profile: Profile, cluster: Cluster, method: str, workers: int, plan
         e = encoded.get(gradient.name)
         if e is None:
             continue
-        if plan == "two_phase":  # the owner sums its chunk of every rank and re-encodes it
-            owner = (e.aggregate_ms(workers) + e.encode_ms) * ms / workers
-            second = thread.submit(Op(now + owner, "allgather", e.wire_bytes / workers))
-            sent += e.wire_bytes / workers
-            now = max(now + owner, thread.wait(second))
-            decode_total += owner
-            decode = e.decode_ms * ms
-        elif plan == "parameter_server":  # the server sums every push and re-encodes the sum
+        if plan == "parameter_server":  # the server sums every push and re-encodes the sum
             decode = (e.aggregate_ms(workers) + e.encode_ms + e.decode_ms) * ms
-        elif compressor.summable:
-            decode = e.decode_ms * ms
         else:
-            decode = e.aggregate_ms(workers) * ms
+            for phase in reduction.phases(e, workers)[1:]:  # later collectives, after the computation before them
+                now += phase.compute_ms * ms
+                decode_total += phase.compute_ms * ms
+                submit(gradient.name, now, phase)
+                now = max(now, thread.wait(ops[gradient.name]))
+            decode = reduction.decode_ms(e, workers) * ms
         decode += e.finish_ms * ms  # the averaged sum written into the gradient
         now += decode
         decode_total += decode

@@ -1,0 +1,268 @@
+"""The requests a reduction yields, and how Horovod carries them out (NCCL for CUDA tensors, MPI or Gloo for CPU).
+
+A reduction (:mod:`hvdcomp.reductions`) is a generator: it yields typed requests and receives each one's
+result, so the optimizer can interleave many parameters and overlap their communication with backward:
+
+* :class:`Allreduce`: tensors summed (or max/min/product) across ranks, an op per tensor, in place;
+  receives the reduced tensors;
+* :class:`Allgather`: a payload from every rank, of fixed or per-rank sizes; receives every rank's payload;
+* :class:`Alltoall`: a payload for each rank; receives the payload each rank sent here;
+* :class:`Broadcast`: the root's payload on every rank (same layout everywhere); receives it;
+* :class:`Agree`: a few values agreed across ranks by sum, max or min. The optimizer fuses every
+  parameter's agreements of a step into one small collective per op family (the *vote*): max and min ride
+  one max-allreduce, sums are gathered and added in rank order, so every rank holds the same bits.
+
+Payloads of gathered and exchanged requests travel as one aligned byte buffer (:mod:`hvdcomp.wire`): any mix
+of dtypes in one Horovod collective, and uint8 is accepted by allgather, alltoall and broadcast on every
+controller. Horovod's allreduce accepts int32, int64, float16, float32 and float64 only.
+
+Names: Horovod matches collectives by name, so each request is named after its parameter and its index in
+the reduction's sequence; the same sequence on every rank gives the same names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import horovod.torch as hvd
+import torch
+
+from hvdcomp import wire
+from hvdcomp.compressor import Payload
+
+#: Horovod's reduce ops by the names requests use
+OPS = {"sum": hvd.Sum, "max": hvd.Max, "min": hvd.Min, "product": hvd.Product}
+AGREE_OPS = ("sum", "max", "min")
+ALLREDUCE_DTYPES = (torch.int32, torch.int64, torch.float16, torch.float32, torch.float64)
+
+
+@dataclass(frozen=True)
+class Allreduce:
+    """Reduce each tensor across ranks with its op (``ops``: one name for all, or one per tensor), in place."""
+
+    tensors: Payload
+    ops: str | tuple[str, ...] = "sum"
+
+    def __post_init__(self) -> None:
+        ops = (self.ops,) * len(self.tensors) if isinstance(self.ops, str) else tuple(self.ops)
+        if len(ops) != len(self.tensors):
+            raise ValueError(f"Allreduce: {len(ops)} ops for {len(self.tensors)} tensors")
+        for op in ops:
+            if op not in OPS:
+                raise ValueError(f"Allreduce: unknown op {op!r}; valid: {', '.join(OPS)}")
+        for tensor in self.tensors:
+            if tensor.dtype not in ALLREDUCE_DTYPES:
+                raise ValueError(f"Allreduce: Horovod's allreduce does not accept {tensor.dtype}; valid: "
+                                 f"{', '.join(map(str, ALLREDUCE_DTYPES))} (gather other dtypes with Allgather)")
+        object.__setattr__(self, "ops", ops)
+
+
+@dataclass(frozen=True)
+class Allgather:
+    """Every rank's ``payload``; ``fixed_size=False`` when part sizes differ per rank (sizes travel too)."""
+
+    payload: Payload
+    fixed_size: bool = True
+
+
+@dataclass(frozen=True)
+class Alltoall:
+    """``payloads[j]`` goes to rank j; receives what each rank sent here, in rank order.
+
+    With ``fixed_size`` the payload rank j sends here has the layout of ``payloads[rank]`` (a chunk's layout
+    depends only on the chunk); otherwise part sizes travel in a small header.
+    """
+
+    payloads: Sequence[Payload]
+    fixed_size: bool = True
+
+
+@dataclass(frozen=True)
+class Broadcast:
+    """Rank ``root``'s ``payload`` on every rank; every rank passes tensors of the same layout."""
+
+    payload: Payload
+    root: int = 0
+
+
+@dataclass(frozen=True)
+class Agree:
+    """Small float values agreed across ranks by ``op`` (sum, max or min): fused into the step's vote."""
+
+    values: torch.Tensor
+    op: str = "max"
+
+    def __post_init__(self) -> None:
+        if self.op not in AGREE_OPS:
+            raise ValueError(f"Agree: unknown op {self.op!r}; valid: {', '.join(AGREE_OPS)}")
+
+
+Request = Allreduce | Allgather | Alltoall | Broadcast | Agree
+#: what a reduction is: yields requests, receives their results, returns the sum over ranks
+Reduction = Generator[Request, Any, torch.Tensor]
+
+
+@dataclass
+class Pending:
+    """A started request: Horovod handles and how to turn their outputs into the request's result."""
+
+    handles: list[int]
+    finish: Callable[[list[Any]], Any]
+    nbytes: int  # bytes this rank hands to the collective (the traffic compression cuts)
+    result: Any = field(default=None)
+    done: bool = False
+
+    def wait(self) -> Any:
+        if not self.done:
+            self.result = self.finish([hvd.synchronize(handle) for handle in self.handles])
+            self.done = True
+        return self.result
+
+
+def start(request: Request, name: str, process_set: hvd.ProcessSet = hvd.global_process_set) -> Pending:
+    """Starts ``request`` (not :class:`Agree`: see :func:`start_vote`) as Horovod async collectives."""
+    size, rank = process_set.size(), process_set.rank()
+    if isinstance(request, Allreduce):
+        groups: dict[str, list[int]] = {}
+        for index, op in enumerate(request.ops):
+            groups.setdefault(op, []).append(index)
+        handles = [hvd.grouped_allreduce_async_([request.tensors[i] for i in indices], name=f"{name}.{op}",
+                                                op=OPS[op], process_set=process_set)
+                   for op, indices in groups.items()]
+
+        def finish_allreduce(outputs: list[Any]) -> Payload:
+            result: list[torch.Tensor] = list(request.tensors)
+            for indices, reduced in zip(groups.values(), outputs, strict=True):
+                for index, tensor in zip(indices, reduced, strict=True):
+                    result[index] = tensor
+            return result
+
+        nbytes = sum(t.numel() * t.element_size() for t in request.tensors)
+        return Pending(handles, finish_allreduce, nbytes)
+    if isinstance(request, Allgather):
+        layout = wire.layout_of(request.payload)
+        buffer = wire.pack(request.payload)
+        if request.fixed_size:
+            handle = hvd.allgather_async(buffer, name=name, process_set=process_set)
+            return Pending([handle], lambda outputs: [wire.unpack(segment, layout)
+                                                     for segment in outputs[0].view(size, -1)], buffer.numel())
+        sizes = torch.tensor([numel for _, numel in layout], dtype=torch.int64).to(buffer.device)
+        handle = hvd.grouped_allgather_async([sizes.view(torch.uint8), buffer], name=name, process_set=process_set)
+
+        def finish_variable(outputs: list[Any]) -> list[Payload]:
+            all_sizes, gathered = outputs[0]
+            # Sizes differ per rank, so splitting needs them on the host: one sync, as in hvd.allgather itself.
+            layouts = [tuple((dtype, numel) for (dtype, _), numel in zip(layout, rank_sizes, strict=True))
+                       for rank_sizes in all_sizes.view(torch.int64).view(size, -1).tolist()]
+            segments = gathered.split([wire.nbytes(rank_layout) for rank_layout in layouts])
+            return [wire.unpack(segment, rank_layout) for segment, rank_layout in zip(segments, layouts, strict=True)]
+
+        return Pending([handle], finish_variable, buffer.numel() + sizes.numel() * 8)
+    if isinstance(request, Alltoall):
+        if len(request.payloads) != size:
+            raise ValueError(f"Alltoall: {len(request.payloads)} payloads for {size} ranks")
+        layouts = [wire.layout_of(payload) for payload in request.payloads]
+        if request.fixed_size:
+            buffers = [wire.pack(payload) for payload in request.payloads]
+        else:  # a header of int64 part sizes in front of each destination's payload
+            buffers = [torch.cat([torch.tensor([n for _, n in layout], dtype=torch.int64).to(payload[0].device)
+                                  .view(torch.uint8), wire.pack(payload)])
+                       for payload, layout in zip(request.payloads, layouts, strict=True)]
+        splits = torch.tensor([b.numel() for b in buffers], dtype=torch.int32)
+        handle = hvd.alltoall_async(torch.cat(buffers), splits=splits, name=name, process_set=process_set)
+        own = layouts[rank]
+
+        def finish_alltoall(outputs: list[Any]) -> list[Payload]:
+            received, received_splits = outputs[0]
+            if request.fixed_size:
+                return [wire.unpack(segment, own) for segment in received.view(size, -1)]
+            payloads = []
+            for segment in received.split(received_splits.tolist()):
+                header = len(own) * 8
+                numels = segment[:header].view(torch.int64).tolist()
+                layout = tuple((dtype, n) for (dtype, _), n in zip(own, numels, strict=True))
+                payloads.append(wire.unpack(segment[header:], layout))
+            return payloads
+
+        return Pending([handle], finish_alltoall, int(splits.sum()) - int(splits[rank]))
+    if isinstance(request, Broadcast):
+        layout = wire.layout_of(request.payload)
+        buffer = wire.pack(request.payload)
+        handle = hvd.broadcast_async_(buffer, root_rank=request.root, name=name, process_set=process_set)
+        return Pending([handle], lambda outputs: wire.unpack(outputs[0], layout),
+                       buffer.numel() if rank == request.root else 0)
+    if isinstance(request, Agree):
+        raise TypeError("Agree requests are fused into the step's vote: use start_vote")
+    raise TypeError(f"a reduction yielded {request!r}; valid requests: Allreduce, Allgather, Alltoall, Broadcast, "
+                    "Agree")
+
+
+def start_vote(agreements: Sequence[Agree], name: str,
+               process_set: hvd.ProcessSet = hvd.global_process_set) -> Pending:
+    """Starts one fused agreement of many :class:`Agree` requests; its result is the agreed values of each.
+
+    Max and min travel in one max-allreduce (a min as the max of the negated values); sums are gathered in
+    float64 and added in rank order, so that every rank computes the same bits (an allreduce's summation
+    order may differ per rank).
+    """
+    if not agreements:
+        raise ValueError("start_vote needs at least one Agree request")
+    device = agreements[0].values.device
+    flat = [a.values.reshape(-1).to(device=device) for a in agreements]
+    extreme = [v.float() if a.op == "max" else -v.float() for a, v in zip(agreements, flat, strict=True)
+               if a.op != "sum"]
+    summed = [v.double() for a, v in zip(agreements, flat, strict=True) if a.op == "sum"]
+    handles, nbytes = [], 0
+    if extreme:
+        values = torch.cat(extreme)
+        handles.append(hvd.allreduce_async(values, name=f"{name}.max", op=hvd.Max, process_set=process_set))
+        nbytes += values.numel() * 4
+    if summed:
+        values = torch.cat(summed)
+        handles.append(hvd.allgather_async(values.unsqueeze(0), name=f"{name}.sum", process_set=process_set))
+        nbytes += values.numel() * 8
+
+    def finish(outputs: list[Any]) -> list[torch.Tensor]:
+        maxima = outputs[0] if extreme else None
+        sums = None
+        if summed:
+            gathered = outputs[-1]
+            sums = gathered[0].clone()
+            for row in gathered[1:]:  # rank order
+                sums += row
+        results, max_at, sum_at = [], 0, 0
+        for agreement, values in zip(agreements, flat, strict=True):
+            n = values.numel()
+            if agreement.op == "sum":
+                part = sums[sum_at:sum_at + n].float()
+                sum_at += n
+            else:
+                part = maxima[max_at:max_at + n] if agreement.op == "max" else -maxima[max_at:max_at + n]
+                max_at += n
+            results.append(part.view_as(agreement.values).to(agreement.values.device))
+        return results
+
+    return Pending(handles, finish, nbytes)
+
+
+def run_alone(reduction: Reduction, name: str, process_set: hvd.ProcessSet = hvd.global_process_set) -> torch.Tensor:
+    """Runs one reduction to completion by itself, each Agree in a vote of its own.
+
+    For benchmarks and tests of a single tensor; the optimizer drives many reductions at once and fuses
+    their agreements into one vote per step.
+    """
+    try:
+        request = next(reduction)
+        index = 0
+        while True:
+            label = f"{name}.{index}"
+            if isinstance(request, Agree):
+                (result,) = start_vote([request], label, process_set).wait()
+            else:
+                result = start(request, label, process_set).wait()
+            index += 1
+            request = reduction.send(result)
+    except StopIteration as done:
+        return done.value
