@@ -7,9 +7,9 @@ import sys
 
 #: subcommand -> (module with main(argv), one-line description)
 COMMANDS = {
-    "train": ("hvdcomp.train", "data-parallel training with compressed gradients (run under mpirun/horovodrun)"),
-    "cluster": ("hvdcomp.cluster", "emulated cluster: cluster up --hosts N --rate 100mbit | run -- CMD | down"),
-    "bench": ("hvdcomp.bench", "micro-benchmarks: bench compress --method NAME [--numel N] [--device cpu|cuda]"),
+    "train": ("hvdcomp.tools.train", "data-parallel training with compressed gradients (run under mpirun/horovodrun)"),
+    "cluster": ("hvdcomp.tools.cluster", "emulated cluster: cluster up --hosts N --rate 100mbit | run -- CMD | down"),
+    "bench": ("hvdcomp.tools.bench", "micro-benchmarks: bench compress --method NAME [--numel N] [--device cpu|cuda]"),
     "probe": ("hvdcomp.perfmodel.probe", "measure GPUs (NVML), NICs and links into a cluster YAML (under mpirun)"),
     "profile": ("hvdcomp.perfmodel.profile", "measure a model's compute and each compressor's costs into a YAML"),
     "predict": ("hvdcomp.perfmodel.predict", "predict step time and scaling per compressor from cluster + profile"),

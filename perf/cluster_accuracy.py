@@ -37,7 +37,7 @@ def worker(target: float, methods: list[str]) -> None:
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
 
     import hvdcomp
-    from hvdcomp.workloads import WORKLOADS
+    from hvdcomp.tools.workloads import WORKLOADS
 
     hvd.init()
     torch.set_num_threads(1)

@@ -2,7 +2,7 @@
 
     .venv/bin/python perf/cluster_transport.py [--rate 100mbit]
 
-On a fresh 2-host cluster (:mod:`hvdcomp.cluster`), 50 MB (12.5 M float32) per rank, each test twice:
+On a fresh 2-host cluster (:mod:`hvdcomp.tools.cluster`), 50 MB (12.5 M float32) per rank, each test twice:
 
 * under mpirun (Open MPI's TCP transport, as every hvdcomp run over MPI): a one-way ``MPI_Send``, a two-way
   ``MPI_Sendrecv`` (both link directions at once) before ``hvd.init()``, the same ``MPI_Sendrecv`` after it

@@ -2,8 +2,8 @@
 worker rank per host, the link's byte counters, and the results files.
 
 Each benchmark script is both the driver (run as root on the machine: it brings up each cluster with
-:func:`hvdcomp.cluster.up`, measures the TCP goodput one stream reaches on it, and starts the ranks with
-:meth:`hvdcomp.cluster.Cluster.launch_command`) and, with ``--worker``, the rank program. Rank 0 prints one
+:func:`hvdcomp.tools.cluster.up`, measures the TCP goodput one stream reaches on it, and starts the ranks with
+:meth:`hvdcomp.tools.cluster.Cluster.launch_command`) and, with ``--worker``, the rank program. Rank 0 prints one
 ``RESULT {json}`` line per measurement; the driver adds the setting and the machine and appends the rows
 to ``perf/results/<benchmark>.jsonl``.
 """
@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from hvdcomp import cluster
+from hvdcomp.tools import cluster
 
 RESULTS = Path(__file__).resolve().parent / "results"
 HOSTS = (2, 4)

@@ -14,7 +14,7 @@ import platform
 import time
 from pathlib import Path
 
-from hvdcomp.bench import bench_compress
+from hvdcomp.tools.bench import bench_compress
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

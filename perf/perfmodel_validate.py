@@ -2,7 +2,7 @@
 
     .venv/bin/python perf/perfmodel_validate.py            # 2 and 4 hosts x 100mbit, 1gbit, 10gbit x 4 methods
 
-For each host count it brings up an emulated cluster (:mod:`hvdcomp.cluster`, one rank per host) and
+For each host count it brings up an emulated cluster (:mod:`hvdcomp.tools.cluster`, one rank per host) and
 measures the model profile there (``hvdcomp profile --model synthetic`` on every host at once: the hosts share
 this machine's cores, as the training ranks do). For each link rate it runs ``hvdcomp probe`` across the
 hosts (ping-pong and Horovod collective fits: the only network inputs), then ``hvdcomp train --workload
@@ -23,8 +23,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hvdcomp import cluster as emulated
 from hvdcomp.perfmodel import schema, timeline
+from hvdcomp.tools import cluster as emulated
 
 REPO = Path(__file__).resolve().parents[1]
 HVDCOMP = str(REPO / ".venv" / "bin" / "hvdcomp")

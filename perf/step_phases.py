@@ -19,7 +19,7 @@ import horovod.torch as hvd
 import torch
 
 import hvdcomp
-from hvdcomp.workloads import WORKLOADS
+from hvdcomp.tools.workloads import WORKLOADS
 
 
 def main() -> None:

@@ -25,7 +25,7 @@ import torch
 from hvdcomp.compressor import Context
 from hvdcomp.config import CompressionConfig
 from hvdcomp.methods import topk
-from hvdcomp.workloads import WORKLOADS
+from hvdcomp.tools.workloads import WORKLOADS
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

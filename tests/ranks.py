@@ -79,8 +79,9 @@ def scenario_collectives() -> None:
                                                f"{label}.{step}")
             result = run_alone(reduction.reduce(tensor, state, ctx), f"{label}.{step}")
             assert result.shape == tensor.shape, (label, result.shape)
-            # fp16 sums round at every addition, and MPI/Gloo add in their own order: a few fp16 ulps (2^-10).
-            tolerance = 4e-3 if label == "fp16" else 1e-6
+            # Allreduce adds in MPI's or Gloo's order, not rank order: a few ulps of the largest value summed
+            # (fp16: 2^-10 relative; random-k: values scaled by d/k, up to about 40 here).
+            tolerance = {"fp16": 4e-3, "randomk": 2e-5, "randomk-ef": 2e-6}.get(label, 1e-6)
             torch.testing.assert_close(result.float(), expected.float(), rtol=tolerance, atol=tolerance,
                                        msg=lambda m, label=label: f"{label}: {m}")
             if label == "topk":  # what travelled really differs in size per rank: 20, 40, 60, ... nonzeros

@@ -1,4 +1,4 @@
-"""The emulated cluster (hvdcomp/cluster.py): links shaped to the set rate, and real ranks training across them.
+"""The emulated cluster (hvdcomp/tools/cluster.py): links shaped to the set rate, and real ranks training across them.
 
 Needs root and iproute2; skipped, with the reason, where network namespaces cannot be created.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from hvdcomp import cluster
+from hvdcomp.tools import cluster
 
 BIN = Path(sys.executable).parent
 NAME = f"hvdt{os.getpid() % 100000}"  # one cluster per test session; concurrent sessions do not collide

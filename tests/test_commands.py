@@ -34,7 +34,7 @@ def test_bench_rejects_unknown_option() -> None:
 def test_train_rejects_unknown_method_with_valid_list() -> None:
     result = hvdcomp("train", "--compression", "ternary")
     assert result.returncode == 2
-    assert "unknown compression method 'ternary'; valid: fp16, none, terngrad, topk" in result.stderr
+    assert "unknown compression method 'ternary'; valid: fp16, none, powersgd, randomk, terngrad, topk" in result.stderr
 
 
 def test_train_rejects_bad_job_file(tmp_path) -> None:

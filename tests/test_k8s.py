@@ -164,7 +164,7 @@ def test_base_manifest_is_the_render_of_its_job() -> None:
 
 def test_config_map_carries_the_compression_config_for_hvdcomp_train(tmp_path: Path) -> None:
     from hvdcomp.config import CompressionConfig
-    from hvdcomp.train import load_job
+    from hvdcomp.tools.train import load_job
 
     docs = documents(rendered("gpu-multinode"))
     path = tmp_path / render.CONFIG_KEY

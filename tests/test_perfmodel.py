@@ -94,17 +94,17 @@ def test_timeline_gated_compressor_encodes_after_backward() -> None:
     compressor = schema.CompressorProfile("tern", summable=False, fixed_size=True, shared_before_encode=True,
                                           gradients={"a": encoded})
     step = timeline.simulate(_profile(ready_ms=10, compressors={"tern": compressor}), _cluster(0.16), "tern", 2)
-    vote = 8 * 8 / 0.16e9  # flag + scaler
+    vote = 16 * 8 / 0.16e9  # flag, scaler, the plan fingerprint's max and min
     # "a" is ready at 10 ms: hook (1 ms), vote, encode (4 ms), then the rest of backward (90 ms) overlaps the
     # allgather; "b" (ready at 100 ms + 5 ms of hook work) then its tiny allreduce; decode 3 ms; optimizer 5 ms
     expected = 0.010 + 0.100 + 0.001 + vote + 0.004 + 4 * 8 / 0.16e9 + 0.003 + 0.005
     assert step.collective == "allgather"
     assert step.step_s == pytest.approx(expected, rel=1e-4)
-    assert step.bytes_per_rank == pytest.approx(62_500 + 4 + 8)
+    assert step.bytes_per_rank == pytest.approx(62_500 + 4 + 16)
     # at 5 workers hvdcomp's auto switches to two-phase: about 2x the payload leaves each rank
     two_phase = timeline.simulate(_profile(10, {"tern": compressor}), _cluster(0.16), "tern", 5)
     assert two_phase.collective == "two_phase"
-    assert two_phase.bytes_per_rank == pytest.approx(62_500 * 1.2 + 4 + 8)
+    assert two_phase.bytes_per_rank == pytest.approx(62_500 * 1.2 + 4 + 16)
 
 
 def test_timeline_charges_the_checks_and_the_averaging() -> None:
@@ -399,15 +399,22 @@ def test_probe_profile_predict_for_real(tmp_path: Path) -> None:
     profile = schema.load(profile_path, "profile")
     assert [g.name for g in profile.gradients][-1] in ("0.weight", "0.bias")  # the first layer is ready last
     assert profile.dense_bytes == 4 * (64 * 512 + 512 + 512 * 96 + 96 + 96 * 10 + 10)
-    assert set(profile.compressors) == {"fp16", "terngrad", "topk"}
+    # every registered method, with no list to edit: PowerSGD and random-k joined by being defined
+    assert set(profile.compressors) == {"fp16", "powersgd", "randomk", "terngrad", "topk"}
     assert profile.compressors["terngrad"].shared_before_encode
     assert set(profile.compressors["topk"].gradients) == {"0.weight", "2.weight"}  # min_numel 1024
+    powersgd = profile.compressors["powersgd"]
+    assert powersgd.reduction == "powersgd" and set(powersgd.gradients) == {"0.weight", "2.weight"}
+    assert powersgd.gradients["0.weight"].part_bytes == (512 * 2 * 4, 64 * 2 * 4)  # P and Q of the 512 x 64
     plot, report = tmp_path / "scaling.png", tmp_path / "prediction.json"
     done = _hvdcomp("predict", "--cluster", str(cluster_path), "--profile", str(profile_path), "--workers", "1,2",
                     "--plot", str(plot), "--json", str(report))
     assert done.returncode == 0, done.stderr
     assert "recommendation at 2 workers" in done.stdout and plot.stat().st_size > 10_000
-    assert json.loads(report.read_text())["workers"] == [1, 2]
+    prediction = json.loads(report.read_text())
+    assert prediction["workers"] == [1, 2]
+    assert {(o["step"]["method"], o["step"]["collective"]) for o in prediction["options"]} >= {
+        ("powersgd", "powersgd"), ("randomk", "allreduce"), ("terngrad", "two_phase"), ("topk", "parameter_server")}
     done = _hvdcomp("predict", "--cluster", str(cluster_path), "--profile", str(profile_path), "--workers", "4")
     assert done.returncode == 2 and "has no inter_node link, so it cannot place 4 workers" in done.stderr
 

@@ -4,7 +4,7 @@
 2. Write the ConfigMap the operator mounts at ``/etc/mpi``: ``hostfile`` (``<job>-worker-<i>.<job>.<namespace>.svc
    slots=<slotsPerWorker>``, one line per worker) and ``discover_hosts.sh``; write the job's own ConfigMaps (from
    the same file) where its pods mount them.
-3. Start one emulated host per worker pod (:mod:`hvdcomp.cluster`: network namespaces whose interface is
+3. Start one emulated host per worker pod (:mod:`hvdcomp.tools.cluster`: network namespaces whose interface is
    ``eth0``, as a pod's), with the network interface setting mapped to theirs.
 4. Map the image's paths to this checkout (``/opt/hvdcomp`` -> the checkout, its ``.venv/bin`` first on PATH) and
    the mounts to the files of step 2, expand ``$(VAR)`` as the kubelet does, and run the launcher container's
@@ -35,9 +35,9 @@ from unittest import mock
 import kubernetes_validate.utils
 import yaml
 
-from hvdcomp import cluster
 from hvdcomp.k8s import validate
 from hvdcomp.k8s.render import HOSTFILE, IMAGE_ROOT, INTERFACE_VAR
+from hvdcomp.tools import cluster
 
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER_NAME = "k8sdry"

@@ -9,7 +9,7 @@ hook DistributedOptimizer starts its collectives from) and the cost of Distribut
 check on it, and, for every compressor, on that model's own gradients and exactly as DistributedOptimizer
 would configure it (``min_numel``, error feedback): bytes on the wire, the statistics computed in the hook
 (TernGrad's scaler), encoding (packing included), decoding of one payload and of each further payload
-(``aggregate``), as :mod:`hvdcomp.bench` does for one tensor, and writing the averaged sum into the gradient.
+(``aggregate``), as :mod:`hvdcomp.tools.bench` does for one tensor, and writing the averaged sum into the gradient.
 Each time is the median of ``--repeats`` runs after warm-up. Under mpirun every rank measures at the same
 time (barriers around each timed call), as ranks sharing a host's cores compute during training, and the
 slowest rank's median is written (a synchronous step waits for it). Horovod is initialized there, as in
@@ -38,7 +38,7 @@ from hvdcomp.config import CompressionConfig
 from hvdcomp.methods import METHODS
 from hvdcomp.optimizer import nonfinite
 from hvdcomp.perfmodel.schema import dump
-from hvdcomp.workloads import WORKLOADS
+from hvdcomp.tools.workloads import WORKLOADS
 
 PROBE_WORLD = 2  # the world size hvdcomp's choices are made for (only the collective depends on it)
 

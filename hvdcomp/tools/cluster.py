@@ -61,7 +61,7 @@ INTERFACE = "eth0"
 MAX_HOSTS = 250
 STATE_DIR = Path("/run/hvdcomp-cluster")
 NETNS_ETC = Path("/etc/netns")
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CONTROLLERS = ("mpi", "gloo")
 
 _RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit|tbit)$")
@@ -133,7 +133,7 @@ class Cluster:
             return first.command(["env", pmix, str(mpirun), *flags, *contexts[1:]])
         if controller == "gloo":
             exports = [f"--env={key}={value}" for key, value in env.items()]
-            return first.command([sys.executable, "-m", "hvdcomp.cluster", f"--name={self.name}", *exports,
+            return first.command([sys.executable, "-m", "hvdcomp.tools.cluster", f"--name={self.name}", *exports,
                                   "--", *command])
         raise ValueError(f"launch_command: unknown controller {controller!r}; valid: {', '.join(CONTROLLERS)}")
 
@@ -484,9 +484,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _gloo_main(argv: list[str]) -> int:
-    """``python -m hvdcomp.cluster --name NAME [--env K=V]... -- CMD``: :func:`gloo_driver`, run by
+    """``python -m hvdcomp.tools.cluster --name NAME [--env K=V]... -- CMD``: :func:`gloo_driver`, run by
     :meth:`Cluster.launch_command` inside host 0."""
-    parser = argparse.ArgumentParser(prog="python -m hvdcomp.cluster")
+    parser = argparse.ArgumentParser(prog="python -m hvdcomp.tools.cluster")
     parser.add_argument("--name", required=True)
     parser.add_argument("--env", action="append", default=[])
     parser.add_argument("command", nargs=argparse.REMAINDER)

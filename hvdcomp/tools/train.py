@@ -36,7 +36,7 @@ from torch import nn
 
 from hvdcomp.config import CompressionConfig
 from hvdcomp.optimizer import DistributedOptimizer
-from hvdcomp.workloads import WORKLOADS, Dataset
+from hvdcomp.tools.workloads import WORKLOADS, Dataset
 
 JOB_KEYS = ("workload", "epochs", "batch_size", "lr", "seed", "compression")
 

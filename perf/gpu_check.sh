@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Every CUDA path of hvdcomp in one command, on a machine with an NVIDIA GPU (one is enough):
+#
+#   perf/gpu_check.sh [OUT_DIR]          # default OUT_DIR: perf/results/gpu
+#
+# 1. set-up (launch/setup.sh keeps the machine's CUDA torch and builds Horovod with NCCL);
+# 2. tests/test_devices.py: every method on cuda against the CPU reference, determinism, no host syncs in
+#    compression (torch.cuda.set_sync_debug_mode("error")), every reduction through Horovod on one rank (NCCL);
+# 3. `hvdcomp bench compress --device cuda` for every method (JSON lines, bench-cuda.jsonl);
+# 4. `hvdcomp probe`: real NVML readings of the GPU (probe-gpu.yaml);
+# 5. a 1-rank `hvdcomp train --device cuda` for every method (train-<method>.json).
+#
+# A machine without network access (the project's lent GPU machines) installs from a wheelhouse: put the wheels
+# set-up needs, and horovod-0.28.1.tar.gz, in .whl/ at the repository root; pip then reads only that folder.
+# Each method is listed here by name: a method that is not fails the check below.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+out=${1:-perf/results/gpu}
+mkdir -p "$out"
+methods=(fp16 powersgd randomk terngrad topk)
+
+command -v nvidia-smi >/dev/null && nvidia-smi -L || { echo "gpu_check: no NVIDIA GPU here (nvidia-smi)" >&2; exit 1; }
+if [[ -d .whl ]]; then
+    export PIP_NO_INDEX=1 PIP_FIND_LINKS="$PWD/.whl"
+fi
+bash launch/setup.sh 2>&1 | tee "$out/setup.log"
+py=.venv/bin/python
+"$py" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else "gpu_check: torch sees no CUDA device")'
+registered=$("$py" -c 'from hvdcomp import METHODS; print(" ".join(sorted(set(METHODS) - {"none"})))')
+[[ $registered == "${methods[*]}" ]] ||
+    { echo "gpu_check: registered methods '$registered' but this script checks '${methods[*]}'" >&2; exit 1; }
+.venv/bin/horovodrun --check-build | tee "$out/check-build.txt"
+grep -q '\[X\] NCCL' "$out/check-build.txt" || echo "gpu_check: WARNING: Horovod was built without NCCL operations"
+
+status=0
+"$py" -m pytest -v -p no:cacheprovider tests/test_devices.py 2>&1 | tee "$out/test_devices.log" || status=1
+
+: >"$out/bench-cuda.jsonl"
+for method in "${methods[@]}"; do
+    .venv/bin/hvdcomp bench compress --method "$method" --device cuda --numel 25000000 --repeats 20 --json \
+        >>"$out/bench-cuda.jsonl" || status=1
+done
+
+.venv/bin/hvdcomp probe --out "$out/probe-gpu.yaml" || status=1
+
+for method in "${methods[@]}"; do
+    .venv/bin/hvdcomp train --workload synthetic --device cuda --compression "$method" --epochs 1 --no-progress \
+        --json "$out/train-$method.json" || status=1
+done
+echo "gpu_check: results in $out; exit status $status"
+exit "$status"

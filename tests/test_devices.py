@@ -1,0 +1,114 @@
+"""Every method on every device this machine has: CUDA against the CPU reference, determinism, and no host
+syncs in what runs inside backward hooks; every default reduction on one rank (NCCL on CUDA tensors).
+
+CI has no GPU, so there the CUDA cases skip and the CPU cases run; ``perf/gpu_check.sh`` runs this file on a
+GPU machine.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+import torch
+from conftest import REPO
+
+from hvdcomp import METHODS, Context, make_compressor
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
+#: every shipped method with options that make it compress a 96 x 64 gradient
+CASES = {"fp16": {}, "terngrad": {}, "topk": {"ratio": 0.05}, "randomk": {"ratio": 0.05},
+         "powersgd": {"start_iter": 0}}
+
+
+def test_every_method_is_covered() -> None:
+    assert set(CASES) == set(METHODS) - {"none"}, "a new method must be checked on every device here"
+
+
+def _run(method: str, device: str, steps: int = 3) -> list[list[torch.Tensor]]:
+    """Compress and decompress ``steps`` gradients of one parameter (with the method's memory), one rank."""
+    compressor = make_compressor(method, CASES[method])
+    generator = torch.Generator().manual_seed(0)
+    grads = [torch.randn(96, 64, generator=generator).to(device) for _ in range(steps)]
+    ctx = Context.local(grads[0], seed=3)
+    state = compressor.init_state(grads[0], ctx)
+    outputs = []
+    for step, grad in enumerate(grads):
+        payload, meta = compressor.compress(grad, state, replace(ctx, step=step))
+        outputs.append([*payload, compressor.decompress(payload, meta).float()])
+    return outputs
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("method", sorted(CASES))
+def test_deterministic(method: str, device: str) -> None:
+    """The same seeds and inputs give the same bits, run after run (replicas stay identical)."""
+    for first, second in zip(_run(method, device), _run(method, device), strict=True):
+        for a, b in zip(first, second, strict=True):
+            assert torch.equal(a, b), f"{method} on {device} is not deterministic"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
+@pytest.mark.parametrize("method", sorted(CASES))
+def test_cuda_matches_the_cpu_reference(method: str) -> None:
+    """Where both devices compute the same function (fp16, top-k, PowerSGD), the same values; where the draws
+    come from different generators (TernGrad, random-k), what any draw must satisfy."""
+    first_grad = torch.randn(96, 64, generator=torch.Generator().manual_seed(0))  # _run's first gradient
+    for step, (cpu, cuda) in enumerate(zip(_run(method, "cpu"), _run(method, "cuda"), strict=True)):
+        decoded_cpu, decoded_cuda = cpu[-1], cuda[-1].cpu()
+        if method in ("fp16", "topk", "powersgd"):
+            torch.testing.assert_close(decoded_cuda, decoded_cpu, rtol=1e-4, atol=1e-5)
+        elif method == "terngrad":  # values in {-s, 0, s}, s the same clipped max
+            scale = cuda[0].item()
+            assert set(decoded_cuda.unique().tolist()) <= {-scale, 0.0, scale}
+            assert abs(scale - cpu[0].item()) <= 1e-5 * scale
+        elif step == 0:  # random-k: k entries, each the gradient's times its stratum's length (19 or 20 here)
+            kept = decoded_cuda.nonzero(as_tuple=True)
+            assert len(kept[0]) == decoded_cpu.count_nonzero() == 308
+            ratios = (decoded_cuda[kept] / first_grad[kept]).round()
+            assert set(ratios.tolist()) <= {19.0, 20.0}, set(ratios.tolist())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
+@pytest.mark.parametrize("method", sorted(CASES))
+def test_no_host_sync_in_compression(method: str) -> None:
+    """compress() runs inside backward hooks: on CUDA it must not wait for the device."""
+    compressor = make_compressor(method, CASES[method])
+    grad = torch.randn(96, 64, device="cuda")
+    ctx = Context.local(grad)
+    state = compressor.init_state(grad, ctx)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        request = compressor.agree(grad, state, ctx)
+        compressor.compress(grad, state, ctx, None if request is None else request.values)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_reductions_on_one_rank(device: str) -> None:
+    """Every default reduction and PowerSGD's, driven by run_alone through Horovod on one rank (NCCL for
+    CUDA tensors): the sum over one rank is the rank's own decoded gradient."""
+    script = f"""
+import torch, horovod.torch as hvd
+from hvdcomp import reductions, make_compressor, Context
+from hvdcomp.collectives import run_alone
+hvd.init()
+cases = {{"fp16": "allreduce", "terngrad": "allgather", "topk": "allgather", "randomk": "allreduce",
+         "powersgd": "powersgd"}}
+for method, reduction_name in [*cases.items(), ("terngrad", "two_phase")]:
+    compressor = make_compressor(method, {CASES!r}[method], error_feedback=False)
+    reduction = reductions.make(reduction_name, compressor)
+    grad = torch.randn(96, 64, generator=torch.Generator().manual_seed(1)).to("{device}")
+    ctx = Context("w", 0, 1, grad.device, 5, 7)
+    state = reduction.init_state(grad, ctx)
+    result = run_alone(reduction.reduce(grad, state, ctx), method + reduction_name)
+    assert result.shape == grad.shape and result.device == grad.device, (method, result.shape, result.device)
+    assert torch.isfinite(result).all(), method
+print("reductions OK")
+"""
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "reductions OK" in done.stdout, done.stdout + done.stderr
