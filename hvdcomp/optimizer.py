@@ -64,10 +64,13 @@ class _Slot:
     step: int
     delay: int
 
+    def __post_init__(self) -> None:
+        self.fixed = [self.name, list(self.param.shape), self.param.device.type, self.choice.describe()]
+        self.fixed_text = json.dumps(self.fixed)  # rendered once: only the method's part changes
+
     def plan(self) -> list[Any]:
         """What must be the same on every rank for this parameter, now."""
-        changing = "" if self.choice.compressor is None else self.choice.compressor.plan(self.state)
-        return [self.name, list(self.param.shape), self.param.device.type, self.choice.describe(), changing]
+        return [*self.fixed, "" if self.choice.compressor is None else self.choice.compressor.plan(self.state)]
 
 
 @dataclass
@@ -81,7 +84,7 @@ class _Compressed:
     slot: _Slot
     reduction: Reduction
     flag: torch.Tensor  # [1] float32: rank + 1 if this rank's gradient is not finite, else 0
-    plan: str
+    plan: list[Any]  # the slot's plan when this step started
     requests: int = 0  # requests yielded so far: they name the collectives
     pending: Pending | None = None  # a started collective
     agree: Agree | None = None  # waiting for the next vote
@@ -201,7 +204,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             flag = grad.new_zeros(1, dtype=torch.float32)
         else:  # an encoding can hide them (TernGrad's draw): check the input, and name this rank
             flag = nonfinite(grad).to(torch.float32).mul_(self.process_set.rank() + 1).reshape(1)
-        plan = json.dumps(slot.plan())
+        plan = slot.plan()  # as the step starts: the reduction may change it for the next step
         ctx = replace(slot.ctx, step=slot.step)
         slot.step += 1
         work = _Compressed(slot, slot.choice.reduction.reduce(grad, slot.state, ctx), flag, plan)
@@ -241,7 +244,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _start_vote(self) -> None:
         works = list(self._compressed_work())
         device = works[0].flag.device
-        digest = hashlib.blake2b("\n".join(w.plan for w in works).encode(), digest_size=3).digest()
+        text = "\n".join(f"{w.slot.fixed_text}\t{w.plan[-1]}" for w in works)
+        digest = hashlib.blake2b(text.encode(), digest_size=3).digest()
         fingerprint = torch.full((1,), float(int.from_bytes(digest, "little")), device=device)  # exact in float32
         agreements = [Agree(torch.cat([w.flag.to(device) for w in works]), "max"), Agree(fingerprint, "max"),
                       Agree(fingerprint, "min"), *(w.agree for w in works if w.agree is not None)]
@@ -252,7 +256,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         flags, highest, lowest, *agreed = self._vote.wait()
         self._vote, self._vote_result = None, flags
         if highest.item() != lowest.item():  # one read of a vote already waited for
-            self._check_same_plan([json.loads(w.plan) for w in self._compressed_work()])
+            self._check_same_plan([w.plan for w in self._compressed_work()])
+            raise ValueError("hvdcomp: the ranks' plan fingerprints differ, but their plans compare equal")
         waiting = [w for w in self._compressed_work() if w.agree is not None]
         results = {id(w): value for w, value in zip(waiting, agreed, strict=True)}
         for work in self._work.values():  # encode in the order gradients became ready (see synchronize)

@@ -9,13 +9,14 @@ The communication-heavy workload of ``hvdcomp train --workload synthetic`` (:mod
 launch on the same links:
 
 * hvdcomp (:func:`hvdcomp.DistributedOptimizer`): ``dense`` (``compression="none"``, exactly stock
-  Horovod), ``fp16``, ``terngrad`` (allgather), ``terngrad-two-phase``, ``topk`` (1%, error feedback);
+  Horovod), ``fp16``, ``terngrad`` (allgather), ``terngrad-two-phase``, ``topk`` (1%, error feedback),
+  ``randomk`` (1%, unbiased), ``powersgd`` (rank 4 from the 3rd step, as the ddp-powersgd peer);
 * peers: ``hvd`` and ``hvd-fp16`` (stock ``hvd.DistributedOptimizer``, without compression and with
   ``compression=hvd.Compression.fp16``), ``ddp`` (PyTorch
   DistributedDataParallel over torch.distributed's Gloo backend) and ``ddp-powersgd`` (the same with
   PyTorch's PowerSGD communication hook, rank 4, compressing from the 3rd step on).
 
-One warm-up step per method (three for ddp-powersgd, whose first two steps are dense), then 3 timed steps
+One warm-up step per method (three for powersgd and ddp-powersgd, whose first two steps are dense), then 3 timed steps
 at 100 Mbit/s (a dense step on 4 hosts takes over 10 s there) and 6 on faster links.
 
 Per method: the slowest rank's mean step time over the timed steps (after warm-up), samples/s, the bytes
@@ -42,7 +43,8 @@ import clusterbench
 
 RESULTS = "cluster_training.jsonl"
 HVDCOMP = {"dense": "none", "fp16": "fp16", "terngrad": {"method": "terngrad", "collective": "allgather"},
-           "terngrad-two-phase": {"method": "terngrad", "collective": "two_phase"}, "topk": "topk"}
+           "terngrad-two-phase": {"method": "terngrad", "collective": "two_phase"}, "topk": "topk",
+           "randomk": "randomk", "powersgd": {"method": "powersgd", "options": {"rank": 4, "start_iter": 2}}}
 PEERS = ("hvd", "hvd-fp16", "ddp", "ddp-powersgd")
 METHODS = (*HVDCOMP, *PEERS)
 
@@ -108,8 +110,9 @@ def worker(batch_size: int, steps: int, methods: list[str]) -> None:
         if method in HVDCOMP:
             optimizer = hvdcomp.DistributedOptimizer(sgd, named_parameters=model.named_parameters(),
                                                      compression=HVDCOMP[method])
-            result = timed(model, optimizer, method)
-            payload = optimizer.bytes_sent / (1 + steps)
+            warmup = 3 if method == "powersgd" else 1
+            result = timed(model, optimizer, method, warmup=warmup)
+            payload = optimizer.bytes_sent / (warmup + steps)
         elif method in ("hvd", "hvd-fp16"):
             optimizer = hvd.DistributedOptimizer(sgd, named_parameters=model.named_parameters(),
                                                  compression=hvd.Compression.fp16 if method == "hvd-fp16"
