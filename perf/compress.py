@@ -1,6 +1,6 @@
 """Compressor micro-benchmark sweep: every method at one size, appended to perf/results/compress.jsonl.
 
-    .venv/bin/python perf/compress.py [--numel 25000000] [--device cpu|cuda] [--methods terngrad fp16 topk]
+    .venv/bin/python perf/compress.py [--numel 25000000] [--device cpu|cuda] [--methods NAME ...]  # default: all
 
 Each line is the JSON of ``hvdcomp bench compress`` plus the time and host; perf/results/compress.png plots
 compress+decompress throughput against the memory-copy throughput measured in the same run.
@@ -14,6 +14,7 @@ import platform
 import time
 from pathlib import Path
 
+from hvdcomp.methods import METHODS
 from hvdcomp.tools.bench import bench_compress
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -44,7 +45,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--numel", type=int, default=25_000_000)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--methods", nargs="+", default=["terngrad", "fp16", "topk"])
+    parser.add_argument("--methods", nargs="+", default=sorted(set(METHODS) - {"none"}))
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     RESULTS.mkdir(exist_ok=True)

@@ -7,13 +7,15 @@ throughput in GB/s of float32 input, the relative error ||D(C(x)) - x|| / ||x|| 
 throughput of ``x.clone()`` measured in the same run as the reference for memory speed. Times are the median
 of ``--repeats`` rounds after one warm-up, copy, compress and decompress interleaved in each round so that a
 change of load hits all three alike; CUDA runs synchronize around each timed call. The compressor runs
-bare (no error feedback), as one rank would compress its own gradient.
+bare (no error feedback), as one rank would compress its own gradient; a method that compresses only matrices
+(PowerSGD) gets the squarest matrix of ``--numel`` elements.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
 import statistics
 import time
@@ -51,7 +53,11 @@ def bench_compress(method: str, numel: int, device: str = "cpu", repeats: int = 
     if target.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda, but torch.cuda.is_available() is False on this machine")
     compressor = make_compressor(method, options, error_feedback=False)
-    x = torch.randn(numel, generator=torch.Generator().manual_seed(seed)).to(target)
+    shape = torch.Size([numel])
+    if not compressor.compresses(shape):  # a method for matrices (PowerSGD): the squarest matrix of numel
+        rows = next(r for r in range(math.isqrt(numel), 0, -1) if numel % r == 0)
+        shape = torch.Size([rows, numel // rows])
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(target)
     gigabytes = numel * 4 / 1e9
     ctx = Context.local(x, seed)
     state = compressor.init_state(x, ctx)
@@ -66,6 +72,7 @@ def bench_compress(method: str, numel: int, device: str = "cpu", repeats: int = 
         "method": method,
         "options": options or {},
         "numel": numel,
+        "shape": list(shape),
         "device": str(target),
         "device_name": torch.cuda.get_device_name(target) if target.type == "cuda" else platform.processor()
         or platform.machine(),
