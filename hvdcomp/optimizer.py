@@ -255,7 +255,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _finish_vote(self) -> None:
         flags, highest, lowest, *agreed = self._vote.wait()
         self._vote, self._vote_result = None, flags
-        if highest.item() != lowest.item():  # one read of a vote already waited for
+        if bool(highest != lowest):  # one read from the device, of a vote already waited for
             self._check_same_plan([w.plan for w in self._compressed_work()])
             raise ValueError("hvdcomp: the ranks' plan fingerprints differ, but their plans compare equal")
         waiting = [w for w in self._compressed_work() if w.agree is not None]
