@@ -3,21 +3,20 @@
     .venv/bin/python perf/cluster_collectives.py [--hosts 2 4]
         [--rates 100mbit 1gbit 10gbit] [--methods dense fp16 ...]
 
-For each cluster (hosts x rate) and each size from 1 KB up by factors of 4, every method reduces (sums) one
-float32 tensor of that size across all ranks: ``dense`` (Horovod's allreduce, fp32), ``hvd-fp16`` (Horovod's
-own ``hvd.Compression.fp16``), and hvdcomp's compressed collectives as the optimizer runs them
-(:mod:`hvdcomp.communicator`): ``fp16`` (allreduce of float16), ``terngrad`` (allgather),
-``terngrad-two-phase`` and ``topk`` (1%, allgather). Time is the slowest rank's, median of the repetitions
-after one warm-up, encoding and decoding included. As in nccl-tests (doc/PERFORMANCE.md), with S the float32
-bytes reduced and n the ranks: algbw = S / t and busbw = algbw x 2(n-1)/n, the bandwidth a dense ring
-allreduce would need on each link to finish in t; for compressed methods these are *effective* figures (the
-reduction delivered per second), and link utilization = the bytes that really crossed the busiest link
-direction (the hosts' eth0 counters, headers included) / (t x rate). The largest size is cut per rate (16 MB
-at 100 Mbit/s, 64 MB at 1 Gbit/s; a dense 256 MB allreduce on 4 hosts at 100 Mbit/s alone takes half a minute
-per repetition) to keep a sweep within minutes; ``--sizes`` measures given sizes only.
-``--controller gloo`` runs the ranks under Horovod's Gloo controller instead of MPI (the plot shows MPI rows).
-Rows go to perf/results/cluster_collectives.jsonl; the plot to perf/results/cluster_collectives.png.
-"""
+For each cluster (hosts x rate) and each size from 1 KB up by factors of 4, every method reduces (sums) one float32
+tensor of that size across all ranks: ``dense`` (Horovod's allreduce, fp32), ``hvd-fp16`` (Horovod's own
+``hvd.Compression.fp16``), and hvdcomp's compressed collectives as the optimizer runs them
+(:mod:`hvdcomp.reductions`): ``fp16`` (allreduce of float16), ``terngrad`` (allgather), ``terngrad-two-phase``,
+``topk`` (1%, allgather) and ``randomk`` (1%, allreduce). Time is the slowest rank's, median of the repetitions
+after one warm-up, encoding and decoding included. As in nccl-tests (doc/PERFORMANCE.md), with S the float32 bytes
+reduced and n the ranks: algbw = S / t and busbw = algbw x 2(n-1)/n, the bandwidth a dense ring allreduce would need
+on each link to finish in t; for compressed methods these are *effective* figures (the reduction delivered per
+second), and link utilization = the bytes that really crossed the busiest link direction (the hosts' eth0 counters,
+headers included) / (t x rate). The largest size is cut per rate (16 MB at 100 Mbit/s, 64 MB at 1 Gbit/s; a dense
+256 MB allreduce on 4 hosts at 100 Mbit/s alone takes half a minute per repetition) to keep a sweep within minutes;
+``--sizes`` measures given sizes only. ``--controller gloo`` runs the ranks under Horovod's Gloo controller instead
+of MPI (the plot shows MPI rows). Rows go to perf/results/cluster_collectives.jsonl; the plot to
+perf/results/cluster_collectives.png. """
 
 from __future__ import annotations
 

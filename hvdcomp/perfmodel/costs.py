@@ -7,8 +7,9 @@ Hockney's model, with the per-algorithm step and volume counts of Thakur, Rabens
 * ring allreduce of n bytes: 2(p-1) alpha + 2(p-1)/p n beta;
 * ring allgather of m bytes per rank: (p-1) alpha + (p-1) m beta;
 * pairwise alltoall of n bytes per rank: (p-1) alpha + (p-1)/p n beta;
-* two-phase compressed allreduce (DeepSpeed 1-bit Adam, Tang et al. 2021; :class:`hvdcomp.communicator.TwoPhase`):
-  alltoall of the m-byte payload's chunks, then allgather of one m/p chunk per rank;
+* two-phase compressed allreduce (DeepSpeed 1-bit Adam, Tang et al. 2021;
+  :class:`hvdcomp.reductions.TwoPhaseReduction`): alltoall of the m-byte payload's chunks, then allgather of one
+  m/p chunk per rank;
 * parameter server (TernGrad's setting, Wen et al. 2017): p workers push m bytes to one server and pull m bytes
   back, through the server's link: 2 alpha + 2 p m beta;
 * hierarchical allreduce (Horovod's HOROVOD_HIERARCHICAL_ALLREDUCE, NCCL's tree/ring over nodes): reduce-scatter
