@@ -121,6 +121,17 @@ class Pending:
         return self.result
 
 
+def host_values(values: list[int], device: torch.device) -> torch.Tensor:
+    """An int64 tensor of ``values`` on ``device`` without a host sync: on CUDA each value is a fill kernel
+    (copying a host tensor over would synchronize the stream, inside backward)."""
+    if device.type == "cpu":
+        return torch.tensor(values, dtype=torch.int64)
+    out = torch.empty(len(values), dtype=torch.int64, device=device)
+    for index, value in enumerate(values):
+        out[index].fill_(value)
+    return out
+
+
 def start(request: Request, name: str, process_set: hvd.ProcessSet = hvd.global_process_set) -> Pending:
     """Starts ``request`` (not :class:`Agree`: see :func:`start_vote`) as Horovod async collectives."""
     size, rank = process_set.size(), process_set.rank()
@@ -148,7 +159,7 @@ def start(request: Request, name: str, process_set: hvd.ProcessSet = hvd.global_
             handle = hvd.allgather_async(buffer, name=name, process_set=process_set)
             return Pending([handle], lambda outputs: [wire.unpack(segment, layout)
                                                      for segment in outputs[0].view(size, -1)], buffer.numel())
-        sizes = torch.tensor([numel for _, numel in layout], dtype=torch.int64).to(buffer.device)
+        sizes = host_values([numel for _, numel in layout], buffer.device)
         handle = hvd.grouped_allgather_async([sizes.view(torch.uint8), buffer], name=name, process_set=process_set)
 
         def finish_variable(outputs: list[Any]) -> list[Payload]:
@@ -167,8 +178,8 @@ def start(request: Request, name: str, process_set: hvd.ProcessSet = hvd.global_
         if request.fixed_size:
             buffers = [wire.pack(payload) for payload in request.payloads]
         else:  # a header of int64 part sizes in front of each destination's payload
-            buffers = [torch.cat([torch.tensor([n for _, n in layout], dtype=torch.int64).to(payload[0].device)
-                                  .view(torch.uint8), wire.pack(payload)])
+            buffers = [torch.cat([host_values([n for _, n in layout], payload[0].device).view(torch.uint8),
+                                  wire.pack(payload)])
                        for payload, layout in zip(request.payloads, layouts, strict=True)]
         splits = torch.tensor([b.numel() for b in buffers], dtype=torch.int32)
         handle = hvd.alltoall_async(torch.cat(buffers), splits=splits, name=name, process_set=process_set)
