@@ -63,8 +63,8 @@ def scenario_collectives() -> None:
         ("terngrad-noclip", hvdcomp.TernGrad(clip=None), "allgather", (7,)),
         ("topk", hvdcomp.TopK(0.2), "allgather", (500,)),
         ("topk-ef", hvdcomp.ErrorFeedback(hvdcomp.TopK(0.05)), "allgather", (300,)),
-        ("randomk", hvdcomp.RandomK(0.1), "allreduce", (1000,)),
-        ("randomk-ef", hvdcomp.ErrorFeedback(hvdcomp.RandomK(0.05, unbiased=False)), "allreduce", (40, 25)),
+        ("randomk", hvdcomp.RandomK(0.1, unbiased=True), "allreduce", (1000,)),
+        ("randomk-ef", hvdcomp.ErrorFeedback(hvdcomp.RandomK(0.05)), "allreduce", (40, 25)),
     ]
     for label, compressor, reduction_name, shape in cases:
         reduction = reductions.make(reduction_name, compressor)

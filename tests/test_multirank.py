@@ -61,6 +61,18 @@ def test_terngrad_digits_within_one_point_of_dense(tmp_path) -> None:
     assert "speedup over dense" in result.output
 
 
+@pytest.mark.parametrize("method", ["powersgd", "randomk"])
+def test_new_methods_train_digits(tmp_path, method: str) -> None:
+    """``hvdcomp train --compression powersgd|randomk`` trains the digits classifier on 2 ranks."""
+    summary = tmp_path / "summary.json"
+    result = run_ranks([str(BIN / "hvdcomp"), "train", "--workload", "digits", "--compression", method, "--seed", "0",
+                        "--no-progress", "--json", str(summary)], 2)
+    assert result.returncode == 0, result.output[-5000:]
+    (run,) = json.loads(summary.read_text())
+    assert run["method"] == method and run["compression_ratio"] > 3, run
+    assert run["test_accuracy"] > 0.9, run
+
+
 def test_train_with_job_file_under_gloo(tmp_path) -> None:
     job = tmp_path / "job.yaml"
     job.write_text("workload: digits\nepochs: 2\nbatch_size: 16\nlr: 0.05\nseed: 3\n"

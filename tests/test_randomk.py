@@ -29,7 +29,7 @@ def test_one_position_per_stratum_scaled_by_its_length(path: str, n: int, k: int
     x = torch.arange(n, dtype=torch.float32) + 1
     ctx = Context.local(x)
     k = math.ceil(k / n * n)  # what the method computes from the ratio (1001 / 100003 * 100003 rounds up)
-    payload, (_, _, indices) = RandomK(k / n).compress(x, {}, ctx)
+    payload, (_, _, indices) = RandomK(k / n, unbiased=True).compress(x, {}, ctx)
     start, length = strata(n, k, x.device)
     assert indices.numel() == k and torch.all(indices >= start) and torch.all(indices < start + length)
     assert torch.equal(payload[0], x[indices] * length)
@@ -49,7 +49,7 @@ def test_positions_depend_on_the_shared_seed_and_step_only(path: str) -> None:
 def test_unbiased(path: str) -> None:
     """E[Q(g)] = g: over R draws the mean is within the variance-derived tolerance."""
     x = torch.randn(2000, generator=torch.Generator().manual_seed(0))
-    compressor = RandomK(0.05)
+    compressor = RandomK(0.05, unbiased=True)
     ctx = Context.local(x)
     draws = 3000
     mean = torch.zeros(2000, dtype=torch.float64)
@@ -63,10 +63,11 @@ def test_unbiased(path: str) -> None:
     assert abs(z.pow(2).mean().item() - 1) < 0.15, f"mean z^2 {z.pow(2).mean():.3f}: spread not as derived"
 
 
-def test_biased_variant_gets_error_feedback_and_keeps_the_invariant(path: str) -> None:
-    chosen = CompressionConfig.parse({"method": "randomk", "options": {"unbiased": False}}).choose("w", (10**4,), 2)
+def test_default_variant_gets_error_feedback_and_keeps_the_invariant(path: str) -> None:
+    chosen = CompressionConfig.parse("randomk").choose("w", (10**4,), 2)
     assert isinstance(chosen.compressor, ErrorFeedback) and chosen.reduction.name == "allreduce"
-    assert not isinstance(CompressionConfig.parse("randomk").choose("w", (10**4,), 2).compressor, ErrorFeedback)
+    unbiased = CompressionConfig.parse({"method": "randomk", "options": {"unbiased": True}}).choose("w", (10**4,), 2)
+    assert isinstance(unbiased.compressor, RandomK), "the unbiased variant takes no error feedback"
     compressor = chosen.compressor
     x = torch.randn(100, 40)
     ctx = Context.local(x)
