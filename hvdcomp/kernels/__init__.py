@@ -1,15 +1,17 @@
 """Fused CPU kernels (``ternary.cpp`` for TernGrad, ``randomk.cpp`` for random-k, bound in ``module.cpp``),
 compiled once into one extension with PyTorch's C++ extension builder and cached.
 
-The build lands in the Python environment (``<sys.prefix>/hvdcomp-kernels``; PyTorch's extension cache where
-that is not writable) and is rebuilt only when the source or the compiler flags change: once per virtual
-environment, and ``launch/setup.sh`` does it ahead of time (``python -m hvdcomp.kernels --build``). A shared
-cache would make every checkout rebuild the others' copy, as the build command names the environment. Where no
-compiler is available the methods fall back to their pure-PyTorch path, with one warning saying why.
+The build lands in the Python environment (``<sys.prefix>/hvdcomp-kernels/<hash of the sources>``; PyTorch's
+extension cache where that is not writable) and is rebuilt only when the source or the compiler flags change: once
+per virtual environment and version of the sources, and ``launch/setup.sh`` does it ahead of time (``python -m
+hvdcomp.kernels --build``). A shared cache would make every checkout rebuild the others' copy, as the build command
+names the environment. Where no compiler is available the methods fall back to their pure-PyTorch path, with one
+warning saying why.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import pathlib
@@ -17,6 +19,7 @@ import sys
 from types import ModuleType
 
 _SOURCES = sorted(pathlib.Path(__file__).parent.glob("*.cpp"))
+_HEADERS = sorted(pathlib.Path(__file__).parent.glob("*.h"))
 _state: dict[str, ModuleType | Exception] = {}
 log = logging.getLogger(__name__)
 
@@ -25,9 +28,12 @@ def build() -> ModuleType:
     """Compiles (or loads from the cache) the extension; raises if the build fails."""
     from torch.utils.cpp_extension import load
 
-    directory = pathlib.Path(sys.prefix) / "hvdcomp-kernels"
+    # One folder per version of the sources: two checkouts sharing an environment (a benchmark of a base
+    # commit against the working tree) would otherwise rebuild each other's copy on every switch.
+    digest = hashlib.sha256(b"".join(path.read_bytes() for path in _SOURCES + _HEADERS)).hexdigest()[:12]
+    directory = pathlib.Path(sys.prefix) / "hvdcomp-kernels" / digest
     try:
-        directory.mkdir(exist_ok=True)
+        directory.mkdir(parents=True, exist_ok=True)
         build_directory = str(directory) if os.access(directory, os.W_OK) else None
     except OSError:
         build_directory = None  # a read-only environment: PyTorch's own cache
