@@ -61,10 +61,13 @@ class Allreduce:
 
 @dataclass(frozen=True)
 class Allgather:
-    """Every rank's ``payload``; ``fixed_size=False`` when part sizes differ per rank (sizes travel too)."""
+    """Every rank's ``payload``: of this rank's layout on every rank (``fixed_size``), of per-rank sizes that
+    travel too (``fixed_size=False``), or of layouts every rank knows beforehand (``layouts``, one per rank:
+    two-phase's owners, whose chunks differ by an element)."""
 
     payload: Payload
     fixed_size: bool = True
+    layouts: Sequence[wire.Layout] | None = None
 
 
 @dataclass(frozen=True)
@@ -155,6 +158,16 @@ def start(request: Request, name: str, process_set: hvd.ProcessSet = hvd.global_
     if isinstance(request, Allgather):
         layout = wire.layout_of(request.payload)
         buffer = wire.pack(request.payload)
+        if request.layouts is not None:
+            if len(request.layouts) != size or wire.nbytes(request.layouts[rank]) != buffer.numel():
+                raise ValueError(f"Allgather: layouts must be one per rank, this rank's matching its payload; got "
+                                 f"{len(request.layouts)} for {size} ranks")
+            known = request.layouts
+            handle = hvd.allgather_async(buffer, name=name, process_set=process_set)
+            return Pending([handle], lambda outputs: [
+                wire.unpack(segment, rank_layout) for segment, rank_layout in
+                zip(outputs[0].split([wire.nbytes(rank_layout) for rank_layout in known]), known, strict=True)],
+                buffer.numel())
         if request.fixed_size:
             handle = hvd.allgather_async(buffer, name=name, process_set=process_set)
             return Pending([handle], lambda outputs: [wire.unpack(segment, layout)

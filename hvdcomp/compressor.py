@@ -106,6 +106,11 @@ class Compressor(ABC):
     own_memory: ClassVar[bool] = False
     #: The registered reduction this method owns (hvdcomp.reductions), or None for the default ones.
     reduction: ClassVar[str | None] = None
+    #: Every entry of the input reaches the sum, so a NaN/Inf shows in the result (none, fp16); otherwise the
+    #: optimizer also checks the input, which an encoding could hide it in (TernGrad's draw, a sparsifier).
+    keeps_nonfinite: ClassVar[bool] = False
+    #: compress() depends on the tensor alone: no state, seeds or step (what Horovod's own hook can carry).
+    stateless: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -174,6 +179,8 @@ class NoneCompressor(Compressor):
 
     name = "none"
     summable = True
+    keeps_nonfinite = True
+    stateless = True
 
     def compress(self, tensor: torch.Tensor, state: State, ctx: Context,
                  agreed: torch.Tensor | None = None) -> tuple[Payload, Any]:
@@ -218,10 +225,11 @@ class HorovodCompression:
     """
 
     def __init__(self, compressor: Compressor) -> None:
-        if not compressor.summable or compressor.reduction is not None:
+        if not (compressor.summable and compressor.stateless) or compressor.reduction is not None:
             raise ValueError(
-                f"{compressor!r} is not summable: Horovod's compression hook allreduces the compressed tensor, "
-                "so only summable compressors (none, fp16) fit; use hvdcomp.DistributedOptimizer instead")
+                f"{compressor!r} does not fit Horovod's compression hook: it allreduces the compressed tensor and "
+                "keeps no state, seeds or steps, so only stateless summable compressors (none, fp16) fit; use "
+                "hvdcomp.DistributedOptimizer instead")
         self.compressor = compressor
 
     def compress(self, tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:

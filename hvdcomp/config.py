@@ -102,7 +102,9 @@ def _rule(where: str, entry: Mapping[str, Any], match: str, defaults: Mapping[st
         options = {}  # another method's options do not carry over
     compressor = make_compressor(merged.get("method", "none"), options, merged.get("error_feedback"))
     rule = _Rule(match, compressor, collective, _mapping(where, "collective_options", merged.get("collective_options")))
-    if collective != "auto":  # a fixed choice is checked now, not at the first parameter it meets
+    # checked now, not at the first parameter it meets
+    reductions.check_options(compressor, rule.collective_options, collective)
+    if collective != "auto":
         reductions.make(reductions.choose(compressor, collective, 2), compressor, rule.collective_options)
     return rule
 

@@ -49,11 +49,16 @@ class ErrorFeedback(Compressor):
     def reduction(self) -> str | None:  # type: ignore[override]
         return self.inner.reduction
 
+    @property
+    def keeps_nonfinite(self) -> bool:  # type: ignore[override]
+        return self.inner.keeps_nonfinite
+
     def compresses(self, shape: torch.Size) -> bool:
         return self.inner.compresses(shape)
 
     def init_state(self, tensor: torch.Tensor, ctx: Context) -> State:
-        return {"residual": torch.zeros_like(tensor, dtype=torch.float32),
+        # contiguous whatever the parameter's memory format (channels-last): compressors view it flat
+        return {"residual": torch.zeros(tensor.shape, dtype=torch.float32, device=tensor.device),
                 "inner": self.inner.init_state(tensor, ctx)}
 
     def agree(self, tensor: torch.Tensor, state: State, ctx: Context) -> Agree | None:

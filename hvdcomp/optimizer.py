@@ -26,9 +26,11 @@ values or the step counter; the vote's plan fingerprint (its max and min across 
 whether all ranks hold the same plan, and if not, the full plans are compared and the first difference is
 raised on every rank.
 
-Every collective has a deterministic name derived from the parameter name and the request's index (Horovod
-matches collectives by name, so the order a rank starts or waits for them in is free), and everything that
-must line up across ranks (the plan, the vote's layout, later votes) is in sorted-name order.
+Every collective has a deterministic name derived from the parameter name and the request's index, under a prefix
+per kind (``hvdcomp.c.``, ``hvdcomp.dense.``, ``hvdcomp.vote``, ``hvdcomp.plan``) so that no parameter's name can
+collide with another kind's (Horovod matches collectives by name, so the order a rank starts or waits for them in is
+free), and everything that must line up across ranks (the plan, the vote's layout, later votes) is in sorted-name
+order.
 """
 
 from __future__ import annotations
@@ -69,8 +71,10 @@ class _Slot:
         self.fixed_text = json.dumps(self.fixed)  # rendered once: only the method's part changes
 
     def plan(self) -> list[Any]:
-        """What must be the same on every rank for this parameter, now."""
-        return [*self.fixed, "" if self.choice.compressor is None else self.choice.compressor.plan(self.state)]
+        """What must be the same on every rank for this parameter, now: the step counter too (a method may
+        change phase at a step, PowerSGD's warm-up)."""
+        changing = "" if self.choice.reduction is None else self.choice.reduction.plan(self.state)
+        return [*self.fixed, f"{changing} step {self.step}".strip()]
 
 
 @dataclass
@@ -200,9 +204,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._work[index] = _Dense(handle, wire)
             self._bytes_sent += wire.numel() * wire.element_size()
             return
-        if slot.choice.compressor.summable:  # NaN/Inf survive a sum: the check of the result catches them
+        if slot.choice.compressor.keeps_nonfinite:  # NaN/Inf reach the sum: the check of the result catches them
             flag = grad.new_zeros(1, dtype=torch.float32)
-        else:  # an encoding can hide them (TernGrad's draw): check the input, and name this rank
+        else:  # an encoding can hide them (TernGrad's draw, sparsifiers): check the input, and name this rank
             flag = nonfinite(grad).to(torch.float32).mul_(self.process_set.rank() + 1).reshape(1)
         plan = slot.plan()  # as the step starts: the reduction may change it for the next step
         ctx = replace(slot.ctx, step=slot.step)
@@ -224,18 +228,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         except StopIteration as done:
             work.result = done.value
             return
-        name = f"hvdcomp.{work.slot.name}.{work.requests}"
+        name = f"hvdcomp.c.{work.slot.name}.{work.requests}"  # c.: apart from dense., vote., plan.
         work.requests += 1
         if isinstance(request, Agree):
             work.agree = request
         else:
             work.pending = start(request, name, self.process_set)
             self._bytes_sent += work.pending.nbytes
-
-    def _drive(self, work: _Compressed) -> None:
-        """Runs a reduction until it finishes or waits for a vote."""
-        while work.pending is not None:
-            self._advance(work, work.pending.wait())
 
     def _compressed_work(self) -> Iterator[_Compressed]:
         """Compressed parameters in name order: the order of every vote's layout on every rank."""
@@ -275,15 +274,20 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._vote is not None:
             self._finish_vote()
         divisor = self.process_set.size() if self.op == hvd.Average else 1
-        # In submission order (the order backward made the gradients ready): the first payloads sent are the
-        # first decoded, while later ones are still on the wire. Horovod matches collectives by name, so
-        # this order need not be the same on every rank. Agreements asked for on the way are fused into
-        # further votes, in name order.
+        # In passes over the reductions in submission order (the order backward made the gradients ready): the
+        # first payloads sent are the first decoded while later ones are still on the wire. Each pass waits for
+        # one collective per reduction and starts that reduction's next, so every rank has started the k-th
+        # collective of every reduction before any rank waits for a (k+1)-th: the submission order, which
+        # differs between ranks (a parameter with no gradient is submitted here, last), cannot make two ranks
+        # wait for collectives the other has not started. Horovod matches collectives by name, not order.
+        # Agreements asked for on the way are fused into further votes, in name order.
+        compressed = [w for w in self._work.values() if isinstance(w, _Compressed)]
         rounds = 0
         while True:
-            for work in self._work.values():
-                if isinstance(work, _Compressed):
-                    self._drive(work)
+            while any(w.pending is not None for w in compressed):
+                for work in compressed:
+                    if work.pending is not None:
+                        self._advance(work, work.pending.wait())
             waiting = [w for w in self._compressed_work() if w.agree is not None]
             if not waiting:
                 break

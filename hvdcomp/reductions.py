@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
 
+from hvdcomp import wire
 from hvdcomp.collectives import Agree, Allgather, Allreduce, Alltoall, Reduction
 from hvdcomp.compressor import Compressor, Context, Payload, State
 from hvdcomp.error_feedback import ErrorFeedback
@@ -78,6 +79,8 @@ class ReductionMethod(ABC):
         super().__init_subclass__(**kwargs)
         name = cls.__dict__.get("name")
         if isinstance(name, str):
+            if name in REDUCTIONS and REDUCTIONS[name].__qualname__ != cls.__qualname__:
+                raise ValueError(f"reduction {name!r} is defined twice: {REDUCTIONS[name]} and {cls}")
             REDUCTIONS[name] = cls
 
     def __init__(self, compressor: Compressor) -> None:
@@ -93,6 +96,10 @@ class ReductionMethod(ABC):
 
     def init_state(self, tensor: torch.Tensor, ctx: Context) -> State:
         return self.compressor.init_state(tensor, ctx)
+
+    def plan(self, state: State) -> str:
+        """The changing part of the plan (:meth:`Compressor.plan`) of the state this reduction made."""
+        return self.compressor.plan(state)
 
     @abstractmethod
     def reduce(self, tensor: torch.Tensor, state: State, ctx: Context) -> Reduction:
@@ -207,6 +214,9 @@ class TwoPhaseReduction(ReductionMethod):
     def _chunks(tensor: torch.Tensor, parts: int) -> tuple[torch.Tensor, ...]:
         return tensor.reshape(-1).split(chunk_sizes(tensor.numel(), parts))
 
+    def plan(self, state: State) -> str:
+        return ";".join(self.compressor.plan(chunk) for chunk in state["chunks"])
+
     def init_state(self, tensor: torch.Tensor, ctx: Context) -> State:
         chunks = self._chunks(tensor, ctx.size)
         return {"chunks": [self.compressor.init_state(chunk, ctx.derive("chunk", j)) for j, chunk in enumerate(chunks)],
@@ -230,7 +240,8 @@ class TwoPhaseReduction(ReductionMethod):
         own_meta = compressed[ctx.rank][1]
         own_sum = self.compressor.aggregate(received, own_meta)
         own_payload, _ = self._owner.compress(own_sum, state["owner"], ctx.derive("owner"))
-        sums = yield Allgather(own_payload)
+        # Owner j's payload has the layout of this rank's chunk j: chunks differ by an element, so sizes may too.
+        sums = yield Allgather(own_payload, layouts=[wire.layout_of(payload) for payload, _ in compressed])
         decoded = [self.compressor.decompress(payload, meta).reshape(-1)
                    for payload, (_, meta) in zip(sums, compressed, strict=True)]
         return torch.cat(decoded).view(tensor.shape)
@@ -268,12 +279,22 @@ def selectable() -> tuple[str, ...]:
     return ("auto", *sorted(name for name, cls in REDUCTIONS.items() if cls.selectable))
 
 
-def make(name: str, compressor: Compressor, options: Mapping[str, Any] | None = None) -> ReductionMethod:
-    """The reduction ``name`` for ``compressor``, its options checked against its signature."""
-    cls = REDUCTIONS[name]
-    options = dict(options or {})
-    valid = [p for p in inspect.signature(cls).parameters if p != "compressor"]
+def _options(name: str) -> list[str]:
+    return [p for p in inspect.signature(REDUCTIONS[name]).parameters if p != "compressor"]
+
+
+def check_options(traits: Traits, options: Mapping[str, Any], requested: str = "auto") -> None:
+    """Raises if an option is taken by none of the reductions ``requested`` may resolve to (``auto``: any the
+    method may use, whichever the rank count picks)."""
+    names = allowed(traits) if requested == "auto" else (choose(traits, requested, 2),)
+    valid = sorted({key for name in names for key in _options(name)})
     for key in options:
         if key not in valid:
-            raise ValueError(f"unknown option {key!r} for the {name} collective; valid: {', '.join(valid) or '(none)'}")
-    return cls(compressor, **options)
+            raise ValueError(f"unknown option {key!r} for the {'/'.join(names)} collective; valid: "
+                             f"{', '.join(valid) or '(none)'}")
+
+
+def make(name: str, compressor: Compressor, options: Mapping[str, Any] | None = None) -> ReductionMethod:
+    """The reduction ``name`` for ``compressor``, with the options (checked by :func:`check_options`) it takes."""
+    taken = _options(name)
+    return REDUCTIONS[name](compressor, **{key: value for key, value in (options or {}).items() if key in taken})

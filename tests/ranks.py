@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import io
+import math
 import os
 import sys
 import warnings
@@ -31,13 +32,13 @@ def context(name: str, step: int = 0) -> Context:
                    hvdcomp.compressor.derive_seed(name, "shared"), step)
 
 
-def reference_sum(compressor: Compressor, reduction: str, tensor: torch.Tensor, state: State, ctx: Context,
+def reference_sum(compressor: Compressor, tensor: torch.Tensor, state: State, ctx: Context,
                   name: str) -> tuple[torch.Tensor, list[Payload]]:
     """The sum over ranks computed the slow way: compress again from a copy of the state (same seeds),
     gather every rank's payload as Python objects, decode each and add them up in rank order. Also returns
     the payloads, so that a test can see what really travelled."""
     agreed = None
-    request = compressor.agree(tensor, state, ctx) if reduction != "two_phase" else None
+    request = compressor.agree(tensor, state, ctx)
     if request is not None:
         agreed = hvd.allreduce(request.values, op=hvd.Max, name=f"{name}.ref.shared")
     payload, meta = compressor.compress(tensor, state, ctx, agreed)
@@ -75,8 +76,7 @@ def scenario_collectives() -> None:
         state = reduction.init_state(tensor, context(label))
         for step in range(3):
             ctx = context(label, step)
-            expected, payloads = reference_sum(compressor, reduction_name, tensor, copy.deepcopy(state), ctx,
-                                               f"{label}.{step}")
+            expected, payloads = reference_sum(compressor, tensor, copy.deepcopy(state), ctx, f"{label}.{step}")
             result = run_alone(reduction.reduce(tensor, state, ctx), f"{label}.{step}")
             assert result.shape == tensor.shape, (label, result.shape)
             # Allreduce adds in MPI's or Gloo's order, not rank order: a few ulps of the largest value summed
@@ -89,10 +89,12 @@ def scenario_collectives() -> None:
                 assert sizes == [min(100, (r + 1) * 20) for r in range(size)], sizes
     # Two-phase, exactly checkable: with clipping and scaler sharing off, a tensor of constant magnitude
     # ternarizes exactly; rank r sends (r+1) * v, each owner's sum N(N+1)/2 * v re-compresses exactly.
+    # 32 N + 1 elements: chunks of 33 and 32 elements pack to 16 and 8 bytes plus the scaler, padded to 24 and
+    # 16: owners' payloads differ in size. (17, 59) and 1003: owners' sizes all alike.
     signs = torch.randint(0, 2, (1003,), generator=torch.Generator().manual_seed(7)).float() * 2 - 1
     compressor = hvdcomp.TernGrad(clip=None, scaler_sharing=False)
-    for shape in [(1003,), (17, 59)]:
-        v = signs[:17 * 59].reshape(shape) if shape != (1003,) else signs
+    for shape in [(1003,), (17, 59), (32 * size + 1,)]:
+        v = signs[:math.prod(shape)].reshape(shape)
         for owner_error_feedback in (True, False):
             reduction = reductions.make("two_phase", compressor, {"owner_error_feedback": owner_error_feedback})
             ctx = context(f"two_phase.{shape}")
@@ -101,7 +103,8 @@ def scenario_collectives() -> None:
             name = f"two_phase.{shape}.{owner_error_feedback}"
             result = run_alone(reduction.reduce((rank + 1) * v, state, ctx), name)
             assert torch.equal(result, size * (size + 1) / 2 * v), "two-phase result differs from the exact sum"
-    # Two-phase with random gradients: sums are unbiased, so averaging over steps converges to the true sum.
+    # Two-phase with random gradients: TernGrad is unbiased for the clipped gradient, and these Gaussian ones
+    # hardly clip at 2.5 sigma, so averaging over steps comes close to the true sum.
     tensor = torch.randn(2000, generator=torch.Generator().manual_seed(rank))
     truth = hvd.allreduce(tensor, op=hvd.Sum, name="two_phase.truth")
     reduction = reductions.make("two_phase", hvdcomp.TernGrad())
@@ -520,12 +523,18 @@ class Branchy(nn.Module):
 
 
 def scenario_nograd() -> None:
-    """Parameters that get no gradient on some ranks and steps neither deadlock nor desynchronize."""
-    for method in ("terngrad", "topk", "none"):
+    """Parameters that get no gradient on some ranks and steps neither deadlock nor desynchronize. Such a
+    parameter is submitted from synchronize(), so ranks start their reductions in different orders: methods
+    with several collectives per step (PowerSGD, two-phase) must still not wait on each other."""
+    configs = {"terngrad": "terngrad", "topk": "topk", "none": "none",
+               "powersgd": {"method": "powersgd", "options": {"start_iter": 0}},
+               "terngrad-two-phase": {"method": "terngrad", "collective": "two_phase"}}
+    for method, config in configs.items():
         model = Branchy()
+        config = {"method": config} if isinstance(config, str) else config
         optimizer = hvdcomp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
                                                  named_parameters=model.named_parameters(),
-                                                 compression={"method": method, "min_numel": 100})
+                                                 compression={**config, "min_numel": 100})
         for step, (x, y) in enumerate(batches(4, seed=hvd.rank())):
             optimizer.zero_grad()
             use_branch = (step + hvd.rank()) % 2 == 0

@@ -91,8 +91,8 @@ def test_no_host_sync_in_compression(method: str) -> None:
 @pytest.mark.parametrize("device", DEVICES)
 def test_reductions_on_one_rank(device: str) -> None:
     """Every default reduction and PowerSGD's, driven by run_alone through Horovod on one rank (NCCL for
-    CUDA tensors): the sum over one rank is the rank's own decoded gradient. On CUDA, what runs in the backward
-    hook (the reduction up to its first request, started) must not synchronize with the device."""
+    CUDA tensors): a result of the gradient's shape, on its device, finite. On CUDA, what runs in backward hooks
+    (the reduction up to its first collective, started) must not synchronize with the device."""
     script = f"""
 import torch, horovod.torch as hvd
 from hvdcomp import reductions, make_compressor, Context
@@ -106,18 +106,20 @@ for method, reduction_name in [*cases.items(), ("terngrad", "two_phase")]:
     grad = torch.randn(96, 64, generator=torch.Generator().manual_seed(1)).to("{device}")
     ctx = Context("w", 0, 1, grad.device, 5, 7)
     state = reduction.init_state(grad, ctx)
-    if grad.is_cuda:  # what runs in the backward hook: the reduction up to its first request, started
-        generator = reduction.reduce(grad, state, ctx)
+    # What runs in backward hooks: the reduction up to its first collective, started (on CUDA: no syncs).
+    generator = reduction.reduce(grad, state, ctx)
+    if grad.is_cuda:
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
-        try:
-            request = next(generator)
-            if not isinstance(request, Agree):
-                pending = start(request, method + reduction_name + ".hook")
-        finally:
+    try:
+        request = next(generator)
+        while isinstance(request, Agree):  # one rank: the agreed values are its own (the vote's wait is apart)
+            request = generator.send(request.values)
+        pending = start(request, method + reduction_name + ".hook")
+    finally:
+        if grad.is_cuda:
             torch.cuda.set_sync_debug_mode("default")
-        if not isinstance(request, Agree):
-            pending.wait()
+    pending.wait()
     result = run_alone(reduction.reduce(grad, state, ctx), method + reduction_name)
     assert result.shape == grad.shape and result.device == grad.device, (method, result.shape, result.device)
     assert torch.isfinite(result).all(), method

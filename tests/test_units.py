@@ -15,6 +15,7 @@ from hvdcomp import (
     FP16Compressor,
     HorovodCompression,
     NoneCompressor,
+    RandomK,
     TernGrad,
     TopK,
     make_compressor,
@@ -136,13 +137,15 @@ def test_fp16(dtype: torch.dtype) -> None:
     torch.testing.assert_close(out.float(), x.float(), rtol=1e-2, atol=1e-3)
 
 
-def test_horovod_adapter_accepts_only_summable() -> None:
+def test_horovod_adapter_accepts_only_stateless_summable() -> None:
     adapter = HorovodCompression(FP16Compressor())
     tensor, ctx = adapter.compress(torch.ones(3, dtype=torch.float64))
     assert tensor.dtype == torch.float16
     assert adapter.decompress(tensor, ctx).dtype == torch.float64
-    with pytest.raises(ValueError, match="not summable"):
-        HorovodCompression(TernGrad())
+    # TernGrad is gathered; random-k needs the step (its positions would never change); error feedback a state
+    for compressor in (TernGrad(), RandomK(), ErrorFeedback(FP16Compressor())):
+        with pytest.raises(ValueError, match="does not fit Horovod's compression hook"):
+            HorovodCompression(compressor)
 
 
 def test_config_choices() -> None:
@@ -166,6 +169,20 @@ def test_config_choices() -> None:
     owner = CompressionConfig.parse({"method": "terngrad", "collective": "two_phase",
                                      "collective_options": {"owner_error_feedback": False}})
     assert owner.choose("x", (10**6,), 2).reduction.owner_error_feedback is False
+    # under auto, an option of two_phase is accepted at any rank count and given to two_phase only
+    auto = CompressionConfig.parse({"method": "terngrad", "collective_options": {"owner_error_feedback": False}})
+    assert auto.choose("x", (10**6,), 2).reduction.name == "allgather"
+    assert auto.choose("x", (10**6,), 8).reduction.owner_error_feedback is False
+
+
+@pytest.mark.parametrize("config", [{"method": "terngrad", "error_feedback": True, "collective": "two_phase"},
+                                    {"method": "randomk"}, {"method": "powersgd"}, "terngrad"])
+def test_every_reduction_states_its_plan(config) -> None:
+    """The optimizer asks the reduction for the plan: two-phase's state holds a state per chunk."""
+    chosen = CompressionConfig.parse(config).choose("w", (64, 32), 8)
+    x = torch.randn(64, 32)
+    ctx = Context("w", 3, 8, x.device, 1, 2)
+    assert isinstance(chosen.reduction.plan(chosen.reduction.init_state(x, ctx)), str)
 
 
 def test_memory_policy_is_the_same_for_names_configs_and_objects() -> None:
@@ -189,6 +206,8 @@ def test_memory_policy_is_the_same_for_names_configs_and_objects() -> None:
     ({"method": "topk", "collective": "two_phase"}, "two_phase needs fixed-size payloads"),
     ({"method": "terngrad", "collective": "two_phase", "collective_options": {"owner": 1}},
      "unknown option 'owner' for the two_phase collective; valid: owner_error_feedback"),
+    ({"method": "topk", "collective_options": {"owner_error_feedback": False}},
+     "unknown option 'owner_error_feedback' for the allgather collective; valid: \\(none\\)"),
     ({"method": "topk", "min_numel": -1}, "min_numel must be a non-negative integer"),
     ({"method": "topk", "dense": "fc.*"}, "dense must be a list"),
     ({"method": "topk", "nonfinite": "ignore"}, "unknown nonfinite policy 'ignore'; valid: raise, skip"),

@@ -19,6 +19,8 @@ class FP16Compressor(Compressor):
 
     name = "fp16"
     summable = True
+    keeps_nonfinite = True  # an overflow to inf, or a NaN, survives the cast and the sum
+    stateless = True
 
     def compress(self, tensor: torch.Tensor, state: State, ctx: Context,
                  agreed: torch.Tensor | None = None) -> tuple[Payload, Any]:

@@ -47,6 +47,8 @@ from hvdcomp.collectives import Allreduce, Reduction
 from hvdcomp.compressor import Compressor, Context, Payload, State, derive_seed
 from hvdcomp.reductions import Phase, ReductionMethod
 
+_generators: dict[torch.device, torch.Generator] = {}
+
 if TYPE_CHECKING:
     from hvdcomp.perfmodel.schema import Encoded
 
@@ -117,15 +119,19 @@ class PowerSGD(Compressor):
         n, m = self._dims(shape)
         return (n + m) * self._rank(shape) * self.min_compression_rate < n * m
 
-    def _q(self, shape: torch.Size, ctx: Context, seed: int) -> torch.Tensor:
-        generator = torch.Generator().manual_seed(seed)  # on the CPU, then moved: the same Q on every device
-        q = torch.randn(self._dims(shape)[1], self._rank(shape), generator=generator)
-        return q.to(ctx.device)
+    def _q(self, shape: torch.Size, device: torch.device, seed: int) -> torch.Tensor:
+        """A Gaussian m x r matrix from ``seed``, drawn on ``device`` (no host copy inside backward)."""
+        generator = _generators.get(device)
+        if generator is None:
+            generator = _generators[device] = torch.Generator(device=device)
+        return torch.randn(self._dims(shape)[1], self._rank(shape), generator=generator.manual_seed(seed),
+                           device=device)
 
     def init_state(self, tensor: torch.Tensor, ctx: Context) -> State:
-        state: State = {"q": self._q(tensor.shape, ctx, ctx.shared_seed)}
-        if self.error_feedback:
-            state["residual"] = torch.zeros_like(tensor, dtype=torch.float32)
+        # drawn on the CPU (construction, not backward), so that every device starts from the same Q
+        state: State = {"q": self._q(tensor.shape, torch.device("cpu"), ctx.shared_seed).to(ctx.device)}
+        if self.error_feedback:  # contiguous whatever the parameter's memory format: it is viewed as n x m
+            state["residual"] = torch.zeros(tensor.shape, dtype=torch.float32, device=tensor.device)
         return state
 
     def matrix(self, tensor: torch.Tensor, state: State) -> torch.Tensor:
@@ -136,13 +142,15 @@ class PowerSGD(Compressor):
 
     def start_q(self, tensor: torch.Tensor, state: State, ctx: Context) -> torch.Tensor:
         """This step's starting Q, orthonormalized: last step's (warm start), or a new draw."""
-        q = state["q"] if self.warm_start else self._q(tensor.shape, ctx, derive_seed(ctx.shared_seed, ctx.step))
+        q = state["q"] if self.warm_start else self._q(tensor.shape, ctx.device, derive_seed(ctx.shared_seed, ctx.step))
         return orthogonalize(q, self.orthogonalization_epsilon)
 
-    def remember(self, matrix: torch.Tensor, approximation: torch.Tensor, q: torch.Tensor, state: State) -> None:
-        """E <- M - M_hat (M is the residual's buffer), and Q kept for the next step's warm start."""
+    def remember(self, matrix: torch.Tensor, approximation: torch.Tensor, q: torch.Tensor, state: State,
+                 ranks: int = 1) -> None:
+        """E <- M - M_hat (M is the residual's buffer; ``approximation`` is M_hat summed over ``ranks``), and Q
+        kept for the next step's warm start."""
         if self.error_feedback:
-            matrix.sub_(approximation)
+            matrix.sub_(approximation, alpha=1 / ranks)
         state["q"] = q
 
     def compress(self, tensor: torch.Tensor, state: State, ctx: Context,
@@ -180,10 +188,9 @@ class PowerSGDReduction(ReductionMethod):
         (p,) = yield Allreduce([p])  # summed: P is orthonormalized next, so its scale does not matter
         orthogonalize(p, method.orthogonalization_epsilon)
         (q,) = yield Allreduce([matrix.t() @ p])
-        q.div_(ctx.size)  # the average, kept for the warm start as PyTorch's hook keeps it
-        approximation = p @ q.t()
-        method.remember(matrix, approximation, q, state)
-        return approximation.mul_(ctx.size).view(tensor.shape)
+        total = p @ q.t()  # the sum over ranks of the approximations, what a reduction returns
+        method.remember(matrix, total, q.div_(ctx.size), state, ctx.size)  # Q averaged, as PyTorch's hook keeps it
+        return total.view(tensor.shape)
 
     # Costs for the performance model: the compressor's measured encode (M Q, orthogonalizations, M^T P) is
     # split evenly around the first allreduce; P and Q travel in their own allreduces (fused across layers).

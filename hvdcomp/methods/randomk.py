@@ -39,11 +39,17 @@ def strata(n: int, k: int, device: torch.device) -> tuple[torch.Tensor, torch.Te
     return bounds[:-1], bounds[1:] - bounds[:-1]
 
 
+def backend(device: torch.device) -> str:
+    """Which path draws the positions on ``device``: the two draw different positions from one seed, so it is
+    part of the plan every rank must share (a rank whose kernels failed to build would send other entries)."""
+    return "kernel" if device.type == "cpu" and cpu_kernels() is not None else "torch"
+
+
 def select(x: torch.Tensor, k: int, seed: int, scale: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(values, int64 positions) of one stratified draw of k entries of the 1-D ``x``; values times the
+    """(values, int64 positions) of one stratified draw of k entries of the 1-D float32 ``x``; values times the
     stratum's length if ``scale``."""
-    kernels = cpu_kernels() if x.device.type == "cpu" and x.dtype == torch.float32 else None
-    if kernels is not None:
+    if backend(x.device) == "kernel":
+        kernels = cpu_kernels()
         values, indices = kernels.randomk_select(x.contiguous(), k, seed, scale)  # seeds are 63-bit
         return values, indices
     start, length = strata(x.numel(), k, x.device)
@@ -75,6 +81,12 @@ class RandomK(Compressor):
             raise ValueError(f"randomk: unbiased must be true or false; got {unbiased!r}")
         self.ratio = float(ratio)
         self.unbiased = unbiased  # type: ignore[misc] # per instance: the memory policy reads it
+
+    def init_state(self, tensor: torch.Tensor, ctx: Context) -> State:
+        return {"positions": backend(tensor.device)}
+
+    def plan(self, state: State) -> str:
+        return f"positions by {state['positions']}"
 
     def compress(self, tensor: torch.Tensor, state: State, ctx: Context,
                  agreed: torch.Tensor | None = None) -> tuple[Payload, Any]:
