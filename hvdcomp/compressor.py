@@ -57,6 +57,16 @@ State = dict[str, Any]
 METHODS: dict[str, type[Compressor]] = {}
 
 
+def register(registry: dict[str, Any], cls: type, kind: str) -> None:
+    """Registers ``cls`` under the ``name`` it defines itself (not one it inherits); a second class of the same
+    name is an error, naming both."""
+    name = cls.__dict__.get("name")
+    if isinstance(name, str):
+        if name in registry and registry[name].__qualname__ != cls.__qualname__:
+            raise ValueError(f"{kind} {name!r} is defined twice: {registry[name]} and {cls}")
+        registry[name] = cls
+
+
 def derive_seed(*parts: object) -> int:
     """A 63-bit seed from ``parts``, the same in every process (unlike ``hash``)."""
     digest = hashlib.blake2b("/".join(map(str, parts)).encode(), digest_size=8).digest()
@@ -114,11 +124,7 @@ class Compressor(ABC):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        name = cls.__dict__.get("name")
-        if isinstance(name, str):
-            if name in METHODS and METHODS[name].__qualname__ != cls.__qualname__:
-                raise ValueError(f"compression method {name!r} is defined twice: {METHODS[name]} and {cls}")
-            METHODS[name] = cls
+        register(METHODS, cls, "compression method")
 
     def compresses(self, shape: torch.Size) -> bool:
         """Whether this method compresses a tensor of ``shape``; other tensors go Horovod's dense way."""

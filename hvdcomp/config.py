@@ -102,8 +102,10 @@ def _rule(where: str, entry: Mapping[str, Any], match: str, defaults: Mapping[st
         options = {}  # another method's options do not carry over
     compressor = make_compressor(merged.get("method", "none"), options, merged.get("error_feedback"))
     rule = _Rule(match, compressor, collective, _mapping(where, "collective_options", merged.get("collective_options")))
-    # checked now, not at the first parameter it meets
-    reductions.check_options(compressor, rule.collective_options, collective)
+    # checked now, not at the first parameter it meets; options inherited from the defaults were checked there
+    # (against the default method), and each reduction is given only those it takes
+    if "collective_options" in entry:
+        reductions.check_options(compressor, rule.collective_options, collective)
     if collective != "auto":
         reductions.make(reductions.choose(compressor, collective, 2), compressor, rule.collective_options)
     return rule

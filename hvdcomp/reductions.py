@@ -34,7 +34,7 @@ import torch
 
 from hvdcomp import wire
 from hvdcomp.collectives import Agree, Allgather, Allreduce, Alltoall, Reduction
-from hvdcomp.compressor import Compressor, Context, Payload, State
+from hvdcomp.compressor import Compressor, Context, Payload, State, register
 from hvdcomp.error_feedback import ErrorFeedback
 
 if TYPE_CHECKING:
@@ -77,11 +77,7 @@ class ReductionMethod(ABC):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        name = cls.__dict__.get("name")
-        if isinstance(name, str):
-            if name in REDUCTIONS and REDUCTIONS[name].__qualname__ != cls.__qualname__:
-                raise ValueError(f"reduction {name!r} is defined twice: {REDUCTIONS[name]} and {cls}")
-            REDUCTIONS[name] = cls
+        register(REDUCTIONS, cls, "reduction")
 
     def __init__(self, compressor: Compressor) -> None:
         reason = self.rejects(compressor)

@@ -173,6 +173,12 @@ def test_config_choices() -> None:
     auto = CompressionConfig.parse({"method": "terngrad", "collective_options": {"owner_error_feedback": False}})
     assert auto.choose("x", (10**6,), 2).reduction.name == "allgather"
     assert auto.choose("x", (10**6,), 8).reduction.owner_error_feedback is False
+    # an override of another method inherits them, taking what its own reduction takes (fp16: none)
+    mixed = CompressionConfig.parse({"method": "terngrad", "collective": "two_phase",
+                                     "collective_options": {"owner_error_feedback": False},
+                                     "overrides": [{"match": "*.bias", "method": "fp16"}]})
+    assert mixed.choose("b.bias", (10**6,), 2).reduction.name == "allreduce"
+    assert mixed.choose("w", (10**6,), 2).reduction.owner_error_feedback is False
 
 
 @pytest.mark.parametrize("config", [{"method": "terngrad", "error_feedback": True, "collective": "two_phase"},
