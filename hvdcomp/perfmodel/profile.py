@@ -167,6 +167,7 @@ def measure_compressor(method: str, named: list[tuple[str, torch.Tensor]], repea
         inner = compressor.unwrapped()
         ctx = Context.local(grad)
         summary = {"summable": inner.summable, "fixed_size": inner.fixed_size,
+                   "checks_input": not compressor.keeps_nonfinite,
                    "shared_before_encode": compressor.agree(grad, compressor.init_state(grad, ctx), ctx) is not None,
                    **({"reduction": inner.reduction} if inner.reduction else {}),
                    "options": {k: v for k, v in vars(inner).items() if not k.startswith("_")}}

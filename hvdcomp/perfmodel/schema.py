@@ -224,6 +224,12 @@ class CompressorProfile:
     shared_before_encode: bool  # encoding waits for the step's vote (TernGrad's scaler sharing)
     gradients: Mapping[str, Encoded]  # compressed gradients only; the others go dense
     reduction: str | None = None  # the method's own reduction (PowerSGD), if it has one
+    #: the optimizer checks the input for NaN/Inf too (not Compressor.keeps_nonfinite); None: not summable
+    checks_input: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.checks_input is None:  # profiles measured before the field: the rule of that time
+            object.__setattr__(self, "checks_input", not self.summable)
 
 
 @dataclass(frozen=True)
@@ -280,9 +286,11 @@ def parse_profile(data: Any, where: str) -> Profile:
             g.done()
         per_gradient.done()
         reduction = entry.string("reduction", default="") or None
+        checks_input = entry.boolean("checks_input") if "checks_input" in entry.data else None
         compressors[str(method)] = CompressorProfile(str(method), entry.boolean("summable"),
                                                      entry.boolean("fixed_size"),
-                                                     entry.boolean("shared_before_encode"), encoded, reduction)
+                                                     entry.boolean("shared_before_encode"), encoded, reduction,
+                                                     checks_input)
         entry.informational("options", "collective")
         entry.done()
     section.done()

@@ -219,7 +219,7 @@ def simulate(profile: Profile, cluster: Cluster, method: str, workers: int, plan
             ops[gradient.name] = thread.submit(Op(hook, dense_plan, gradient.bytes, "dense"))
             sent += gradient.bytes
         else:
-            if not compressor.summable:  # the input's non-finite check: an encoding can hide a NaN
+            if compressor.checks_input:  # the input's non-finite check: an encoding can hide a NaN
                 delay += gradient.check_ms * ms
                 encode_total += gradient.check_ms * ms
             hook_work = (e.shared_ms if gated else reduction.hook_ms(e)) * ms
@@ -244,23 +244,34 @@ def simulate(profile: Profile, cluster: Cluster, method: str, workers: int, plan
     if vote is not None and not gated:
         now = max(now, thread.wait(vote))
     decode_total = 0.0
-    for gradient in profile.gradients:  # synchronize() waits in submission order: the order of readiness
-        now = max(now, thread.wait(ops[gradient.name]))
-        e = encoded.get(gradient.name)
-        if e is None:
-            continue
-        if plan == "parameter_server":  # the server sums every push and re-encodes the sum
-            decode = (e.aggregate_ms(workers) + e.encode_ms + e.decode_ms) * ms
-        else:
-            for phase in reduction.phases(e, workers)[1:]:  # later collectives, after the computation before them
-                now += phase.compute_ms * ms
-                decode_total += phase.compute_ms * ms
-                submit(gradient.name, now, phase)
-                now = max(now, thread.wait(ops[gradient.name]))
-            decode = reduction.decode_ms(e, workers) * ms
-        decode += e.finish_ms * ms  # the averaged sum written into the gradient
-        now += decode
-        decode_total += decode
+    # synchronize(): passes over the compressed gradients in submission order (the order of readiness), each
+    # waiting for one collective per reduction and starting its next (after the computation before it) or
+    # decoding; then the dense gradients, long done.
+    compressed = [g for g in profile.gradients if g.name in encoded]
+    plans = {g.name: [] if plan == "parameter_server" else reduction.phases(encoded[g.name], workers)[1:]
+             for g in compressed}
+    for index in range(1 + max((len(later) for later in plans.values()), default=0)):
+        for gradient in compressed:
+            later = plans[gradient.name]
+            if index > len(later):
+                continue
+            now = max(now, thread.wait(ops[gradient.name]))
+            e = encoded[gradient.name]
+            if index < len(later):  # the reduction's next collective
+                now += later[index].compute_ms * ms
+                decode_total += later[index].compute_ms * ms
+                submit(gradient.name, now, later[index])
+                continue
+            if plan == "parameter_server":  # the server sums every push and re-encodes the sum
+                decode = (e.aggregate_ms(workers) + e.encode_ms + e.decode_ms) * ms
+            else:
+                decode = reduction.decode_ms(e, workers) * ms
+            decode += e.finish_ms * ms  # the averaged sum written into the gradient
+            now += decode
+            decode_total += decode
+    for gradient in profile.gradients:
+        if gradient.name not in encoded:
+            now = max(now, thread.wait(ops[gradient.name]))
     checks = sum(g.check_ms for g in profile.gradients) * ms  # every reduced gradient, once all are in
     now += checks
     decode_total += checks
