@@ -92,7 +92,6 @@ class _Compressed:
     requests: int = 0  # requests yielded so far: they name the collectives
     pending: Pending | None = None  # a started collective
     agree: Agree | None = None  # waiting for the next vote
-    result: torch.Tensor | None = None
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -109,6 +108,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.op = op
         self.process_set = process_set
         self.backward_passes_per_step = backward_passes_per_step
+        self._divisor = process_set.size() if op == hvd.Average and process_set.included() else 1
         self._slots = self._plan(named_parameters)
         active = process_set.included() and process_set.size() > 1
         if not active:
@@ -225,8 +225,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         work.pending = work.agree = None
         try:
             request = next(work.reduction) if work.requests == 0 else work.reduction.send(result)
-        except StopIteration as done:
-            work.result = done.value
+        except StopIteration as done:  # the sum over ranks: averaged into p.grad now, not held till the end
+            grad = work.slot.param.grad
+            total = done.value.view_as(grad)
+            if self._divisor > 1:
+                torch.div(total, self._divisor, out=grad)
+            else:
+                grad.copy_(total)
             return
         name = f"hvdcomp.c.{work.slot.name}.{work.requests}"  # c.: apart from dense., vote., plan.
         work.requests += 1
@@ -273,7 +278,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 self._submit(index)
         if self._vote is not None:
             self._finish_vote()
-        divisor = self.process_set.size() if self.op == hvd.Average else 1
         # In passes over the reductions in submission order (the order backward made the gradients ready): the
         # first payloads sent are the first decoded while later ones are still on the wire. Each pass waits for
         # one collective per reduction and starts that reduction's next, so every rank has started the k-th
@@ -302,12 +306,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 hvd.synchronize(work.handle)
                 if work.wire is not grad:
                     grad.copy_(work.wire)
-            else:
-                total = work.result.view_as(grad)
-                if divisor > 1:
-                    torch.div(total, divisor, out=grad)
-                else:
-                    grad.copy_(total)
         results = [self._slots[index].param.grad for index in sorted(self._work)]
         input_flags = self._vote_result
         self._reset_step()
