@@ -158,20 +158,16 @@ def start(request: Request, name: str, process_set: hvd.ProcessSet = hvd.global_
     if isinstance(request, Allgather):
         layout = wire.layout_of(request.payload)
         buffer = wire.pack(request.payload)
-        if request.layouts is not None:
-            if len(request.layouts) != size or wire.nbytes(request.layouts[rank]) != buffer.numel():
+        known = request.layouts if request.layouts is not None else [layout] * size if request.fixed_size else None
+        if known is not None:  # every rank knows every rank's layout: one allgather, split by them
+            if len(known) != size or wire.nbytes(known[rank]) != buffer.numel():
                 raise ValueError(f"Allgather: layouts must be one per rank, this rank's matching its payload; got "
-                                 f"{len(request.layouts)} for {size} ranks")
-            known = request.layouts
+                                 f"{len(known)} for {size} ranks")
             handle = hvd.allgather_async(buffer, name=name, process_set=process_set)
             return Pending([handle], lambda outputs: [
                 wire.unpack(segment, rank_layout) for segment, rank_layout in
                 zip(outputs[0].split([wire.nbytes(rank_layout) for rank_layout in known]), known, strict=True)],
                 buffer.numel())
-        if request.fixed_size:
-            handle = hvd.allgather_async(buffer, name=name, process_set=process_set)
-            return Pending([handle], lambda outputs: [wire.unpack(segment, layout)
-                                                     for segment in outputs[0].view(size, -1)], buffer.numel())
         sizes = host_values([numel for _, numel in layout], buffer.device)
         handle = hvd.grouped_allgather_async([sizes.view(torch.uint8), buffer], name=name, process_set=process_set)
 

@@ -1,4 +1,5 @@
-"""Shared helpers: start real Horovod ranks with mpirun (MPI controller) or horovodrun --gloo (Gloo)."""
+"""Shared helpers: start real Horovod ranks with mpirun (MPI controller) or horovodrun --gloo (Gloo); run a test
+on a method's fused CPU kernels and on its pure-PyTorch path."""
 
 from __future__ import annotations
 
@@ -9,10 +10,29 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 CONTROLLERS = ("mpi", "gloo")
+
+
+def kernel_paths(method_module: ModuleType) -> Any:
+    """A ``path`` fixture that runs a test on ``method_module``'s fused CPU kernels and on its pure-PyTorch path
+    (the one CUDA tensors take), by hiding the kernels from that module."""
+
+    @pytest.fixture(params=["kernels", "torch"])
+    def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+        if request.param == "kernels":
+            assert method_module.cpu_kernels() is not None, "the fused CPU kernels did not build"
+        else:
+            monkeypatch.setattr(method_module, "cpu_kernels", lambda: None)
+        return request.param
+
+    return path
 
 
 @dataclass

@@ -7,21 +7,13 @@ from dataclasses import replace
 
 import pytest
 import torch
+from conftest import kernel_paths
 
 import hvdcomp.methods.randomk as randomk_module
 from hvdcomp import CompressionConfig, Context, ErrorFeedback, RandomK
-from hvdcomp.kernels import cpu_kernels
 from hvdcomp.methods.randomk import strata
 
-
-@pytest.fixture(params=["kernels", "torch"])
-def path(request, monkeypatch):
-    """Runs a test on the fused CPU kernel and on the pure-PyTorch path (used on CUDA)."""
-    if request.param == "kernels":
-        assert cpu_kernels() is not None, "the fused CPU kernels did not build"
-    else:
-        monkeypatch.setattr(randomk_module, "cpu_kernels", lambda: None)
-    return request.param
+path = kernel_paths(randomk_module)  # each test taking ``path`` runs on the kernels and on the torch path
 
 
 @pytest.mark.parametrize(("n", "k"), [(10, 3), (1000, 10), (7, 7), (1, 1), (100_003, 1001)])

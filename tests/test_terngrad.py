@@ -7,23 +7,14 @@ from dataclasses import replace
 
 import pytest
 import torch
+from conftest import kernel_paths
 
 import hvdcomp.methods.terngrad as terngrad_module
 from hvdcomp import Context, TernGrad, wire
 from hvdcomp.kernels import cpu_kernels
 from hvdcomp.packing import pack_2bit
 
-PATHS = ["kernels", "torch"]
-
-
-@pytest.fixture(params=PATHS)
-def path(request, monkeypatch):
-    """Runs a test on the fused CPU kernels and on the pure-PyTorch path (used on CUDA)."""
-    if request.param == "kernels":
-        assert cpu_kernels() is not None, "the fused CPU kernels did not build"
-    else:
-        monkeypatch.setattr(terngrad_module, "cpu_kernels", lambda: None)
-    return request.param
+path = kernel_paths(terngrad_module)  # each test taking ``path`` runs on the kernels and on the torch path
 
 
 def clipped(x: torch.Tensor, c: float | None) -> torch.Tensor:

@@ -45,11 +45,11 @@ def backend(device: torch.device) -> str:
     return "kernel" if device.type == "cpu" and cpu_kernels() is not None else "torch"
 
 
-def select(x: torch.Tensor, k: int, seed: int, scale: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(values, int64 positions) of one stratified draw of k entries of the 1-D float32 ``x``; values times the
-    stratum's length if ``scale``."""
-    if backend(x.device) == "kernel":
-        kernels = cpu_kernels()
+def select(x: torch.Tensor, k: int, seed: int, scale: bool, path: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values, int64 positions) of one stratified draw of k entries of the 1-D float32 ``x`` by ``path`` (see
+    :func:`backend`); values times the stratum's length if ``scale``."""
+    kernels = cpu_kernels() if path == "kernel" else None
+    if kernels is not None:
         values, indices = kernels.randomk_select(x.contiguous(), k, seed, scale)  # seeds are 63-bit
         return values, indices
     start, length = strata(x.numel(), k, x.device)
@@ -93,7 +93,8 @@ class RandomK(Compressor):
         x = tensor.detach().reshape(-1)
         n = x.numel()
         k = min(n, max(1, math.ceil(self.ratio * n)))
-        values, indices = select(x.float(), k, derive_seed(ctx.shared_seed, ctx.step), self.unbiased)
+        path = state.get("positions") or backend(x.device)  # the plan's, so that all ranks draw alike
+        values, indices = select(x.float(), k, derive_seed(ctx.shared_seed, ctx.step), self.unbiased, path)
         return [values], (tensor.shape, n, indices)
 
     def decompress(self, payload: Payload, meta: Any) -> torch.Tensor:

@@ -41,8 +41,8 @@ from hvdcomp import reductions
 from hvdcomp.perfmodel import costs
 from hvdcomp.perfmodel.schema import Cluster, CompressorProfile, Profile
 
-#: plans priced for comparison only: hvdcomp runs neither
-MODEL_ONLY = ("hierarchical", "parameter_server")
+#: plans priced for comparison only (hvdcomp runs neither), each with the reduction whose costs price it
+MODEL_ONLY = {"hierarchical": "allreduce", "parameter_server": "allgather"}
 #: what Network.time prices: "allreduce" is also what dense gradients use
 PLANS = ("allreduce", "hierarchical", "allgather", "alltoall", "parameter_server")
 
@@ -171,7 +171,7 @@ def valid_plans(compressor: CompressorProfile | None) -> tuple[str, ...]:
 
 def reduction_of(plan: str) -> type[reductions.ReductionMethod]:
     """The reduction whose costs price ``plan`` (a model-only plan borrows the one it stands in for)."""
-    return reductions.REDUCTIONS[{"hierarchical": "allreduce", "parameter_server": "allgather"}.get(plan, plan)]
+    return reductions.REDUCTIONS[MODEL_ONLY.get(plan, plan)]
 
 
 def simulate(profile: Profile, cluster: Cluster, method: str, workers: int, plan: str | None = None) -> StepTime:
