@@ -19,29 +19,48 @@ from hvdcomp.collectives import Agree, Allgather, Allreduce, Alltoall, Broadcast
 from hvdcomp.compressor import Compressor, Context, HorovodCompression, NoneCompressor
 from hvdcomp.config import CompressionConfig, make_compressor
 from hvdcomp.error_feedback import ErrorFeedback
-from hvdcomp.methods import METHODS, FP16Compressor, PowerSGD, RandomK, TernGrad, TopK
+from hvdcomp.methods import (
+    METHODS,
+    ORQ,
+    QSGD,
+    BinGrad,
+    EFSignSGD,
+    FP16Compressor,
+    OneBit,
+    PowerSGD,
+    RandomK,
+    SignSGD,
+    TernGrad,
+    TopK,
+)
 from hvdcomp.optimizer import DistributedOptimizer
 from hvdcomp.reductions import REDUCTIONS, ReductionMethod
 
 __all__ = [
     "METHODS",
+    "ORQ",
+    "QSGD",
     "REDUCTIONS",
     "Agree",
     "Allgather",
     "Allreduce",
     "Alltoall",
+    "BinGrad",
     "Broadcast",
     "CompressionConfig",
     "Compressor",
     "Context",
     "DistributedOptimizer",
+    "EFSignSGD",
     "ErrorFeedback",
     "FP16Compressor",
     "HorovodCompression",
     "NoneCompressor",
+    "OneBit",
     "PowerSGD",
     "RandomK",
     "ReductionMethod",
+    "SignSGD",
     "TernGrad",
     "TopK",
     "make_compressor",

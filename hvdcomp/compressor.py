@@ -5,7 +5,8 @@ How payloads travel is a *reduction* (:mod:`hvdcomp.reductions`): by default the
 
 * ``summable``: payloads add elementwise (fp16, random-k with a shared seed, sketches), so Horovod's
   allreduce sums them in compressed form;
-* otherwise payloads are gathered and every rank decodes and sums them (:meth:`Compressor.aggregate`);
+* otherwise payloads are gathered and every rank decodes and sums them (:meth:`Compressor.aggregate`; a
+  method may combine them otherwise, as signSGD's majority vote does, returning what the optimizer averages);
   ``fixed_size`` says whether a payload's size depends only on the tensor's shape (TernGrad, QSGD, sign) or
   differs per rank (top-k dropping zeros, threshold, DGC). Fixed-size payloads may also use the two-phase
   compressed allreduce;
@@ -114,6 +115,9 @@ class Compressor(ABC):
     fixed_size: ClassVar[bool] = True
     #: The method keeps its own memory (PowerSGD, DGC): never wrapped in generic error feedback.
     own_memory: ClassVar[bool] = False
+    #: Error feedback when the config leaves it unset; None: on exactly for biased methods (signSGD with
+    #: majority vote is biased but runs without it, as in its paper).
+    default_error_feedback: ClassVar[bool | None] = None
     #: The registered reduction this method owns (hvdcomp.reductions), or None for the default ones.
     reduction: ClassVar[str | None] = None
     #: Every entry of the input reaches the sum, so a NaN/Inf shows in the result (none, fp16); otherwise the
@@ -199,9 +203,10 @@ class NoneCompressor(Compressor):
 def with_memory(compressor: Compressor, error_feedback: bool | None = None) -> Compressor:
     """The memory policy: ``compressor`` wrapped in error feedback where it needs it.
 
-    ``error_feedback=None`` (the default): on for biased methods without a memory of their own, off
-    otherwise. A method with its own memory (PowerSGD, DGC) takes no generic error feedback: its own is a
-    method option. An already wrapped compressor is returned as it is.
+    ``error_feedback=None`` (the default): the method's ``default_error_feedback``, which unless it says
+    otherwise is on for biased methods without a memory of their own and off for the others. A method with
+    its own memory (PowerSGD, DGC) takes no generic error feedback: its own is a method option. An already
+    wrapped compressor is returned as it is.
     """
     from hvdcomp.error_feedback import ErrorFeedback
 
@@ -217,7 +222,9 @@ def with_memory(compressor: Compressor, error_feedback: bool | None = None) -> C
                              "options) instead of the generic error_feedback key")
         return compressor
     if error_feedback is None:
-        error_feedback = not compressor.unbiased
+        error_feedback = compressor.default_error_feedback
+        if error_feedback is None:
+            error_feedback = not compressor.unbiased
     return ErrorFeedback(compressor) if error_feedback else compressor
 
 

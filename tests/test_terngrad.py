@@ -12,7 +12,7 @@ from conftest import kernel_paths
 import hvdcomp.methods.terngrad as terngrad_module
 from hvdcomp import Context, TernGrad, wire
 from hvdcomp.kernels import cpu_kernels
-from hvdcomp.packing import pack_2bit
+from hvdcomp.packing import pack_bits
 
 path = kernel_paths(terngrad_module)  # each test taking ``path`` runs on the kernels and on the torch path
 
@@ -104,7 +104,7 @@ def test_kernels_and_torch_path_share_the_wire_format() -> None:
         x = (torch.randint(0, 3, (n,), generator=torch.Generator().manual_seed(n)) - 1).float() * 0.5
         packed = kernels.ternarize_pack(x, 0.5, math.inf, 123)
         codes = ((x > 0).to(torch.uint8)) | ((x < 0).to(torch.uint8) << 1)
-        assert torch.equal(packed, pack_2bit(codes)), n
+        assert torch.equal(packed, pack_bits(codes, 2)), n
         decoded = kernels.unpack_sum(packed.view(1, -1), torch.tensor([0.5]), n)
         assert torch.equal(decoded, x), n
 
@@ -112,7 +112,7 @@ def test_kernels_and_torch_path_share_the_wire_format() -> None:
 def test_kernel_unpack_sum_adds_ranks_with_their_scales() -> None:
     kernels = cpu_kernels()
     codes = torch.randint(0, 3, (3, 10), generator=torch.Generator().manual_seed(5)).to(torch.uint8)
-    packed = torch.stack([pack_2bit(c) for c in codes])
+    packed = torch.stack([pack_bits(c, 2) for c in codes])
     scales = torch.tensor([1.0, 2.0, 0.25])
     expected = sum(scales[r] * ((codes[r] & 1).float() - (codes[r] >> 1).float()) for r in range(3))
     assert torch.equal(kernels.unpack_sum(packed, scales, 10), expected)

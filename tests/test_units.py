@@ -22,22 +22,32 @@ from hvdcomp import (
     wire,
 )
 from hvdcomp.methods.topk import candidate_threshold, largest, sample_stride
-from hvdcomp.packing import pack_2bit, unpack_2bit
+from hvdcomp.packing import pack_bits, unpack_bits
 
 
-@pytest.mark.parametrize("n", [*range(10), 1001, 4096])
-def test_2bit_packing_round_trips_exactly(n: int) -> None:
-    codes = torch.randint(0, 4, (n,), generator=torch.Generator().manual_seed(n), dtype=torch.uint8)
-    packed = pack_2bit(codes)
-    assert packed.numel() == -(-n // 4)
-    assert torch.equal(unpack_2bit(packed, n), codes)
+@pytest.mark.parametrize("bits", range(1, 9))
+@pytest.mark.parametrize("n", [*range(10), 17, 1001, 4096])
+def test_bit_packing_round_trips_exactly(n: int, bits: int) -> None:
+    codes = torch.randint(0, 1 << bits, (n,), generator=torch.Generator().manual_seed(n), dtype=torch.uint8)
+    packed = pack_bits(codes, bits)
+    assert packed.numel() == -(-n * bits // 8)
+    assert torch.equal(unpack_bits(packed, bits, n), codes)
+    assert torch.equal(unpack_bits(torch.stack([packed, packed]), bits, n), torch.stack([codes, codes]))
+
+
+def test_bit_packing_is_a_little_endian_bit_stream() -> None:
+    """Element i at bits [i b, (i + 1) b): 2 bits is TernGrad's layout, 3 bits crosses byte boundaries."""
+    assert pack_bits(torch.tensor([1, 2, 0, 3], dtype=torch.uint8), 2).tolist() == [0b11001001]
+    assert pack_bits(torch.tensor([5, 3, 7], dtype=torch.uint8), 3).tolist() == [0b11011101, 0b1]
 
 
 def test_packing_rejects_bad_input() -> None:
     with pytest.raises(ValueError, match="1-D uint8"):
-        pack_2bit(torch.zeros(4))
+        pack_bits(torch.zeros(4), 2)
     with pytest.raises(ValueError, match="cannot hold"):
-        unpack_2bit(torch.zeros(2, dtype=torch.uint8), 9)
+        unpack_bits(torch.zeros(2, dtype=torch.uint8), 2, 9)
+    with pytest.raises(ValueError, match=r"bits must be in \[1, 8\]"):
+        pack_bits(torch.zeros(4, dtype=torch.uint8), 9)
 
 
 def test_wire_round_trip_mixed_dtypes() -> None:

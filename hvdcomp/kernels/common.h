@@ -1,4 +1,4 @@
-// Helpers shared by hvdcomp's fused CPU kernels (ternary.cpp, randomk.cpp).
+// Helpers shared by hvdcomp's fused CPU kernels (ternary.cpp, randomk.cpp, quant.cpp).
 #pragma once
 
 #include <torch/extension.h>
@@ -32,5 +32,13 @@ torch::Tensor ternarize_pack(const torch::Tensor& x, double scaler, double clip,
 torch::Tensor unpack_sum(const torch::Tensor& packed, const torch::Tensor& scales, int64_t n);
 // randomk.cpp
 std::vector<torch::Tensor> randomk_select(const torch::Tensor& x, int64_t k, int64_t seed, bool scale);
+// quant.cpp
+std::vector<torch::Tensor> quantize_levels(const torch::Tensor& x, int64_t bucket, int64_t bits, int64_t kind,
+                                           int64_t iterations, int64_t bins, int64_t seed);
+std::vector<torch::Tensor> quantize_binary(const torch::Tensor& x, int64_t bucket, int64_t kind,
+                                           int64_t iterations);
+torch::Tensor pack_signs(const torch::Tensor& x, int64_t seed);
+torch::Tensor decode_sum(const torch::Tensor& packed, const torch::Tensor& tables, const torch::Tensor& grid,
+                         int64_t bits, int64_t bucket, int64_t n);
 
 }  // namespace hvdcomp

@@ -2,9 +2,14 @@
 #include "common.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("moments", &hvdcomp::moments, "float64 [sum, sum of squares, max |x|] of a float32 CPU tensor");
+  m.def("moments", &hvdcomp::moments, "float64 [sum, sum of squares, max |x|, sum |x|] of a float32 CPU tensor");
   m.def("ternarize_pack", &hvdcomp::ternarize_pack, "TernGrad stochastic ternarization fused with 2-bit packing");
   m.def("unpack_sum", &hvdcomp::unpack_sum, "Decode and sum 2-bit ternary payloads with per-payload scales");
   m.def("randomk_select", &hvdcomp::randomk_select,
         "Random-k: one seeded position per stratum, values gathered (and scaled by the stratum's length)");
+  m.def("quantize_levels", &hvdcomp::quantize_levels,
+        "ORQ / QSGD: per-bucket levels and stochastic rounding fused with b-bit packing");
+  m.def("quantize_binary", &hvdcomp::quantize_binary, "BinGrad / 1-bit SGD: per-bucket two levels, 1-bit codes");
+  m.def("pack_signs", &hvdcomp::pack_signs, "Signs as 1-bit codes (exact zeros on a seeded fair coin)");
+  m.def("decode_sum", &hvdcomp::decode_sum, "Decode and sum R ranks' b-bit payloads through per-bucket tables");
 }

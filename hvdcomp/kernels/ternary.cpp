@@ -24,18 +24,18 @@
 namespace hvdcomp {
 
 
-// Returns float64 [sum, sum of squares, max |x|] of a float32 tensor, in one pass.
+// Returns float64 [sum, sum of squares, max |x|, sum |x|] of a float32 tensor, in one pass.
 torch::Tensor moments(const torch::Tensor& x) {
   check_float_contiguous(x, "moments: x");
   const float* data = x.data_ptr<float>();
   const int64_t n = x.numel();
   const int64_t chunks = std::max<int64_t>(1, (n + kGrain - 1) / kGrain);
-  std::vector<double> sums(chunks, 0.0), squares(chunks, 0.0), maxes(chunks, 0.0);
+  std::vector<double> sums(chunks, 0.0), squares(chunks, 0.0), maxes(chunks, 0.0), absolutes(chunks, 0.0);
   at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t c = begin; c < end; ++c) {
       const int64_t lo = c * kGrain, hi = std::min(n, lo + kGrain);
       // 8 independent lanes break the add dependency chain and let the compiler use SIMD.
-      float s[8] = {}, q[8] = {}, m[8] = {};
+      float s[8] = {}, q[8] = {}, m[8] = {}, a[8] = {};
       int64_t i = lo;
       for (; i + 8 <= hi; i += 8)
         for (int j = 0; j < 8; ++j) {
@@ -43,30 +43,35 @@ torch::Tensor moments(const torch::Tensor& x) {
           s[j] += v;
           q[j] += v * v;
           m[j] = std::max(m[j], std::fabs(v));
+          a[j] += std::fabs(v);
         }
       for (; i < hi; ++i) {
         s[0] += data[i];
         q[0] += data[i] * data[i];
         m[0] = std::max(m[0], std::fabs(data[i]));
+        a[0] += std::fabs(data[i]);
       }
-      double cs = 0.0, cq = 0.0, cm = 0.0;
+      double cs = 0.0, cq = 0.0, cm = 0.0, ca = 0.0;
       for (int j = 0; j < 8; ++j) {
         cs += s[j];
         cq += q[j];
         cm = std::max<double>(cm, m[j]);
+        ca += a[j];
       }
       sums[c] = cs;
       squares[c] = cq;
       maxes[c] = cm;
+      absolutes[c] = ca;
     }
   });
-  double s = 0.0, q = 0.0, m = 0.0;
+  double s = 0.0, q = 0.0, m = 0.0, a = 0.0;
   for (int64_t c = 0; c < chunks; ++c) {  // fixed order: the same result for any thread count
     s += sums[c];
     q += squares[c];
     m = std::max(m, maxes[c]);
+    a += absolutes[c];
   }
-  return torch::tensor({s, q, m}, torch::kFloat64);
+  return torch::tensor({s, q, m, a}, torch::kFloat64);
 }
 
 // Stochastic ternarization (TernGrad eq. 2 with clipping, eq. 5) fused with 2-bit packing:

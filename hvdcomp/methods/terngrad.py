@@ -32,7 +32,7 @@ import torch
 from hvdcomp.collectives import Agree
 from hvdcomp.compressor import Compressor, Context, Payload, State, derive_seed
 from hvdcomp.kernels import cpu_kernels
-from hvdcomp.packing import pack_2bit, unpack_2bit
+from hvdcomp.packing import pack_bits, unpack_bits
 
 _generators: dict[torch.device, torch.Generator] = {}
 
@@ -85,7 +85,7 @@ class TernGrad(Compressor):
             return zero, zero
         kernels = cpu_kernels() if x.device.type == "cpu" else None
         if kernels is not None:  # one pass, and these are host values anyway: no device sync
-            total, squares, absmax = kernels.moments(x).tolist()
+            total, squares, absmax, _ = kernels.moments(x).tolist()
             mean = total / n
             bound = math.inf if self.clip is None else self.clip * math.sqrt(max(squares / n - mean * mean, 0.0))
             return torch.tensor([bound], dtype=torch.float32), torch.tensor([min(absmax, bound)],
@@ -118,7 +118,7 @@ class TernGrad(Compressor):
             kept = x.abs().clamp_(max=bound)  # a_k = min(|g_k|, c*sigma) <= scaler
             draw = torch.rand(x.numel(), generator=_generator(x.device, seed), device=x.device).mul_(scaler)
             codes = draw.lt_(kept).to(torch.uint8) << (x < 0).to(torch.uint8)  # 0, 1 (+1) or 2 (-1)
-            packed = pack_2bit(codes)
+            packed = pack_bits(codes, 2)
         return [scaler, packed], (tensor.shape, x.numel())
 
     def decompress(self, payload: Payload, meta: Any) -> torch.Tensor:
@@ -133,5 +133,5 @@ class TernGrad(Compressor):
             return kernels.unpack_sum(torch.stack(packed), scales, n).view(shape)
         total = torch.zeros(n, dtype=torch.float32, device=scales.device)
         for scale, codes in zip(scales, packed, strict=True):
-            total.add_(decode_codes(unpack_2bit(codes, n)).mul_(scale))
+            total.add_(decode_codes(unpack_bits(codes, 2, n)).mul_(scale))
         return total.view(shape)

@@ -1,0 +1,343 @@
+// Fused CPU kernels for the bucketed quantizers (hvdcomp/quantization.py and the methods built on it):
+// BinGrad and ORQ (Xu, Huo, Huang, arXiv 2002.11082), QSGD (Alistarh et al., NeurIPS 2017), 1-bit SGD
+// (Seide et al., 2014) and the sign family, with b-bit packing for b = 1 to 8.
+//
+// Wire format (shared with hvdcomp/packing.py): codes of b bits form a little-endian bit stream, element i at
+// bits [i b, (i + 1) b), so every group of 8 elements takes exactly b bytes. Buckets are multiples of 8
+// elements, so no group straddles two buckets. A bucket's levels form a table indexed by the code: sent as they
+// are (BinGrad, ORQ, 1-bit SGD: ``tables`` [buckets, 2^b]) or one scale per bucket times a fixed grid (QSGD,
+// sign: ``tables`` [buckets, 1] and ``grid`` [2^b]).
+//
+// Each kernel reads the input at most twice (statistics and levels, then draw-and-pack), one bucket at a time
+// while it is in L1; decoding sums every rank's payload in one pass. Draws are counter-based (splitmix64 of the
+// seed and the group index), so results do not depend on the thread count, and the keep/round-up choice is
+// branch-free.
+#include "common.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace hvdcomp {
+
+namespace {
+
+constexpr int kOrq = 0, kQsgdL2 = 1, kQsgdMax = 2;  // quantize_levels' kinds
+constexpr int kBinGrad = 0, kOneBit = 1;            // quantize_binary's kinds
+
+int64_t packed_bytes(int64_t n, int64_t bits) { return (n * bits + 7) / 8; }
+
+// Writes the low 8 b bits of ``word`` (8 codes of b bits) as b little-endian bytes, cut at the buffer's end.
+inline void store_group(uint8_t* dst, uint64_t word, int64_t group, int64_t bits, int64_t nbytes) {
+  const int64_t offset = group * bits, count = std::min<int64_t>(bits, nbytes - offset);
+  for (int64_t i = 0; i < count; ++i) dst[offset + i] = static_cast<uint8_t>(word >> (8 * i));
+}
+
+inline uint64_t load_group(const uint8_t* src, int64_t group, int64_t bits, int64_t nbytes) {
+  const int64_t offset = group * bits, count = std::min<int64_t>(bits, nbytes - offset);
+  uint64_t word = 0;
+  for (int64_t i = 0; i < count; ++i) word |= static_cast<uint64_t>(src[offset + i]) << (8 * i);
+  return word;
+}
+
+// Eight 24-bit uniforms in [0, 1) for group ``group``: four splitmix64 draws, two per call.
+inline void uniforms8(uint64_t key, int64_t group, float* u) {
+  for (int i = 0; i < 4; ++i) {
+    const uint64_t r = splitmix64(key + 4 * static_cast<uint64_t>(group) + i);
+    u[2 * i] = uniform24(static_cast<uint32_t>(r));
+    u[2 * i + 1] = uniform24(static_cast<uint32_t>(r >> 32));
+  }
+}
+
+inline uint64_t seed_key(int64_t seed) { return static_cast<uint64_t>(seed) * 0xD1B54A32D192ED03ULL; }
+
+void check_bucket(int64_t bucket, const char* what) {
+  TORCH_CHECK(bucket >= 8 && bucket % 8 == 0, what, ": bucket must be a positive multiple of 8, got ", bucket);
+}
+
+// ORQ's levels for one bucket (see hvdcomp/methods/orq.py): l_0 = min and l_{L-1} = max; the interior levels
+// start uniform and move by coordinate descent on the variance of stochastic rounding. The values are binned
+// into ``bins`` super-points (count and sum per bin, placed at the bin's mean); for level j with neighbours a <
+// b, the optimality condition sum_{[a, l)} (g - a) = sum_{[l, b)} (b - g) reduces to #{g in [l, b)} = K with
+// K = sum_{[a, b)} (g - a) / (b - a): the variance falls while the count above l exceeds K, so the optimal l is
+// the largest super-point with more than K weight at or above it, found by binary search on prefix sums.
+void orq_levels(const float* v, int64_t m, int64_t levels, int64_t iterations, int64_t bins, float* out,
+                std::vector<double>& weight, std::vector<double>& mass, std::vector<int64_t>& index) {
+  float lo = v[0], hi = v[0];
+  for (int64_t i = 1; i < m; ++i) {
+    lo = std::min(lo, v[i]);
+    hi = std::max(hi, v[i]);
+  }
+  const int64_t top = levels - 1;
+  for (int64_t j = 0; j <= top; ++j) out[j] = lo + (hi - lo) * static_cast<float>(j) / static_cast<float>(top);
+  out[0] = lo;
+  out[top] = hi;
+  if (iterations == 0 || levels <= 2 || !(hi > lo)) return;
+  // Prefix sums over the bins: weight[i] = #values in bins < i, mass[i] = their sum.
+  std::fill(weight.begin(), weight.end(), 0.0);
+  std::fill(mass.begin(), mass.end(), 0.0);
+  const float scale = static_cast<float>(bins) / (hi - lo);
+  for (int64_t i = 0; i < m; ++i) {
+    const int64_t b = std::min<int64_t>(bins - 1, static_cast<int64_t>((v[i] - lo) * scale));
+    weight[b + 1] += 1.0;
+    mass[b + 1] += v[i];
+  }
+  for (int64_t b = 0; b < bins; ++b) {
+    weight[b + 1] += weight[b];
+    mass[b + 1] += mass[b];
+  }
+  const auto mean_of = [&](int64_t b) {
+    return static_cast<float>((mass[b + 1] - mass[b]) / (weight[b + 1] - weight[b]));
+  };
+  // Interior level j sits on super-point index[j] (the first non-empty bin at or above its uniform value).
+  index[0] = 0;
+  index[top] = bins;
+  for (int64_t j = 1; j < top; ++j) {
+    int64_t b = std::min<int64_t>(bins - 1, static_cast<int64_t>((out[j] - lo) * scale));
+    while (weight[b + 1] == weight[b]) ++b;  // the last bin holds the max: never empty
+    index[j] = b;
+    out[j] = mean_of(b);
+  }
+  for (int64_t it = 0; it < iterations; ++it) {
+    bool moved = false;
+    for (int64_t j = 1; j < top; ++j) {
+      const int64_t first = index[j - 1], end = index[j + 1];
+      const double a = out[j - 1], b = out[j + 1];
+      const double count = weight[end] - weight[first];
+      if (count == 0.0 || !(b > a)) continue;
+      const double k = (mass[end] - mass[first] - a * count) / (b - a);
+      // The largest bin i in [first, end) with weight[end] - weight[i] > k, i.e. weight[i] < weight[end] - k.
+      const double* w = weight.data();
+      int64_t i = std::lower_bound(w + first, w + end, w[end] - k) - w - 1;
+      i = std::max(i, first);
+      while (i > first && weight[i + 1] == weight[i]) --i;  // an empty bin: the non-empty one below
+      if (i != index[j]) {
+        index[j] = i;
+        out[j] = mean_of(i);
+        moved = true;
+      }
+    }
+    if (!moved) break;  // a fixed point: further sweeps change nothing
+  }
+}
+
+}  // namespace
+
+// Quantizes ``x`` per bucket onto 2^bits levels with stochastic rounding (unbiased) and packs the codes.
+// kind 0 (ORQ): levels from orq_levels, sent as tables [buckets, 2^bits] (iterations 0: uniform from min to
+// max). kinds 1 and 2 (QSGD): s = 2^(bits-1) - 1, levels norm * l / s for l in [-s, s] (code s + l), the norm
+// L2 (1) or max (2), sent as tables [buckets, 1]. Returns {tables, packed}.
+std::vector<torch::Tensor> quantize_levels(const torch::Tensor& x, int64_t bucket, int64_t bits, int64_t kind,
+                                           int64_t iterations, int64_t bins, int64_t seed) {
+  check_float_contiguous(x, "quantize_levels: x");
+  check_bucket(bucket, "quantize_levels");
+  TORCH_CHECK(bits >= 1 && bits <= 8, "quantize_levels: bits must be in [1, 8], got ", bits);
+  TORCH_CHECK(kind == kOrq || bits >= 2, "quantize_levels: QSGD needs bits >= 2, got ", bits);
+  TORCH_CHECK(kind != kOrq || bins >= 1, "quantize_levels: bins must be >= 1, got ", bins);
+  const int64_t n = x.numel(), buckets = (n + bucket - 1) / bucket, levels = int64_t{1} << bits;
+  const int64_t width = kind == kOrq ? levels : 1, nbytes = packed_bytes(n, bits);
+  auto tables = torch::empty({buckets, width}, torch::kFloat32);
+  auto packed = torch::empty({nbytes}, torch::kUInt8);
+  const float* src = x.data_ptr<float>();
+  float* table = tables.data_ptr<float>();
+  uint8_t* dst = packed.data_ptr<uint8_t>();
+  const uint64_t key = seed_key(seed);
+  const int64_t s = (levels >> 1) - 1;
+  at::parallel_for(0, buckets, std::max<int64_t>(1, kGrain / bucket), [&](int64_t begin, int64_t end) {
+    std::vector<double> weight(bins + 1), mass(bins + 1);
+    std::vector<int64_t> index(levels);
+    for (int64_t b = begin; b < end; ++b) {
+      const int64_t lo = b * bucket, m = std::min(bucket, n - lo);
+      const float* v = src + lo;
+      float* lv = table + b * width;
+      if (kind == kOrq) {
+        orq_levels(v, m, levels, iterations, bins, lv, weight, mass, index);
+      } else {
+        float norm = 0.f;
+        if (kind == kQsgdL2) {
+          double sum = 0.0;
+          for (int64_t i = 0; i < m; ++i) sum += static_cast<double>(v[i]) * v[i];
+          norm = static_cast<float>(std::sqrt(sum));
+        } else {
+          for (int64_t i = 0; i < m; ++i) norm = std::max(norm, std::fabs(v[i]));
+        }
+        lv[0] = norm;
+      }
+      const float inverse = kind == kOrq || lv[0] == 0.f ? 0.f : static_cast<float>(s) / lv[0];
+      for (int64_t g = lo / 8; g * 8 < lo + m; ++g) {
+        float u[8];
+        uniforms8(key, g, u);
+        uint64_t word = 0;
+        const int64_t count = std::min<int64_t>(8, lo + m - 8 * g);
+        for (int64_t j = 0; j < count; ++j) {
+          const float value = src[8 * g + j];
+          uint64_t code;
+          if (kind == kOrq) {
+            int64_t i = 0;  // the largest i with lv[i] <= value: branch-free binary search
+            for (int64_t step = levels >> 1; step >= 1; step >>= 1) i += lv[i + step] <= value ? step : 0;
+            i = std::min(i, levels - 2);
+            const float gap = lv[i + 1] - lv[i];
+            code = static_cast<uint64_t>(i) + static_cast<uint64_t>(u[j] * gap < value - lv[i]);
+          } else {
+            const float r = std::fabs(value) * inverse;  // in [0, s]
+            const int64_t floor_r = std::min<int64_t>(s - 1, static_cast<int64_t>(r));
+            const int64_t level = floor_r + static_cast<int64_t>(u[j] < r - static_cast<float>(floor_r));
+            code = static_cast<uint64_t>(value < 0.f ? s - level : s + level);
+          }
+          word |= code << (bits * j);
+        }
+        store_group(dst, word, g, bits, nbytes);
+      }
+    }
+  });
+  return {tables, packed};
+}
+
+// Binary quantization per bucket, 1 bit per element (code 1: the upper level), levels sent as [buckets, 2].
+// kind 0 (BinGrad): the 2-level Lloyd-Max quantizer, from threshold t = mean: b1 = mean{g < t},
+// b2 = mean{g >= t}, t <- (b1 + b2) / 2, up to ``iterations`` partitions, stopping at a fixed point; the codes
+// use the last partition, so each level is the exact mean of the values it replaces. kind 1 (1-bit SGD):
+// threshold 0, levels the means of the negative and the non-negative values (0 where there are none).
+std::vector<torch::Tensor> quantize_binary(const torch::Tensor& x, int64_t bucket, int64_t kind,
+                                           int64_t iterations) {
+  check_float_contiguous(x, "quantize_binary: x");
+  check_bucket(bucket, "quantize_binary");
+  TORCH_CHECK(kind == kOneBit || iterations >= 1, "quantize_binary: iterations must be >= 1, got ", iterations);
+  const int64_t n = x.numel(), buckets = (n + bucket - 1) / bucket, nbytes = packed_bytes(n, 1);
+  auto tables = torch::empty({buckets, 2}, torch::kFloat32);
+  auto packed = torch::empty({nbytes}, torch::kUInt8);
+  const float* src = x.data_ptr<float>();
+  float* table = tables.data_ptr<float>();
+  uint8_t* dst = packed.data_ptr<uint8_t>();
+  at::parallel_for(0, buckets, std::max<int64_t>(1, kGrain / bucket), [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const int64_t lo = b * bucket, m = std::min(bucket, n - lo);
+      const float* v = src + lo;
+      float threshold = 0.f, below = 0.f, above = 0.f;
+      const auto cells = [&](float t) {  // the means of the values below t and at or above t
+        double sum_below = 0.0, sum_all = 0.0;
+        int64_t count_below = 0;
+        for (int64_t i = 0; i < m; ++i) {
+          const bool under = v[i] < t;
+          sum_below += under ? v[i] : 0.f;
+          sum_all += v[i];
+          count_below += under;
+        }
+        const int64_t count_above = m - count_below;
+        below = count_below ? static_cast<float>(sum_below / count_below) : (kind == kOneBit ? 0.f : t);
+        above = count_above ? static_cast<float>((sum_all - sum_below) / count_above) : (kind == kOneBit ? 0.f : t);
+      };
+      if (kind == kOneBit) {
+        cells(0.f);
+      } else {
+        double sum = 0.0;
+        for (int64_t i = 0; i < m; ++i) sum += v[i];
+        threshold = static_cast<float>(sum / m);
+        for (int64_t it = 0;; ++it) {
+          cells(threshold);
+          if (it + 1 >= iterations) break;
+          const float next = 0.5f * (below + above);
+          if (next == threshold) break;  // a fixed point
+          threshold = next;
+        }
+      }
+      table[2 * b] = below;
+      table[2 * b + 1] = above;
+      for (int64_t g = lo / 8; g * 8 < lo + m; ++g) {
+        const int64_t count = std::min<int64_t>(8, lo + m - 8 * g);
+        uint64_t word = 0;
+        for (int64_t j = 0; j < count; ++j) word |= static_cast<uint64_t>(src[8 * g + j] >= threshold) << j;
+        store_group(dst, word, g, 1, nbytes);
+      }
+    }
+  });
+  return {tables, packed};
+}
+
+// Signs, 1 bit per element (1: positive). An exact zero takes a fair coin from ``seed`` (so zeros, such as a
+// dead unit's gradient, vote without bias), or counts as positive when seed < 0.
+torch::Tensor pack_signs(const torch::Tensor& x, int64_t seed) {
+  check_float_contiguous(x, "pack_signs: x");
+  const int64_t n = x.numel(), nbytes = packed_bytes(n, 1), groups = (n + 7) / 8;
+  auto packed = torch::empty({nbytes}, torch::kUInt8);
+  const float* src = x.data_ptr<float>();
+  uint8_t* dst = packed.data_ptr<uint8_t>();
+  const uint64_t key = seed_key(seed);
+  const bool coin = seed >= 0;
+  at::parallel_for(0, groups, kGrain / 8, [&](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g) {
+      const uint64_t coins = coin ? splitmix64(key + static_cast<uint64_t>(g)) : 0xFFULL;
+      const int64_t count = std::min<int64_t>(8, n - 8 * g);
+      uint64_t word = 0;
+      for (int64_t j = 0; j < count; ++j) {
+        const float value = src[8 * g + j];
+        word |= static_cast<uint64_t>((value > 0.f) | ((value == 0.f) & ((coins >> j) & 1))) << j;
+      }
+      dst[g] = static_cast<uint8_t>(word);
+    }
+  });
+  return packed;
+}
+
+// Decodes and sums the payloads of R ranks: packed uint8 [R, nbytes], tables float32 [R, buckets, T];
+// value = tables[r, bucket, code] where grid is empty (T = 2^bits), else tables[r, bucket, 0] * grid[code].
+// Returns float32 [n], added in rank order (the same bits on every rank).
+torch::Tensor decode_sum(const torch::Tensor& packed, const torch::Tensor& tables, const torch::Tensor& grid,
+                         int64_t bits, int64_t bucket, int64_t n) {
+  TORCH_CHECK(bits >= 1 && bits <= 8, "decode_sum: bits must be in [1, 8], got ", bits);
+  TORCH_CHECK(bucket >= 1 && (bucket % 8 == 0 || bucket >= n), "decode_sum: bucket must be a multiple of 8 or ",
+              "hold the whole tensor, got ", bucket, " for ", n, " elements");
+  TORCH_CHECK(packed.device().is_cpu() && packed.scalar_type() == torch::kUInt8 && packed.dim() == 2 &&
+                  packed.is_contiguous(),
+              "decode_sum: packed must be a contiguous CPU uint8 tensor [R, nbytes]");
+  check_float_contiguous(tables, "decode_sum: tables");
+  check_float_contiguous(grid, "decode_sum: grid");
+  const int64_t ranks = packed.size(0), nbytes = packed.size(1), levels = int64_t{1} << bits;
+  const int64_t buckets = (n + bucket - 1) / bucket;
+  TORCH_CHECK(nbytes == packed_bytes(n, bits), "decode_sum: ", nbytes, " bytes per payload cannot hold ", n,
+              " elements of ", bits, " bits (expected ", packed_bytes(n, bits), ")");
+  const int64_t width = grid.numel() == 0 ? levels : 1;
+  TORCH_CHECK(grid.numel() == 0 || grid.numel() == levels, "decode_sum: grid must hold 2^bits = ", levels,
+              " values, got ", grid.numel());
+  TORCH_CHECK(tables.dim() == 3 && tables.size(0) == ranks && tables.size(1) == buckets && tables.size(2) == width,
+              "decode_sum: tables must be [", ranks, ", ", buckets, ", ", width, "], got ", tables.sizes());
+  auto out = torch::empty({n}, torch::kFloat32);
+  if (n == 0) return out;
+  const uint8_t* src = packed.data_ptr<uint8_t>();
+  const float* table = tables.data_ptr<float>();
+  const float* steps = grid.numel() ? grid.data_ptr<float>() : nullptr;
+  float* dst = out.data_ptr<float>();
+  const uint64_t mask = (uint64_t{1} << bits) - 1;
+  const int64_t groups = (n + 7) / 8;
+  at::parallel_for(0, groups, kGrain / 8, [&](int64_t begin, int64_t end) {
+    float lut[256];
+    // Segments of this range of groups that lie in one bucket (buckets are whole groups, or the whole tensor).
+    for (int64_t first = begin; first < end;) {
+      const int64_t b = 8 * first / bucket;
+      const int64_t last = std::min(end, ((b + 1) * bucket + 7) / 8);
+      for (int64_t r = 0; r < ranks; ++r) {
+        const float* entry = table + (r * buckets + b) * width;
+        for (int64_t c = 0; c < levels; ++c) lut[c] = steps ? entry[0] * steps[c] : entry[c];
+        const uint8_t* codes = src + r * nbytes;
+        for (int64_t g = first; g < last; ++g) {
+          const uint64_t word = load_group(codes, g, bits, nbytes);
+          const int64_t count = std::min<int64_t>(8, n - 8 * g);
+          float* o = dst + 8 * g;
+          if (r == 0) {
+            for (int64_t j = 0; j < count; ++j) o[j] = lut[(word >> (bits * j)) & mask];
+          } else {
+            for (int64_t j = 0; j < count; ++j) o[j] += lut[(word >> (bits * j)) & mask];
+          }
+        }
+      }
+      first = last;
+    }
+  });
+  return out;
+}
+
+}  // namespace hvdcomp

@@ -1,0 +1,146 @@
+"""What the bucketed quantizers share (BinGrad, ORQ, QSGD, 1-bit SGD, the sign family): codes of ``bits``
+bits per element, and per bucket of ``bucket_size`` elements a table of levels the codes index.
+
+A payload is ``[tables, packed]``: ``tables`` float32 [buckets, T] and ``packed`` the codes as a b-bit stream
+(:mod:`hvdcomp.packing`). Either the table holds the bucket's levels (T = 2^bits: BinGrad, ORQ, 1-bit SGD), or
+one scale per bucket multiplies a fixed grid of levels that both sides know (T = 1: QSGD's norm, the sign
+family's magnitude); :meth:`BucketQuantizer.grid` says which. Every payload has the same sizes for a given
+shape on every rank (``fixed_size``): they travel by allgather or two-phase, and a rank decodes and sums all
+ranks' payloads in one pass (:func:`decode_sum`).
+
+On CPU float32 tensors the fused kernels of ``hvdcomp/kernels/quant.cpp`` compute the levels, draw, round and
+pack each bucket while it is in cache; elsewhere (CUDA, or no compiler) each method's PyTorch path runs the
+same algorithm on a [buckets, bucket_size] view, with no host syncs.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from typing import Any
+
+import torch
+
+from hvdcomp.compressor import Compressor, Context, Payload, State, derive_seed
+from hvdcomp.kernels import cpu_kernels
+from hvdcomp.packing import unpack_bits
+
+_generators: dict[torch.device, torch.Generator] = {}
+_grids: dict[tuple[str, int, torch.device], torch.Tensor] = {}
+
+
+def generator(device: torch.device, seed: int) -> torch.Generator:
+    """A per-device generator reseeded for one draw (the PyTorch paths' randomness)."""
+    found = _generators.get(device)
+    if found is None:
+        found = _generators[device] = torch.Generator(device=device)
+    return found.manual_seed(seed)
+
+
+def check_bucket_size(method: str, bucket_size: int | None, allow_none: bool = False) -> int | None:
+    if bucket_size is None and allow_none:
+        return None
+    if isinstance(bucket_size, bool) or not isinstance(bucket_size, int) or bucket_size < 8 or bucket_size % 8:
+        raise ValueError(f"{method}: bucket_size must be a positive multiple of 8 (a group of 8 codes fills whole "
+                         f"bytes){' or None (the whole tensor)' if allow_none else ''}; got {bucket_size!r}")
+    return bucket_size
+
+
+def check_int(method: str, option: str, value: Any, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(f"{method}: {option} must be an integer in [{low}, {high}]; got {value!r}")
+    return value
+
+
+def buckets(x: torch.Tensor, bucket: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` (flat) as [buckets, bucket] zero-padded, and the mask of real entries."""
+    rows = -(-x.numel() // bucket)
+    padded = x.new_zeros(rows * bucket)
+    padded[:x.numel()] = x
+    valid = torch.ones(rows * bucket, dtype=torch.bool, device=x.device)
+    valid[x.numel():] = False
+    return padded.view(rows, bucket), valid.view(rows, bucket)
+
+
+def decode_sum(packed: list[torch.Tensor], tables: list[torch.Tensor], grid: torch.Tensor | None, bits: int,
+               bucket: int, n: int) -> torch.Tensor:
+    """Sum over payloads of their decoded values, float32 [n], added in payload (rank) order."""
+    device = packed[0].device
+    kernels = cpu_kernels() if device.type == "cpu" else None
+    if kernels is not None:
+        empty = torch.empty(0, dtype=torch.float32)
+        return kernels.decode_sum(torch.stack(packed), torch.stack(tables).float(),
+                                  empty if grid is None else grid, bits, bucket, n)
+    rows = -(-n // bucket) if n else 0
+    total = torch.zeros(n, dtype=torch.float32, device=device)
+    for part, table in zip(packed, tables, strict=True):
+        codes = torch.zeros(rows * bucket, dtype=torch.int64, device=device)
+        codes[:n] = unpack_bits(part, bits, n)
+        codes = codes.view(rows, bucket)
+        values = table[:, :1] * grid[codes] if grid is not None else torch.gather(table, 1, codes)
+        total += values.reshape(-1)[:n]
+    return total
+
+
+class BucketQuantizer(Compressor):
+    """Base of the quantizers whose payload is per-bucket tables plus ``bits``-bit codes (module docstring).
+
+    Subclasses set ``bits`` and ``bucket_size`` (None: the whole tensor is one bucket) and implement
+    :meth:`quantize_kernel` (the fused CPU kernels) and :meth:`quantize_torch` (any device).
+    """
+
+    fixed_size = True
+    bits: int
+    bucket_size: int | None
+
+    def bucket(self, n: int) -> int:
+        """The bucket length for an n-element tensor."""
+        return max(n, 1) if self.bucket_size is None else self.bucket_size
+
+    def grid(self, device: torch.device) -> torch.Tensor | None:
+        """The levels a table's one scale multiplies (indexed by the code), or None if tables hold the levels."""
+        return None
+
+    @staticmethod
+    def cached_grid(kind: str, bits: int, device: torch.device, make: Any) -> torch.Tensor:
+        """A grid made once per device (on the device: no host copy, no sync)."""
+        key = (kind, bits, device)
+        if key not in _grids:
+            _grids[key] = make(torch.arange(1 << bits, dtype=torch.float32, device=device))
+        return _grids[key]
+
+    @abstractmethod
+    def quantize_kernel(self, kernels: Any, x: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(tables, packed) of a flat float32 CPU tensor, by the fused kernels."""
+
+    @abstractmethod
+    def quantize_torch(self, x: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(tables, packed) of a flat float32 tensor on any device, by PyTorch ops without host syncs."""
+
+    def compress(self, tensor: torch.Tensor, state: State, ctx: Context,
+                 agreed: torch.Tensor | None = None) -> tuple[Payload, Any]:
+        x = tensor.detach().reshape(-1).to(torch.float32).contiguous()
+        seed = derive_seed(ctx.seed, ctx.step)
+        kernels = cpu_kernels() if x.device.type == "cpu" else None
+        tables, packed = (self.quantize_kernel(kernels, x, seed) if kernels is not None
+                          else self.quantize_torch(x, seed))
+        return [tables, packed], (tensor.shape, x.numel())
+
+    def decompress(self, payload: Payload, meta: Any) -> torch.Tensor:
+        return self.aggregate([payload], meta)
+
+    def aggregate(self, payloads: list[Payload], meta: Any) -> torch.Tensor:
+        shape, n = meta
+        device = payloads[0][1].device
+        return decode_sum([payload[1] for payload in payloads], [payload[0] for payload in payloads],
+                          self.grid(device), self.bits, self.bucket(n), n).view(shape)
+
+
+def rounding_variance(x: torch.Tensor, levels: torch.Tensor, bucket: int) -> torch.Tensor:
+    """Expected squared error of rounding each bucket of ``x`` stochastically between neighbouring ``levels``
+    ([buckets, L], sorted): sum of (l_{j+1} - g)(g - l_j) over the elements (float64). For analysis and tests:
+    the quantity ORQ minimizes, to compare with QSGD's and uniform levels'."""
+    xb, valid = buckets(x.double(), bucket)
+    levels = levels.double()
+    j = (torch.searchsorted(levels, xb, right=True) - 1).clamp_(0, levels.shape[1] - 2)
+    low, high = torch.gather(levels, 1, j), torch.gather(levels, 1, j + 1)
+    return ((high - xb) * (xb - low)).clamp_(min=0).mul_(valid).sum()
