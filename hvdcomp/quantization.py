@@ -136,11 +136,11 @@ class BucketQuantizer(Compressor):
 
 
 def rounding_variance(x: torch.Tensor, levels: torch.Tensor, bucket: int) -> torch.Tensor:
-    """Expected squared error of rounding each bucket of ``x`` stochastically between neighbouring ``levels``
-    ([buckets, L], sorted): sum of (l_{j+1} - g)(g - l_j) over the elements (float64). For analysis and tests:
-    the quantity ORQ minimizes, to compare with QSGD's and uniform levels'."""
-    xb, valid = buckets(x.double(), bucket)
+    """Per element of ``x`` (flat), the variance of rounding it stochastically between the neighbouring levels
+    of its bucket (``levels`` [buckets, L], sorted): (l_{j+1} - g)(g - l_j), float64. The quantity ORQ
+    minimizes, for comparing it with QSGD's and uniform levels' (tests, ``perf/quantizer_variance.py``)."""
+    xb, _ = buckets(x.double(), bucket)
     levels = levels.double()
     j = (torch.searchsorted(levels, xb, right=True) - 1).clamp_(0, levels.shape[1] - 2)
     low, high = torch.gather(levels, 1, j), torch.gather(levels, 1, j + 1)
-    return ((high - xb) * (xb - low)).clamp_(min=0).mul_(valid).sum()
+    return ((high - xb) * (xb - low)).clamp_(min=0).reshape(-1)[:x.numel()]

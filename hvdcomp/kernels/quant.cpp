@@ -37,11 +37,80 @@ inline void store_group(uint8_t* dst, uint64_t word, int64_t group, int64_t bits
   for (int64_t i = 0; i < count; ++i) dst[offset + i] = static_cast<uint8_t>(word >> (8 * i));
 }
 
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the packed format is read as little-endian words");
+
+// The group's b bytes in the low bits of a word (bits above 8 b are the next group's: callers mask).
 inline uint64_t load_group(const uint8_t* src, int64_t group, int64_t bits, int64_t nbytes) {
-  const int64_t offset = group * bits, count = std::min<int64_t>(bits, nbytes - offset);
+  const int64_t offset = group * bits;
   uint64_t word = 0;
-  for (int64_t i = 0; i < count; ++i) word |= static_cast<uint64_t>(src[offset + i]) << (8 * i);
+  if (offset + 8 <= nbytes) {
+    std::memcpy(&word, src + offset, 8);
+    return word;
+  }
+  for (int64_t i = 0; i < nbytes - offset; ++i) word |= static_cast<uint64_t>(src[offset + i]) << (8 * i);
   return word;
+}
+
+// Sum of squares, max |v| and minimum and maximum of m values, in 8 independent lanes (SIMD, no long
+// dependency chain).
+struct Stats {
+  double squares;
+  float absmax, low, high;
+};
+
+inline Stats stats(const float* v, int64_t m) {
+  float q[8] = {}, a[8] = {}, lo[8], hi[8];
+  for (int j = 0; j < 8; ++j) lo[j] = hi[j] = v[0];
+  int64_t i = 0;
+  for (; i + 8 <= m; i += 8)
+    for (int j = 0; j < 8; ++j) {
+      const float x = v[i + j];
+      q[j] += x * x;
+      a[j] = std::max(a[j], std::fabs(x));
+      lo[j] = std::min(lo[j], x);
+      hi[j] = std::max(hi[j], x);
+    }
+  for (; i < m; ++i) {
+    q[0] += v[i] * v[i];
+    a[0] = std::max(a[0], std::fabs(v[i]));
+    lo[0] = std::min(lo[0], v[i]);
+    hi[0] = std::max(hi[0], v[i]);
+  }
+  Stats out{0.0, 0.f, lo[0], hi[0]};
+  for (int j = 0; j < 8; ++j) {
+    out.squares += q[j];
+    out.absmax = std::max(out.absmax, a[j]);
+    out.low = std::min(out.low, lo[j]);
+    out.high = std::max(out.high, hi[j]);
+  }
+  return out;
+}
+
+// Sum and count of the values below t, and the sum of all, in 8 lanes.
+inline void below(const float* v, int64_t m, float t, double& sum_below, int64_t& count_below, double& sum_all) {
+  float s[8] = {}, all[8] = {};
+  int32_t c[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= m; i += 8)
+    for (int j = 0; j < 8; ++j) {
+      const float x = v[i + j];
+      const bool under = x < t;
+      s[j] += under ? x : 0.f;
+      all[j] += x;
+      c[j] += under;
+    }
+  for (; i < m; ++i) {
+    s[0] += v[i] < t ? v[i] : 0.f;
+    all[0] += v[i];
+    c[0] += v[i] < t;
+  }
+  sum_below = sum_all = 0.0;
+  count_below = 0;
+  for (int j = 0; j < 8; ++j) {
+    sum_below += s[j];
+    sum_all += all[j];
+    count_below += c[j];
+  }
 }
 
 // Eight 24-bit uniforms in [0, 1) for group ``group``: four splitmix64 draws, two per call.
@@ -55,6 +124,25 @@ inline void uniforms8(uint64_t key, int64_t group, float* u) {
 
 inline uint64_t seed_key(int64_t seed) { return static_cast<uint64_t>(seed) * 0xD1B54A32D192ED03ULL; }
 
+// Draws and packs one bucket [lo, lo + m): code(value, u) with u uniform in [0, 1), 8 codes per b bytes.
+template <typename Code>
+inline void encode_bucket(const float* src, int64_t lo, int64_t m, int64_t bits, uint64_t key, uint8_t* dst,
+                          int64_t nbytes, const Code& code) {
+  for (int64_t g = lo / 8; g * 8 < lo + m; ++g) {
+    float u[8];
+    uniforms8(key, g, u);
+    const float* v = src + 8 * g;
+    const int64_t count = std::min<int64_t>(8, lo + m - 8 * g);
+    uint64_t word = 0;
+    if (count == 8) {
+      for (int j = 0; j < 8; ++j) word |= code(v[j], u[j]) << (bits * j);
+    } else {
+      for (int64_t j = 0; j < count; ++j) word |= code(v[j], u[j]) << (bits * j);
+    }
+    store_group(dst, word, g, bits, nbytes);
+  }
+}
+
 void check_bucket(int64_t bucket, const char* what) {
   TORCH_CHECK(bucket >= 8 && bucket % 8 == 0, what, ": bucket must be a positive multiple of 8, got ", bucket);
 }
@@ -66,29 +154,27 @@ void check_bucket(int64_t bucket, const char* what) {
 // K = sum_{[a, b)} (g - a) / (b - a): the variance falls while the count above l exceeds K, so the optimal l is
 // the largest super-point with more than K weight at or above it, found by binary search on prefix sums.
 void orq_levels(const float* v, int64_t m, int64_t levels, int64_t iterations, int64_t bins, float* out,
-                std::vector<double>& weight, std::vector<double>& mass, std::vector<int64_t>& index) {
-  float lo = v[0], hi = v[0];
-  for (int64_t i = 1; i < m; ++i) {
-    lo = std::min(lo, v[i]);
-    hi = std::max(hi, v[i]);
-  }
+                std::vector<int32_t>& counts, std::vector<float>& sums, std::vector<double>& weight,
+                std::vector<double>& mass, std::vector<int64_t>& index) {
+  const Stats range = stats(v, m);
+  const float lo = range.low, hi = range.high;
   const int64_t top = levels - 1;
   for (int64_t j = 0; j <= top; ++j) out[j] = lo + (hi - lo) * static_cast<float>(j) / static_cast<float>(top);
   out[0] = lo;
   out[top] = hi;
   if (iterations == 0 || levels <= 2 || !(hi > lo)) return;
-  // Prefix sums over the bins: weight[i] = #values in bins < i, mass[i] = their sum.
-  std::fill(weight.begin(), weight.end(), 0.0);
-  std::fill(mass.begin(), mass.end(), 0.0);
+  // Count and sum per bin, then prefix sums: weight[i] = #values in bins < i, mass[i] = their sum.
+  std::fill(counts.begin(), counts.end(), 0);
+  std::fill(sums.begin(), sums.end(), 0.f);
   const float scale = static_cast<float>(bins) / (hi - lo);
   for (int64_t i = 0; i < m; ++i) {
     const int64_t b = std::min<int64_t>(bins - 1, static_cast<int64_t>((v[i] - lo) * scale));
-    weight[b + 1] += 1.0;
-    mass[b + 1] += v[i];
+    counts[b] += 1;
+    sums[b] += v[i];
   }
   for (int64_t b = 0; b < bins; ++b) {
-    weight[b + 1] += weight[b];
-    mass[b + 1] += mass[b];
+    weight[b + 1] = weight[b] + counts[b];
+    mass[b + 1] = mass[b] + sums[b];
   }
   const auto mean_of = [&](int64_t b) {
     return static_cast<float>((mass[b + 1] - mass[b]) / (weight[b + 1] - weight[b]));
@@ -148,49 +234,35 @@ std::vector<torch::Tensor> quantize_levels(const torch::Tensor& x, int64_t bucke
   const uint64_t key = seed_key(seed);
   const int64_t s = (levels >> 1) - 1;
   at::parallel_for(0, buckets, std::max<int64_t>(1, kGrain / bucket), [&](int64_t begin, int64_t end) {
-    std::vector<double> weight(bins + 1), mass(bins + 1);
+    std::vector<int32_t> counts(bins);
+    std::vector<float> sums(bins);
+    std::vector<double> weight(bins + 1, 0.0), mass(bins + 1, 0.0);  // entry 0 stays 0
     std::vector<int64_t> index(levels);
     for (int64_t b = begin; b < end; ++b) {
       const int64_t lo = b * bucket, m = std::min(bucket, n - lo);
       const float* v = src + lo;
       float* lv = table + b * width;
       if (kind == kOrq) {
-        orq_levels(v, m, levels, iterations, bins, lv, weight, mass, index);
+        orq_levels(v, m, levels, iterations, bins, lv, counts, sums, weight, mass, index);
       } else {
-        float norm = 0.f;
-        if (kind == kQsgdL2) {
-          double sum = 0.0;
-          for (int64_t i = 0; i < m; ++i) sum += static_cast<double>(v[i]) * v[i];
-          norm = static_cast<float>(std::sqrt(sum));
-        } else {
-          for (int64_t i = 0; i < m; ++i) norm = std::max(norm, std::fabs(v[i]));
-        }
-        lv[0] = norm;
+        const Stats moments = stats(v, m);
+        lv[0] = kind == kQsgdL2 ? static_cast<float>(std::sqrt(moments.squares)) : moments.absmax;
       }
       const float inverse = kind == kOrq || lv[0] == 0.f ? 0.f : static_cast<float>(s) / lv[0];
-      for (int64_t g = lo / 8; g * 8 < lo + m; ++g) {
-        float u[8];
-        uniforms8(key, g, u);
-        uint64_t word = 0;
-        const int64_t count = std::min<int64_t>(8, lo + m - 8 * g);
-        for (int64_t j = 0; j < count; ++j) {
-          const float value = src[8 * g + j];
-          uint64_t code;
-          if (kind == kOrq) {
-            int64_t i = 0;  // the largest i with lv[i] <= value: branch-free binary search
-            for (int64_t step = levels >> 1; step >= 1; step >>= 1) i += lv[i + step] <= value ? step : 0;
-            i = std::min(i, levels - 2);
-            const float gap = lv[i + 1] - lv[i];
-            code = static_cast<uint64_t>(i) + static_cast<uint64_t>(u[j] * gap < value - lv[i]);
-          } else {
-            const float r = std::fabs(value) * inverse;  // in [0, s]
-            const int64_t floor_r = std::min<int64_t>(s - 1, static_cast<int64_t>(r));
-            const int64_t level = floor_r + static_cast<int64_t>(u[j] < r - static_cast<float>(floor_r));
-            code = static_cast<uint64_t>(value < 0.f ? s - level : s + level);
-          }
-          word |= code << (bits * j);
-        }
-        store_group(dst, word, g, bits, nbytes);
+      if (kind == kOrq) {
+        encode_bucket(src, lo, m, bits, key, dst, nbytes, [&](float value, float u) {
+          int64_t i = 0;  // the largest i with lv[i] <= value: branch-free binary search
+          for (int64_t step = levels >> 1; step >= 1; step >>= 1) i += lv[i + step] <= value ? step : 0;
+          i = std::min(i, levels - 2);
+          return static_cast<uint64_t>(i) + static_cast<uint64_t>(u * (lv[i + 1] - lv[i]) < value - lv[i]);
+        });
+      } else {
+        encode_bucket(src, lo, m, bits, key, dst, nbytes, [&](float value, float u) {
+          const float r = std::fabs(value) * inverse;  // in [0, s]
+          const int64_t floor_r = std::min<int64_t>(s - 1, static_cast<int64_t>(r));
+          const int64_t level = floor_r + static_cast<int64_t>(u < r - static_cast<float>(floor_r));
+          return static_cast<uint64_t>(value < 0.f ? s - level : s + level);
+        });
       }
     }
   });
@@ -217,36 +289,30 @@ std::vector<torch::Tensor> quantize_binary(const torch::Tensor& x, int64_t bucke
     for (int64_t b = begin; b < end; ++b) {
       const int64_t lo = b * bucket, m = std::min(bucket, n - lo);
       const float* v = src + lo;
-      float threshold = 0.f, below = 0.f, above = 0.f;
-      const auto cells = [&](float t) {  // the means of the values below t and at or above t
-        double sum_below = 0.0, sum_all = 0.0;
-        int64_t count_below = 0;
-        for (int64_t i = 0; i < m; ++i) {
-          const bool under = v[i] < t;
-          sum_below += under ? v[i] : 0.f;
-          sum_all += v[i];
-          count_below += under;
-        }
+      float threshold = 0.f, low = 0.f, high = 0.f;
+      int64_t count_below = -1;
+      const auto cells = [&](float t) {  // the means of the values below t and at or above t; false: unchanged
+        double sum_below, sum_all;
+        const int64_t before = count_below;
+        below(v, m, t, sum_below, count_below, sum_all);
         const int64_t count_above = m - count_below;
-        below = count_below ? static_cast<float>(sum_below / count_below) : (kind == kOneBit ? 0.f : t);
-        above = count_above ? static_cast<float>((sum_all - sum_below) / count_above) : (kind == kOneBit ? 0.f : t);
+        low = count_below ? static_cast<float>(sum_below / count_below) : (kind == kOneBit ? 0.f : t);
+        high = count_above ? static_cast<float>((sum_all - sum_below) / count_above) : (kind == kOneBit ? 0.f : t);
+        return count_below != before;
       };
       if (kind == kOneBit) {
         cells(0.f);
       } else {
-        double sum = 0.0;
-        for (int64_t i = 0; i < m; ++i) sum += v[i];
-        threshold = static_cast<float>(sum / m);
-        for (int64_t it = 0;; ++it) {
-          cells(threshold);
-          if (it + 1 >= iterations) break;
-          const float next = 0.5f * (below + above);
-          if (next == threshold) break;  // a fixed point
-          threshold = next;
-        }
+        double sum_below, sum_all;
+        int64_t count;
+        below(v, m, 0.f, sum_below, count, sum_all);
+        threshold = static_cast<float>(sum_all / m);
+        // Up to ``iterations`` partitions; the sets {g < t} are nested, so an unchanged count is an unchanged
+        // partition: a fixed point, where further iterations would change nothing.
+        for (int64_t it = 0; cells(threshold) && it + 1 < iterations; ++it) threshold = 0.5f * (low + high);
       }
-      table[2 * b] = below;
-      table[2 * b + 1] = above;
+      table[2 * b] = low;
+      table[2 * b + 1] = high;
       for (int64_t g = lo / 8; g * 8 < lo + m; ++g) {
         const int64_t count = std::min<int64_t>(8, lo + m - 8 * g);
         uint64_t word = 0;
@@ -294,6 +360,7 @@ torch::Tensor decode_sum(const torch::Tensor& packed, const torch::Tensor& table
   TORCH_CHECK(packed.device().is_cpu() && packed.scalar_type() == torch::kUInt8 && packed.dim() == 2 &&
                   packed.is_contiguous(),
               "decode_sum: packed must be a contiguous CPU uint8 tensor [R, nbytes]");
+  if (n == 0) return torch::empty({0}, torch::kFloat32);  // whatever tables a whole-tensor bucket came with
   check_float_contiguous(tables, "decode_sum: tables");
   check_float_contiguous(grid, "decode_sum: grid");
   const int64_t ranks = packed.size(0), nbytes = packed.size(1), levels = int64_t{1} << bits;
@@ -306,7 +373,6 @@ torch::Tensor decode_sum(const torch::Tensor& packed, const torch::Tensor& table
   TORCH_CHECK(tables.dim() == 3 && tables.size(0) == ranks && tables.size(1) == buckets && tables.size(2) == width,
               "decode_sum: tables must be [", ranks, ", ", buckets, ", ", width, "], got ", tables.sizes());
   auto out = torch::empty({n}, torch::kFloat32);
-  if (n == 0) return out;
   const uint8_t* src = packed.data_ptr<uint8_t>();
   const float* table = tables.data_ptr<float>();
   const float* steps = grid.numel() ? grid.data_ptr<float>() : nullptr;
@@ -327,10 +393,12 @@ torch::Tensor decode_sum(const torch::Tensor& packed, const torch::Tensor& table
           const uint64_t word = load_group(codes, g, bits, nbytes);
           const int64_t count = std::min<int64_t>(8, n - 8 * g);
           float* o = dst + 8 * g;
-          if (r == 0) {
-            for (int64_t j = 0; j < count; ++j) o[j] = lut[(word >> (bits * j)) & mask];
+          if (count == 8 && r == 0) {
+            for (int j = 0; j < 8; ++j) o[j] = lut[(word >> (bits * j)) & mask];
+          } else if (count == 8) {
+            for (int j = 0; j < 8; ++j) o[j] += lut[(word >> (bits * j)) & mask];
           } else {
-            for (int64_t j = 0; j < count; ++j) o[j] += lut[(word >> (bits * j)) & mask];
+            for (int64_t j = 0; j < count; ++j) o[j] = (r == 0 ? 0.f : o[j]) + lut[(word >> (bits * j)) & mask];
           }
         }
       }

@@ -38,7 +38,7 @@ class BinGrad(BucketQuantizer):
     unbiased = False
     bits = 1
 
-    def __init__(self, bucket_size: int = 512, iterations: int = 8) -> None:
+    def __init__(self, bucket_size: int = 512, iterations: int = 4) -> None:
         self.bucket_size = check_bucket_size(self.name, bucket_size)
         self.iterations = check_int(self.name, "iterations", iterations, 1, 1000)
 
