@@ -63,14 +63,18 @@ def buckets(x: torch.Tensor, bucket: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def decode_sum(packed: list[torch.Tensor], tables: list[torch.Tensor], grid: torch.Tensor | None, bits: int,
                bucket: int, n: int) -> torch.Tensor:
-    """Sum over payloads of their decoded values, float32 [n], added in payload (rank) order."""
+    """Sum over payloads of their decoded values, float32 [n], added in payload (rank) order. Tables may arrive
+    flattened (gathered payloads travel as flat parts)."""
     device = packed[0].device
+    rows = -(-n // bucket)
+    if rows == 0:
+        return torch.zeros(0, dtype=torch.float32, device=device)
+    tables = [table.reshape(rows, -1) for table in tables]
     kernels = cpu_kernels() if device.type == "cpu" else None
     if kernels is not None:
         empty = torch.empty(0, dtype=torch.float32)
         return kernels.decode_sum(torch.stack(packed), torch.stack(tables).float(),
                                   empty if grid is None else grid, bits, bucket, n)
-    rows = -(-n // bucket) if n else 0
     total = torch.zeros(n, dtype=torch.float32, device=device)
     for part, table in zip(packed, tables, strict=True):
         codes = torch.zeros(rows * bucket, dtype=torch.int64, device=device)

@@ -12,7 +12,7 @@ from conftest import BIN, CONTROLLERS, REPO, run_ranks
 
 pytestmark = pytest.mark.multirank
 
-SCENARIOS = ["collectives", "requests", "plans", "train", "resume", "stock", "nograd"]
+SCENARIOS = ["collectives", "requests", "plans", "train", "resume", "stock", "nograd", "majority"]
 #: scenario -> what each rank prints, as "<what> (on every rank) rank R", once it caught the expected error
 EXPECTED_FAILURES = {
     "nonfinite_raise": "raised FloatingPointError",
@@ -71,6 +71,12 @@ def test_new_methods_train_digits(tmp_path, method: str) -> None:
     (run,) = json.loads(summary.read_text())
     assert run["method"] == method and run["compression_ratio"] > 3, run
     assert run["test_accuracy"] > 0.9, run
+
+
+def test_quantizers_train_digits_within_one_point_of_dense() -> None:
+    result = run_ranks([str(REPO / "tests" / "ranks.py"), "digits_quantizers"], 2, timeout=400)
+    assert result.returncode == 0, result.output[-5000:]
+    assert result.ranks_saying("digits_quantizers OK") == {0, 1}, result.output[-5000:]
 
 
 def test_train_with_job_file_under_gloo(tmp_path) -> None:
