@@ -113,7 +113,7 @@ def test_orq_levels_satisfy_the_optimality_condition(path: str, bits: int) -> No
     levels = payload[0].double()
     worst = 0.0
     for row, values in enumerate(x.double().view(-1, 512)):
-        width = (values.max() - values.min()) / compressor.bins
+        width = (values.max() - values.min()) / compressor.search_bins
         for j in range(1, levels.shape[1] - 1):
             a, level, b = levels[row, j - 1], levels[row, j], levels[row, j + 1]
             left = values[(values >= a) & (values < level)]

@@ -45,8 +45,10 @@ def build() -> ModuleType:
     if (own / "ninja").exists():
         os.environ["PATH"] = os.pathsep.join([str(own), path or os.defpath])
     try:
-        return load(name="hvdcomp_kernels", sources=[str(source) for source in _SOURCES], extra_cflags=["-O3"],
-                    verbose=False, build_directory=build_directory)
+        # -fopenmp: ATen's parallel_for is an OpenMP pragma in its header; without the flag it runs on one thread.
+        return load(name="hvdcomp_kernels", sources=[str(source) for source in _SOURCES],
+                    extra_cflags=["-O3", "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False,
+                    build_directory=build_directory)
     finally:
         if path is None:
             os.environ.pop("PATH", None)

@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 namespace hvdcomp {
@@ -124,10 +125,25 @@ inline void uniforms8(uint64_t key, int64_t group, float* u) {
 
 inline uint64_t seed_key(int64_t seed) { return static_cast<uint64_t>(seed) * 0xD1B54A32D192ED03ULL; }
 
+// Calls f(std::integral_constant<int, bits>): shifts by a constant let the compiler unroll and vectorize.
+template <typename F>
+inline void with_bits(int64_t bits, const F& f) {
+  switch (bits) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    case 5: f(std::integral_constant<int, 5>{}); break;
+    case 6: f(std::integral_constant<int, 6>{}); break;
+    case 7: f(std::integral_constant<int, 7>{}); break;
+    default: f(std::integral_constant<int, 8>{}); break;
+  }
+}
+
 // Draws and packs one bucket [lo, lo + m): code(value, u) with u uniform in [0, 1), 8 codes per b bytes.
-template <typename Code>
-inline void encode_bucket(const float* src, int64_t lo, int64_t m, int64_t bits, uint64_t key, uint8_t* dst,
-                          int64_t nbytes, const Code& code) {
+template <int B, typename Code>
+inline void encode_bucket(const float* src, int64_t lo, int64_t m, uint64_t key, uint8_t* dst, int64_t nbytes,
+                          const Code& code) {
   for (int64_t g = lo / 8; g * 8 < lo + m; ++g) {
     float u[8];
     uniforms8(key, g, u);
@@ -135,11 +151,11 @@ inline void encode_bucket(const float* src, int64_t lo, int64_t m, int64_t bits,
     const int64_t count = std::min<int64_t>(8, lo + m - 8 * g);
     uint64_t word = 0;
     if (count == 8) {
-      for (int j = 0; j < 8; ++j) word |= code(v[j], u[j]) << (bits * j);
+      for (int j = 0; j < 8; ++j) word |= code(v[j], u[j]) << (B * j);
     } else {
-      for (int64_t j = 0; j < count; ++j) word |= code(v[j], u[j]) << (bits * j);
+      for (int64_t j = 0; j < count; ++j) word |= code(v[j], u[j]) << (B * j);
     }
-    store_group(dst, word, g, bits, nbytes);
+    store_group(dst, word, g, B, nbytes);
   }
 }
 
@@ -249,21 +265,27 @@ std::vector<torch::Tensor> quantize_levels(const torch::Tensor& x, int64_t bucke
         lv[0] = kind == kQsgdL2 ? static_cast<float>(std::sqrt(moments.squares)) : moments.absmax;
       }
       const float inverse = kind == kOrq || lv[0] == 0.f ? 0.f : static_cast<float>(s) / lv[0];
-      if (kind == kOrq) {
-        encode_bucket(src, lo, m, bits, key, dst, nbytes, [&](float value, float u) {
-          int64_t i = 0;  // the largest i with lv[i] <= value: branch-free binary search
-          for (int64_t step = levels >> 1; step >= 1; step >>= 1) i += lv[i + step] <= value ? step : 0;
-          i = std::min(i, levels - 2);
-          return static_cast<uint64_t>(i) + static_cast<uint64_t>(u * (lv[i + 1] - lv[i]) < value - lv[i]);
-        });
-      } else {
-        encode_bucket(src, lo, m, bits, key, dst, nbytes, [&](float value, float u) {
-          const float r = std::fabs(value) * inverse;  // in [0, s]
-          const int64_t floor_r = std::min<int64_t>(s - 1, static_cast<int64_t>(r));
-          const int64_t level = floor_r + static_cast<int64_t>(u < r - static_cast<float>(floor_r));
-          return static_cast<uint64_t>(value < 0.f ? s - level : s + level);
-        });
-      }
+      with_bits(bits, [&](auto b_) {
+        constexpr int B = decltype(b_)::value;
+        constexpr int L = 1 << B;
+        if (kind == kOrq) {
+          encode_bucket<B>(src, lo, m, key, dst, nbytes, [&](float value, float u) {
+            int i = 0;  // the largest i with lv[i] <= value: branch-free binary search
+            for (int step = L >> 1; step >= 1; step >>= 1) i += step * static_cast<int>(lv[i + step] <= value);
+            i = std::min(i, L - 2);
+            return static_cast<uint64_t>(i) + static_cast<uint64_t>(u * (lv[i + 1] - lv[i]) < value - lv[i]);
+          });
+        } else {
+          constexpr int S = (L >> 1) - 1;
+          encode_bucket<B>(src, lo, m, key, dst, nbytes, [&](float value, float u) {
+            const float r = std::fabs(value) * inverse;  // in [0, s]
+            const int floor_r = std::min(S - 1, static_cast<int>(r));
+            const int level = floor_r + static_cast<int>(u < r - static_cast<float>(floor_r));
+            // S + level or S - level, branch-free: the sign is random, a branch would mispredict half the time
+            return static_cast<uint64_t>(S + level - 2 * level * static_cast<int>(value < 0.f));
+          });
+        }
+      });
     }
   });
   return {tables, packed};
@@ -377,7 +399,6 @@ torch::Tensor decode_sum(const torch::Tensor& packed, const torch::Tensor& table
   const float* table = tables.data_ptr<float>();
   const float* steps = grid.numel() ? grid.data_ptr<float>() : nullptr;
   float* dst = out.data_ptr<float>();
-  const uint64_t mask = (uint64_t{1} << bits) - 1;
   const int64_t groups = (n + 7) / 8;
   at::parallel_for(0, groups, kGrain / 8, [&](int64_t begin, int64_t end) {
     float lut[256];
@@ -389,18 +410,28 @@ torch::Tensor decode_sum(const torch::Tensor& packed, const torch::Tensor& table
         const float* entry = table + (r * buckets + b) * width;
         for (int64_t c = 0; c < levels; ++c) lut[c] = steps ? entry[0] * steps[c] : entry[c];
         const uint8_t* codes = src + r * nbytes;
-        for (int64_t g = first; g < last; ++g) {
-          const uint64_t word = load_group(codes, g, bits, nbytes);
-          const int64_t count = std::min<int64_t>(8, n - 8 * g);
-          float* o = dst + 8 * g;
-          if (count == 8 && r == 0) {
-            for (int j = 0; j < 8; ++j) o[j] = lut[(word >> (bits * j)) & mask];
-          } else if (count == 8) {
-            for (int j = 0; j < 8; ++j) o[j] += lut[(word >> (bits * j)) & mask];
-          } else {
-            for (int64_t j = 0; j < count; ++j) o[j] = (r == 0 ? 0.f : o[j]) + lut[(word >> (bits * j)) & mask];
+        with_bits(bits, [&](auto b_) {
+          constexpr int B = decltype(b_)::value;
+          constexpr uint64_t mask = (uint64_t{1} << B) - 1;
+          // Full groups whose 8-byte load stays inside the payload: constant shifts, no bounds checks.
+          const int64_t fast = std::max(first, std::min(last, std::min(n / 8, (nbytes - 8) / B + 1)));
+          for (int64_t g = first; g < fast; ++g) {
+            uint64_t word;
+            std::memcpy(&word, codes + g * B, 8);
+            float* o = dst + 8 * g;
+            if (r == 0) {
+              for (int j = 0; j < 8; ++j) o[j] = lut[(word >> (B * j)) & mask];
+            } else {
+              for (int j = 0; j < 8; ++j) o[j] += lut[(word >> (B * j)) & mask];
+            }
           }
-        }
+          for (int64_t g = fast; g < last; ++g) {
+            const uint64_t word = load_group(codes, g, B, nbytes);
+            float* o = dst + 8 * g;
+            for (int64_t j = 0; j < std::min<int64_t>(8, n - 8 * g); ++j)
+              o[j] = (r == 0 ? 0.f : o[j]) + lut[(word >> (B * j)) & mask];
+          }
+        });
       }
       first = last;
     }

@@ -13,9 +13,9 @@ equivalently #{g in [l_j, l_{j+1})} = K_j with K_j = sum_{g in [l_{j-1}, l_{j+1}
 (l_{j+1} - l_{j-1}). The variance is piecewise linear in l_j, falling while more than K_j values lie at or
 above it, so the optimal l_j sits on a value. The levels start uniform and move by coordinate descent
 (``iterations`` sweeps at most, stopping at a fixed point); to stay at memory speed the bucket's values are
-binned into ``bins`` bins between min and max, each a weight at its mean, and the levels are exactly optimal
-for those (on the raw values the condition then holds to within one bin's count). ``iterations=0`` keeps the
-uniform levels, the baseline the paper improves on.
+binned into ``bins`` bins (at least 16 per level) between min and max, each a weight at its mean, and the
+levels are exactly optimal for those (on the raw values the condition then holds to within one bin's count).
+``iterations=0`` keeps the uniform levels, the baseline the paper improves on.
 
 Default ``bits=2`` (4 levels): methods.md does not record the paper's setting; 2 bits is TernGrad's budget, so
 the two compare at equal wire size. Wire: ``bits`` per element plus 2^bits float32 levels per bucket (2.25
@@ -91,26 +91,31 @@ class ORQ(BucketQuantizer):
         bits: bits per element, 1 to 8 (2^bits levels per bucket; 1: min and max only).
         bucket_size: elements per bucket, each with its own levels (a multiple of 8).
         iterations: coordinate-descent sweeps over the levels at most (0: uniform levels).
-        bins: bins of a bucket's value range the level search works on.
+        bins: bins of a bucket's value range the level search works on (at least 16 per level are used).
     """
 
     name = "orq"
     unbiased = True
 
-    def __init__(self, bits: int = 2, bucket_size: int = 512, iterations: int = 8, bins: int = 256) -> None:
+    def __init__(self, bits: int = 2, bucket_size: int = 512, iterations: int = 8, bins: int = 128) -> None:
         self.bits = check_int(self.name, "bits", bits, 1, 8)
         self.bucket_size = check_bucket_size(self.name, bucket_size)
         self.iterations = check_int(self.name, "iterations", iterations, 0, 1000)
         self.bins = check_int(self.name, "bins", bins, 1, 1 << 20)
 
+    @property
+    def search_bins(self) -> int:
+        """The bins the level search uses: ``bins``, and at least 16 per level (fewer would merge levels)."""
+        return max(self.bins, 16 << self.bits)
+
     def quantize_kernel(self, kernels: Any, x: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
         tables, packed = kernels.quantize_levels(x, self.bucket(x.numel()), self.bits, 0, self.iterations,
-                                                 self.bins, seed)
+                                                 self.search_bins, seed)
         return tables, packed
 
     def quantize_torch(self, x: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
         xb, valid = buckets(x, self.bucket(x.numel()))
-        levels = levels_torch(xb, valid, self.bits, self.iterations, self.bins)
+        levels = levels_torch(xb, valid, self.bits, self.iterations, self.search_bins)
         j = (torch.searchsorted(levels, xb, right=True) - 1).clamp_(0, levels.shape[1] - 2)
         low = torch.gather(levels, 1, j)
         gap = torch.gather(levels, 1, j + 1) - low
