@@ -5,7 +5,8 @@
 The real-data workload of ``hvdcomp train --workload digits`` (scikit-learn's handwritten digits, an MLP of 83 k
 parameters) with its defaults (20 epochs, batch 32 per rank, SGD lr 0.05, momentum 0.9, the same data shards per
 epoch as ``hvdcomp train``) for every method of perf/cluster_training.py: hvdcomp's ``dense``, ``fp16``,
-``terngrad``, ``topk``, ``randomk``, ``powersgd`` (rank 4 from the 3rd step) and the peers ``hvd-fp16``, ``ddp``,
+``terngrad``, ``topk``, ``randomk``, ``powersgd`` (rank 4 from the 3rd step), the quantizers (``bingrad``, ``orq``,
+``qsgd``, ``signsgd``, ``efsignsgd``, ``onebit``) and the peers ``hvd-fp16``, ``ddp``,
 ``ddp-powersgd`` (PyTorch's hook, rank 4 from the 3rd step). After each epoch every rank evaluates the test set (360
 images, outside the timed training time); the row of a method holds its accuracy curve against training time and the
 time (and epoch) at which test accuracy first reached ``--target`` (default 0.95). Rows go to
@@ -26,7 +27,8 @@ import clusterbench
 
 RESULTS = "cluster_accuracy.jsonl"
 HVDCOMP = {"dense": "none", "fp16": "fp16", "terngrad": "terngrad", "topk": "topk", "randomk": "randomk",
-           "powersgd": {"method": "powersgd", "options": {"rank": 4, "start_iter": 2}}}
+           "powersgd": {"method": "powersgd", "options": {"rank": 4, "start_iter": 2}}, "bingrad": "bingrad",
+           "orq": "orq", "qsgd": "qsgd", "signsgd": "signsgd", "efsignsgd": "efsignsgd", "onebit": "onebit"}
 METHODS = (*HVDCOMP, "hvd-fp16", "ddp", "ddp-powersgd")
 
 

@@ -10,7 +10,9 @@ launch on the same links:
 
 * hvdcomp (:func:`hvdcomp.DistributedOptimizer`): ``dense`` (``compression="none"``, exactly stock
   Horovod), ``fp16``, ``terngrad`` (allgather), ``terngrad-two-phase``, ``topk`` (1%, error feedback),
-  ``randomk`` (1%, unbiased), ``powersgd`` (rank 4 from the 3rd step, as the ddp-powersgd peer);
+  ``randomk`` (1%, unbiased), ``powersgd`` (rank 4 from the 3rd step, as the ddp-powersgd peer), and the
+  quantizers at their defaults (``bingrad``, ``orq``, ``qsgd``, ``signsgd``, ``efsignsgd``, ``onebit``: allgather
+  on 2 and 4 hosts);
 * peers: ``hvd`` and ``hvd-fp16`` (stock ``hvd.DistributedOptimizer``, without compression and with
   ``compression=hvd.Compression.fp16``), ``ddp`` (PyTorch
   DistributedDataParallel over torch.distributed's Gloo backend) and ``ddp-powersgd`` (the same with
@@ -44,7 +46,9 @@ import clusterbench
 RESULTS = "cluster_training.jsonl"
 HVDCOMP = {"dense": "none", "fp16": "fp16", "terngrad": {"method": "terngrad", "collective": "allgather"},
            "terngrad-two-phase": {"method": "terngrad", "collective": "two_phase"}, "topk": "topk",
-           "randomk": "randomk", "powersgd": {"method": "powersgd", "options": {"rank": 4, "start_iter": 2}}}
+           "randomk": "randomk", "powersgd": {"method": "powersgd", "options": {"rank": 4, "start_iter": 2}},
+           "bingrad": "bingrad", "orq": "orq", "qsgd": "qsgd", "signsgd": "signsgd", "efsignsgd": "efsignsgd",
+           "onebit": "onebit"}
 PEERS = ("hvd", "hvd-fp16", "ddp", "ddp-powersgd")
 METHODS = (*HVDCOMP, *PEERS)
 

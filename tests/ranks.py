@@ -361,7 +361,7 @@ def scenario_train() -> None:
 def scenario_resume() -> None:
     """state_dict() / load_state_dict() resume a run exactly: residuals, step counters, momentum."""
     for label in ("terngrad", "topk", "terngrad-two-phase", "randomk", "powersgd", "bingrad", "orq-two-phase",
-                  "signsgd"):
+                  "qsgd", "signsgd", "efsignsgd", "onebit"):
         def make(model: nn.Module, label: str = label) -> torch.optim.Optimizer:
             return hvdcomp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
                                                 named_parameters=model.named_parameters(),
