@@ -15,6 +15,7 @@ import pytest
 import yaml
 from conftest import BIN, run_ranks
 
+from hvdcomp import METHODS
 from hvdcomp.perfmodel import costs, predict, probe, schema, timeline
 from hvdcomp.perfmodel.costs import Link
 
@@ -399,8 +400,10 @@ def test_probe_profile_predict_for_real(tmp_path: Path) -> None:
     profile = schema.load(profile_path, "profile")
     assert [g.name for g in profile.gradients][-1] in ("0.weight", "0.bias")  # the first layer is ready last
     assert profile.dense_bytes == 4 * (64 * 512 + 512 + 512 * 96 + 96 + 96 * 10 + 10)
-    # every registered method, with no list to edit: PowerSGD and random-k joined by being defined
-    assert set(profile.compressors) == {"fp16", "powersgd", "randomk", "terngrad", "topk"}
+    # every registered method, with no list to edit: PowerSGD, random-k and the quantizers joined by being defined
+    assert set(profile.compressors) == set(METHODS) - {"none"}
+    orq = profile.compressors["orq"].gradients["0.weight"]  # 64 x 512: 64 buckets of 512, 2 bits + 4 levels each
+    assert orq.wire_bytes == 64 * (512 * 2 // 8 + 4 * 4)
     assert profile.compressors["terngrad"].shared_before_encode
     assert set(profile.compressors["topk"].gradients) == {"0.weight", "2.weight"}  # min_numel 1024
     powersgd = profile.compressors["powersgd"]
@@ -414,7 +417,8 @@ def test_probe_profile_predict_for_real(tmp_path: Path) -> None:
     prediction = json.loads(report.read_text())
     assert prediction["workers"] == [1, 2]
     assert {(o["step"]["method"], o["step"]["collective"]) for o in prediction["options"]} >= {
-        ("powersgd", "powersgd"), ("randomk", "allreduce"), ("terngrad", "two_phase"), ("topk", "parameter_server")}
+        ("powersgd", "powersgd"), ("randomk", "allreduce"), ("terngrad", "two_phase"), ("topk", "parameter_server"),
+        ("orq", "two_phase"), ("signsgd", "allgather")}
     done = _hvdcomp("predict", "--cluster", str(cluster_path), "--profile", str(profile_path), "--workers", "4")
     assert done.returncode == 2 and "has no inter_node link, so it cannot place 4 workers" in done.stderr
 
