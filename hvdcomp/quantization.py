@@ -29,19 +29,17 @@ _grids: dict[tuple[str, int, torch.device], torch.Tensor] = {}
 
 
 def generator(device: torch.device, seed: int) -> torch.Generator:
-    """A per-device generator reseeded for one draw (the PyTorch paths' randomness)."""
+    """A per-device generator reseeded for one draw (the PyTorch paths' randomness, TernGrad's too)."""
     found = _generators.get(device)
     if found is None:
         found = _generators[device] = torch.Generator(device=device)
     return found.manual_seed(seed)
 
 
-def check_bucket_size(method: str, bucket_size: int | None, allow_none: bool = False) -> int | None:
-    if bucket_size is None and allow_none:
-        return None
+def check_bucket_size(method: str, bucket_size: Any) -> int:
     if isinstance(bucket_size, bool) or not isinstance(bucket_size, int) or bucket_size < 8 or bucket_size % 8:
         raise ValueError(f"{method}: bucket_size must be a positive multiple of 8 (a group of 8 codes fills whole "
-                         f"bytes){' or None (the whole tensor)' if allow_none else ''}; got {bucket_size!r}")
+                         f"bytes); got {bucket_size!r}")
     return bucket_size
 
 

@@ -238,6 +238,8 @@ std::vector<torch::Tensor> quantize_levels(const torch::Tensor& x, int64_t bucke
   check_float_contiguous(x, "quantize_levels: x");
   check_bucket(bucket, "quantize_levels");
   TORCH_CHECK(bits >= 1 && bits <= 8, "quantize_levels: bits must be in [1, 8], got ", bits);
+  TORCH_CHECK(kind == kOrq || kind == kQsgdL2 || kind == kQsgdMax, "quantize_levels: kind must be 0 (ORQ), ",
+              "1 (QSGD, L2 norm) or 2 (QSGD, max norm), got ", kind);
   TORCH_CHECK(kind == kOrq || bits >= 2, "quantize_levels: QSGD needs bits >= 2, got ", bits);
   TORCH_CHECK(kind != kOrq || bins >= 1, "quantize_levels: bins must be >= 1, got ", bins);
   const int64_t n = x.numel(), buckets = (n + bucket - 1) / bucket, levels = int64_t{1} << bits;
@@ -300,6 +302,8 @@ std::vector<torch::Tensor> quantize_binary(const torch::Tensor& x, int64_t bucke
                                            int64_t iterations) {
   check_float_contiguous(x, "quantize_binary: x");
   check_bucket(bucket, "quantize_binary");
+  TORCH_CHECK(kind == kBinGrad || kind == kOneBit, "quantize_binary: kind must be 0 (BinGrad) or 1 (1-bit SGD), ",
+              "got ", kind);
   TORCH_CHECK(kind == kOneBit || iterations >= 1, "quantize_binary: iterations must be >= 1, got ", iterations);
   const int64_t n = x.numel(), buckets = (n + bucket - 1) / bucket, nbytes = packed_bytes(n, 1);
   auto tables = torch::empty({buckets, 2}, torch::kFloat32);

@@ -13,7 +13,8 @@ where the learning rate is the step per coordinate). Ties (an even number of ran
 coordinate does not move. An exact zero votes on a fair coin drawn from the rank's seed, so zero gradients (a
 dead unit, an unused row) push no direction. No error feedback by default, as in the paper. Under
 ``collective: two_phase`` each owner takes the vote of its chunk and re-sends it as signs, with its own error
-feedback: a tie (0) then goes out as a sign on the owner's residual, and is made good in later steps.
+feedback: a tie (0) then goes out as the sign of the owner's residual (a coin where that is 0 too), and the
+error is made good in later steps.
 
 ``efsignsgd``, Algorithm 1 of Karimireddy et al.: with p = g + e (e the residual), send
 Delta = (||p||_1 / d) sign(p) and keep e <- p - Delta; the ranks' Deltas are averaged.

@@ -33,15 +33,7 @@ from hvdcomp.collectives import Agree
 from hvdcomp.compressor import Compressor, Context, Payload, State, derive_seed
 from hvdcomp.kernels import cpu_kernels
 from hvdcomp.packing import pack_bits, unpack_bits
-
-_generators: dict[torch.device, torch.Generator] = {}
-
-
-def _generator(device: torch.device, seed: int) -> torch.Generator:
-    generator = _generators.get(device)
-    if generator is None:
-        generator = _generators[device] = torch.Generator(device=device)
-    return generator.manual_seed(seed)
+from hvdcomp.quantization import generator
 
 
 def decode_codes(codes: torch.Tensor) -> torch.Tensor:
@@ -116,7 +108,7 @@ class TernGrad(Compressor):
             packed = kernels.ternarize_pack(x, float(scaler), float(bound), seed)
         else:
             kept = x.abs().clamp_(max=bound)  # a_k = min(|g_k|, c*sigma) <= scaler
-            draw = torch.rand(x.numel(), generator=_generator(x.device, seed), device=x.device).mul_(scaler)
+            draw = torch.rand(x.numel(), generator=generator(x.device, seed), device=x.device).mul_(scaler)
             codes = draw.lt_(kept).to(torch.uint8) << (x < 0).to(torch.uint8)  # 0, 1 (+1) or 2 (-1)
             packed = pack_bits(codes, 2)
         return [scaler, packed], (tensor.shape, x.numel())
