@@ -264,3 +264,18 @@ def test_error_feedback_defaults() -> None:
 def test_bad_options_are_rejected(make, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         make()
+
+
+@pytest.mark.parametrize("method", QUANTIZERS)
+def test_nonfinite_input_keeps_the_payload_size(path: str, method: str) -> None:
+    """A NaN or Inf gradient (which the optimizer then rejects on every rank) is encoded without reading or writing
+    outside its buffers: the payload has its usual sizes."""
+    compressor = make_compressor(method, error_feedback=False)
+    reference, _ = compressor.compress(torch.ones(1200), {}, Context.local(torch.ones(1200)))
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        x = torch.randn(1200, generator=torch.Generator().manual_seed(0))
+        x[::7] = bad
+        for tensor in (x, torch.full((1200,), bad)):
+            payload, meta = compressor.compress(tensor, {}, Context.local(tensor))
+            assert [part.shape for part in payload] == [part.shape for part in reference], (method, bad)
+            assert compressor.decompress(payload, meta).shape == tensor.shape

@@ -163,6 +163,12 @@ void check_bucket(int64_t bucket, const char* what) {
   TORCH_CHECK(bucket >= 8 && bucket % 8 == 0, what, ": bucket must be a positive multiple of 8, got ", bucket);
 }
 
+// The bin of a position in [0, bins): clamped, and 0 for NaN (a NaN or Inf gradient must not index out of the
+// histogram; the optimizer rejects it afterwards).
+inline int64_t bin_of(float position, int64_t bins) {
+  return position >= 0.f ? (position < static_cast<float>(bins) ? static_cast<int64_t>(position) : bins - 1) : 0;
+}
+
 // ORQ's levels for one bucket (see hvdcomp/methods/orq.py): l_0 = min and l_{L-1} = max; the interior levels
 // start uniform and move by coordinate descent on the variance of stochastic rounding. The values are binned
 // into ``bins`` super-points (count and sum per bin, placed at the bin's mean); for level j with neighbours a <
@@ -184,7 +190,7 @@ void orq_levels(const float* v, int64_t m, int64_t levels, int64_t iterations, i
   std::fill(sums.begin(), sums.end(), 0.f);
   const float scale = static_cast<float>(bins) / (hi - lo);
   for (int64_t i = 0; i < m; ++i) {
-    const int64_t b = std::min<int64_t>(bins - 1, static_cast<int64_t>((v[i] - lo) * scale));
+    const int64_t b = bin_of((v[i] - lo) * scale, bins);
     counts[b] += 1;
     sums[b] += v[i];
   }
@@ -199,8 +205,8 @@ void orq_levels(const float* v, int64_t m, int64_t levels, int64_t iterations, i
   index[0] = 0;
   index[top] = bins;
   for (int64_t j = 1; j < top; ++j) {
-    int64_t b = std::min<int64_t>(bins - 1, static_cast<int64_t>((out[j] - lo) * scale));
-    while (weight[b + 1] == weight[b]) ++b;  // the last bin holds the max: never empty
+    int64_t b = bin_of((out[j] - lo) * scale, bins);
+    while (b < bins - 1 && weight[b + 1] == weight[b]) ++b;  // the last bin holds the max (finite values)
     index[j] = b;
     out[j] = mean_of(b);
   }
