@@ -16,6 +16,7 @@ same algorithm on a [buckets, bucket_size] view, with no host syncs.
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -103,12 +104,18 @@ class BucketQuantizer(Compressor):
         return None
 
     @staticmethod
-    def cached_grid(kind: str, bits: int, device: torch.device, make: Any) -> torch.Tensor:
+    def cached_grid(kind: str, bits: int, device: torch.device,
+                    make: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         """A grid made once per device (on the device: no host copy, no sync)."""
         key = (kind, bits, device)
         if key not in _grids:
             _grids[key] = make(torch.arange(1 << bits, dtype=torch.float32, device=device))
         return _grids[key]
+
+    def rounding_levels(self, payload: Payload) -> torch.Tensor:
+        """The sorted levels [buckets, L] each bucket of ``payload`` rounds between (for :func:`rounding_variance`)."""
+        grid = self.grid(payload[0].device)
+        return payload[0] if grid is None else payload[0] * grid
 
     @abstractmethod
     def quantize_kernel(self, kernels: Any, x: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

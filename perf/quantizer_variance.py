@@ -48,10 +48,7 @@ def relative_error(method: str, bits: int, bucket: int, x: torch.Tensor) -> floa
         compressor = (ORQ(bits=bits, bucket_size=bucket, iterations=0 if method == "uniform" else 8)
                       if method in ("orq", "uniform") else QSGD(bits=bits, bucket_size=bucket, norm=method[5:]))
         payload, _ = compressor.compress(x, {}, ctx)
-        levels = payload[0]
-        if isinstance(compressor, QSGD):
-            levels = levels * compressor.grid(levels.device)[:2 * compressor.levels + 1]
-        error = rounding_variance(x, levels, bucket).sum()
+        error = rounding_variance(x, compressor.rounding_levels(payload), bucket).sum()
     else:
         if bits != 1:
             return None

@@ -41,17 +41,9 @@ def data() -> dict[str, torch.Tensor]:
     return inputs()
 
 
-def levels_of(compressor: ORQ | QSGD, payload: list[torch.Tensor]) -> torch.Tensor:
-    """The levels [buckets, L] a payload rounds between (QSGD: its norm times the grid, without unused codes)."""
-    tables = payload[0]
-    if isinstance(compressor, QSGD):
-        return tables * compressor.grid(tables.device)[:2 * compressor.levels + 1]
-    return tables
-
-
 def variance(compressor: ORQ | QSGD, x: torch.Tensor) -> float:
     payload, _ = compressor.compress(x, {}, Context.local(x))
-    return rounding_variance(x, levels_of(compressor, payload), compressor.bucket_size).sum().item()
+    return rounding_variance(x, compressor.rounding_levels(payload), compressor.bucket_size).sum().item()
 
 
 def squared_error(method: str, x: torch.Tensor) -> float:
@@ -72,7 +64,7 @@ def test_unbiased(path: str, compressor: ORQ | QSGD) -> None:
     for step in range(draws):
         payload, meta = compressor.compress(x, {}, replace(ctx, step=step))
         mean += compressor.decompress(payload, meta).double() / draws
-    per_element = rounding_variance(x, levels_of(compressor, payload), compressor.bucket_size) / draws
+    per_element = rounding_variance(x, compressor.rounding_levels(payload), compressor.bucket_size) / draws
     total_z = (mean - x.double()).sum() / per_element.sum().sqrt()
     assert abs(total_z) < 4.5, f"sum of the means is {total_z:.2f} standard deviations off"
     random = per_element > 1e-20

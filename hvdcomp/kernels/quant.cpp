@@ -8,8 +8,8 @@
 // are (BinGrad, ORQ, 1-bit SGD: ``tables`` [buckets, 2^b]) or one scale per bucket times a fixed grid (QSGD,
 // sign: ``tables`` [buckets, 1] and ``grid`` [2^b]).
 //
-// Each kernel reads the input at most twice (statistics and levels, then draw-and-pack), one bucket at a time
-// while it is in L1; decoding sums every rank's payload in one pass. Draws are counter-based (splitmix64 of the
+// Each kernel works one bucket at a time while it is in L1 (statistics, level search, then one draw-and-pack
+// pass); decoding sums every rank's payload in one pass. Draws are counter-based (splitmix64 of the
 // seed and the group index), so results do not depend on the thread count, and the keep/round-up choice is
 // branch-free.
 #include "common.h"

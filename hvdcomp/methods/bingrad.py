@@ -13,7 +13,7 @@ the exact mean of the values it stands for and the bucket's sum is preserved. (m
 as reconstructed from the paper's statement of the condition.)
 
 Biased, so it runs with error feedback by default. Wire: 1 bit per element plus two float32 levels per bucket
-(1.0625 bits per element at the default 512).
+(1.125 bits per element at the default 512).
 """
 
 from __future__ import annotations
@@ -52,7 +52,6 @@ class BinGrad(BucketQuantizer):
         total = xb.sum(dim=1)
         threshold = total / count.clamp(min=1)
         levels = xb.new_zeros(xb.shape[0], 2)
-        cut = threshold
         for iteration in range(self.iterations):
             under = (xb < threshold.unsqueeze(1)) & valid
             count_under = under.sum(dim=1)

@@ -54,6 +54,9 @@ class QSGD(BucketQuantizer):
         return self.cached_grid("qsgd", self.bits, device,
                                 lambda codes: torch.where(codes <= 2 * s, (codes - s) / s, 0))
 
+    def rounding_levels(self, payload: list[torch.Tensor]) -> torch.Tensor:
+        return payload[0] * self.grid(payload[0].device)[:2 * self.levels + 1]  # without the unused code
+
     def quantize_kernel(self, kernels: Any, x: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
         tables, packed = kernels.quantize_levels(x, self.bucket(x.numel()), self.bits, NORMS.index(self.norm) + 1,
                                                  0, 1, seed)
