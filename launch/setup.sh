@@ -10,6 +10,8 @@
 # Environment:
 #   HVDCOMP_CACHE  where the Horovod source release, built wheels and build logs are kept
 #                  (default: ${XDG_CACHE_HOME:-$HOME/.cache}/hvdcomp)
+#   HVDCOMP_EXTRAS hvdcomp's optional dependencies to install (default: test,perf; the GPU check, which does
+#                  not lint, uses perf)
 set -euo pipefail
 
 readonly HOROVOD_VERSION=0.28.1
@@ -62,18 +64,31 @@ install_mpi() {
     log "Open MPI installed: $(mpirun --version 2>/dev/null | head -n 1)"
 }
 
-# b. The virtual environment and torch.
+# b. The virtual environment and torch. With a CUDA torch already on the machine, .venv sees it: through
+# --system-site-packages when python3 is the system's, through a .pth of python3's own site-packages when python3
+# is itself a virtual environment (GPU images; the system's older packages then stay out of .venv). The .pth calls
+# site.addsitedir, so that the .pth files there (setuptools' distutils shim, which Horovod's build needs) run too.
 setup_venv() {
-    local system_site=$1
+    local system_site=$1 flags=() torch_site=""
+    if [[ $system_site == true ]]; then
+        if python3 -c 'import sys; sys.exit(sys.prefix == sys.base_prefix)'; then
+            torch_site=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+        else
+            flags=(--system-site-packages)
+        fi
+    fi
     if [[ -x $PY ]] && "$PY" -V >/dev/null 2>&1 &&
-        grep -qx "include-system-site-packages = $system_site" "$VENV/pyvenv.cfg"; then
+        grep -qx "include-system-site-packages = $([[ -n ${flags[*]} ]] && echo true || echo false)" \
+            "$VENV/pyvenv.cfg"; then
         log "virtual environment .venv already exists"
-    elif [[ $system_site == true ]]; then
-        log "creating .venv with --system-site-packages, keeping the system's CUDA torch"
-        python3 -m venv --clear --system-site-packages "$VENV"
     else
-        log "creating .venv"
-        python3 -m venv --clear "$VENV"
+        log "creating .venv ${flags[*]}"
+        python3 -m venv --clear "${flags[@]}" "$VENV"
+    fi
+    if [[ -n $torch_site ]]; then
+        "$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' |
+            { read -r dir && echo "import site; site.addsitedir('$torch_site')" >"$dir/system-torch.pth"; }
+        log "python3 is a virtual environment: its site-packages $torch_site added to .venv's (system-torch.pth)"
     fi
     log "upgrading pip, setuptools and wheel in .venv"
     "${PIP[@]}" install -q --upgrade pip setuptools wheel
@@ -170,13 +185,16 @@ build_horovod() {
     tar -xzf "$sdist" -C "$work"
     local src="$work/horovod-$HOROVOD_VERSION"
 
-    # torch >= 2.1 headers need C++17; Horovod 0.28.1 asks for C++14 in these two files.
-    local file
-    for file in CMakeLists.txt horovod/torch/CMakeLists.txt; do
-        grep -q 'set(CMAKE_CXX_STANDARD 14)' "$src/$file" ||
-            die "patching Horovod: 'set(CMAKE_CXX_STANDARD 14)' not found in $file"
-        sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' "$src/$file"
-        ! grep -q 'set(CMAKE_CXX_STANDARD 14)' "$src/$file" || die "patching Horovod: $file not patched"
+    # torch >= 2.1 headers need C++17; Horovod 0.28.1 asks for C++14 in these two files, and C++11 for its CUDA
+    # kernels (CUDA 13's headers need C++17).
+    local file standard
+    for file in CMakeLists.txt horovod/torch/CMakeLists.txt horovod/common/ops/cuda/CMakeLists.txt; do
+        standard=CMAKE_CXX_STANDARD
+        [[ $file != */cuda/* ]] || standard=CMAKE_CUDA_STANDARD
+        grep -Eq "set\($standard 1[14]\)" "$src/$file" ||
+            die "patching Horovod: 'set($standard 11 or 14)' not found in $file"
+        sed -Ei "s/set\($standard 1[14]\)/set($standard 17)/" "$src/$file"
+        ! grep -Eq "set\($standard 1[14]\)" "$src/$file" || die "patching Horovod: $file not patched"
     done
 
     local build_env=(
@@ -184,11 +202,20 @@ build_horovod() {
         HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1
         HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1
         MAKEFLAGS="-j$(nproc)"
+        # GCC 13 no longer includes these transitively; Horovod 0.28.1's sources rely on it (group_table.h, common.h).
+        CXXFLAGS="${CXXFLAGS:-} -include cstdint -include string -include stdexcept"
     )
     local ops="PyTorch, MPI, Gloo; CPU only"
     if [[ -n $nccl ]]; then
         build_env+=(HOROVOD_GPU_OPERATIONS=NCCL)
         ops="PyTorch, MPI, Gloo, NCCL"
+        # Horovod's few CUDA kernels: for this machine's GPUs only, unless asked (default: every architecture).
+        local archs
+        archs=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | tr -d . | sort -u | paste -sd,)
+        if [[ -z ${HOROVOD_BUILD_CUDA_CC_LIST:-} && -n $archs ]]; then
+            build_env+=(HOROVOD_BUILD_CUDA_CC_LIST="$archs")
+            ops+=" (CUDA kernels for compute capability $archs)"
+        fi
         if [[ $nccl != system ]]; then
             # The pip package has only libnccl.so.2: link it dynamically through a libnccl.so of our own.
             mkdir "$work/nccl-lib"
@@ -218,11 +245,29 @@ build_horovod() {
 }
 
 # d. hvdcomp and its remaining dependencies; the constraints keep pip off torch and Horovod.
+# With the machine's own torch (argument true), pip must not resolve torch: an image's torch may pin CUDA wheels that
+# differ from those installed beside it, and offline pip cannot re-resolve them. hvdcomp's other requirements are
+# then installed by name and hvdcomp itself with --no-deps.
 install_hvdcomp() {
+    local system_site=$1 extras=${HVDCOMP_EXTRAS-test,perf}
     log "installing mpi4py, nvidia-ml-py and pyyaml"
     "${PIP[@]}" install -q -c "$CONSTRAINTS" mpi4py nvidia-ml-py pyyaml
-    log "installing hvdcomp in editable mode with its test extras"
-    "${PIP[@]}" install -q -c "$CONSTRAINTS" --no-build-isolation -e ".[test,perf]"
+    log "installing hvdcomp in editable mode with its extras [$extras]"
+    if [[ $system_site == false ]]; then
+        "${PIP[@]}" install -q -c "$CONSTRAINTS" --no-build-isolation -e ".[$extras]"
+        return
+    fi
+    local requirements
+    requirements=$(EXTRAS=$extras "$PY" -c '
+import os, re, tomllib
+project = tomllib.load(open("pyproject.toml", "rb"))["project"]
+names = [e for e in os.environ["EXTRAS"].split(",") if e]
+for line in project["dependencies"] + [r for e in names for r in project["optional-dependencies"][e]]:
+    if re.match(r"(torch|horovod)\b", line) is None:
+        print(line)')
+    mapfile -t requirements <<<"$requirements"
+    "${PIP[@]}" install -q -c "$CONSTRAINTS" "${requirements[@]}"
+    "${PIP[@]}" install -q --no-deps --no-build-isolation -e .
 }
 
 main() {
@@ -242,7 +287,7 @@ main() {
         rm -f "$STAMP"
         setup_venv "$system_site"
         install_horovod
-        install_hvdcomp
+        install_hvdcomp "$system_site"
         echo "$stamp_hash" >"$STAMP"
     fi
 

@@ -8,7 +8,8 @@
 #    compression (torch.cuda.set_sync_debug_mode("error")), every reduction through Horovod on one rank (NCCL);
 # 3. `hvdcomp bench compress --device cuda` for every method (JSON lines, bench-cuda.jsonl);
 # 4. `hvdcomp probe`: real NVML readings of the GPU (probe-gpu.yaml);
-# 5. a 1-rank `hvdcomp train --device cuda` for every method (train-<method>.json).
+# 5. a 1-rank `hvdcomp train --device cuda` for every method (train-<method>.json): the training loop on CUDA.
+#    One rank reduces nothing (as in Horovod), so compression through NCCL is step 2's test_reductions_on_one_rank.
 #
 # A machine without network access (the project's lent GPU machines) installs from a wheelhouse: put the wheels
 # set-up needs, and horovod-0.28.1.tar.gz, in .whl/ at the repository root; pip then reads only that folder.
@@ -22,7 +23,11 @@ methods=(bingrad efsignsgd fp16 onebit orq powersgd qsgd randomk signsgd terngra
 
 command -v nvidia-smi >/dev/null && nvidia-smi -L || { echo "gpu_check: no NVIDIA GPU here (nvidia-smi)" >&2; exit 1; }
 if [[ -d .whl ]]; then
-    export PIP_NO_INDEX=1 PIP_FIND_LINKS="$PWD/.whl"
+    # Offline: pip reads only the wheelhouse; no lint here, so no ruff (set-up's extras: perf; pytest is there).
+    export PIP_NO_INDEX=1 PIP_FIND_LINKS="$PWD/.whl" HVDCOMP_EXTRAS=${HVDCOMP_EXTRAS-perf}
+fi
+if ! command -v nvcc >/dev/null && [[ -x /usr/local/cuda/bin/nvcc ]]; then
+    export PATH="$PATH:/usr/local/cuda/bin"  # set-up builds Horovod's NCCL operations only where nvcc is found
 fi
 bash launch/setup.sh 2>&1 | tee "$out/setup.log"
 py=.venv/bin/python
