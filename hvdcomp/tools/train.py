@@ -55,7 +55,7 @@ class Summary:
     samples_per_s: float
     bytes_per_rank_per_step: float
     dense_fp32_bytes_per_step: int
-    compression_ratio: float
+    compression_ratio: float | None  # None on one rank: nothing is reduced (as in Horovod), nothing sent
     final_loss: float
     test_accuracy: float
 
@@ -171,7 +171,7 @@ def run(workload_name: str, compression: Any, epochs: int | None, batch_size: in
     final_loss = hvd.allreduce(loss.detach(), name=f"train.loss.{method_name(compression)}").item()
     return Summary(method_name(compression), workload_name, size, epochs, steps, mean_step,
                    statistics.median(timed), batch_size * size / mean_step, per_step, dense_bytes,
-                   dense_bytes / per_step, final_loss, evaluate(model, data))
+                   dense_bytes / per_step if per_step else None, final_loss, evaluate(model, data))
 
 
 def table(summaries: list[Summary]) -> str:
@@ -181,7 +181,8 @@ def table(summaries: list[Summary]) -> str:
     for s in summaries:
         rows.append(f"{s.method:>10} {s.ranks:>5} {s.steps:>6} {s.mean_step_s * 1e3:>9.1f} "
                     f"{s.samples_per_s:>10.1f} {s.bytes_per_rank_per_step / 1e6:>13.3f} "
-                    f"{s.compression_ratio:>7.1f}x {s.test_accuracy * 100:>8.2f}%")
+                    f"{'-' if s.compression_ratio is None else f'{s.compression_ratio:.1f}x':>8} "
+                    f"{s.test_accuracy * 100:>8.2f}%")
     return "\n".join(rows)
 
 
