@@ -79,7 +79,34 @@ def largest(x: torch.Tensor, k: int) -> torch.Tensor:
     return candidates[x[candidates].abs().topk(k, sorted=False).indices]
 
 
-class TopK(Compressor):
+class Sparse(Compressor):
+    """Payloads of (values, indices) with indices unique within a payload: top-k's decoding, shared by the
+    sparsifiers (top-k, threshold, DGC). Decoding adds each rank's payload in rank order (module docstring)."""
+
+    unbiased = False
+    fixed_size = False
+
+    def decompress(self, payload: Payload, meta: Any) -> torch.Tensor:
+        return self.aggregate([payload], meta)
+
+    def subtract(self, residual: torch.Tensor, payload: Payload, meta: Any) -> None:
+        values, indices = payload
+        residual.view(-1).index_add_(0, indices.long(), values.to(residual.dtype), alpha=-1)
+
+    def aggregate(self, payloads: list[Payload], meta: Any) -> torch.Tensor:
+        shape, n, dtype = meta
+        total = torch.zeros(n, dtype=dtype, device=payloads[0][0].device)
+        for values, indices in payloads:  # rank order; indices unique within a payload: deterministic
+            total.index_add_(0, indices.long(), values.to(dtype))
+        return total.view(shape)
+
+
+def index_dtype(n: int) -> torch.dtype:
+    """int32 indices for tensors under 2^31 entries, int64 beyond."""
+    return torch.int32 if n < 2**31 else torch.int64
+
+
+class TopK(Sparse):
     """Keeps the ``ratio`` fraction of entries with the largest magnitude (at least one).
 
     Args:
@@ -87,8 +114,6 @@ class TopK(Compressor):
     """
 
     name = "topk"
-    unbiased = False
-    fixed_size = False
 
     def __init__(self, ratio: float = 0.01) -> None:
         if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 1:
@@ -105,19 +130,4 @@ class TopK(Compressor):
         if x.device.type == "cpu":
             nonzero = values != 0
             values, indices = values[nonzero], indices[nonzero]
-        index_dtype = torch.int32 if n < 2**31 else torch.int64
-        return [values, indices.to(index_dtype)], (tensor.shape, n, x.dtype)
-
-    def decompress(self, payload: Payload, meta: Any) -> torch.Tensor:
-        return self.aggregate([payload], meta)
-
-    def subtract(self, residual: torch.Tensor, payload: Payload, meta: Any) -> None:
-        values, indices = payload
-        residual.view(-1).index_add_(0, indices.long(), values.to(residual.dtype), alpha=-1)
-
-    def aggregate(self, payloads: list[Payload], meta: Any) -> torch.Tensor:
-        shape, n, dtype = meta
-        total = torch.zeros(n, dtype=dtype, device=payloads[0][0].device)
-        for values, indices in payloads:  # rank order; indices unique within a payload: deterministic
-            total.index_add_(0, indices.long(), values.to(dtype))
-        return total.view(shape)
+        return [values, indices.to(index_dtype(n))], (tensor.shape, n, x.dtype)
