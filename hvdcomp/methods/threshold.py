@@ -1,0 +1,100 @@
+"""Threshold sparsification: keep the entries with |g| > t (Strom, Interspeech 2015; the threshold fitted to a
+target density as in SIDCo, Abdelmoniem et al., MLSys 2021).
+
+    Q(g)_i = g_i * 1{|g_i| > t}
+
+with either a fixed ``threshold`` t, or t fitted each step so that about a ``density`` fraction d of entries pass.
+The fit is SIDCo's multi-stage exponential model of |g|: if |g| - t_j, over the entries above t_j, is exponential
+with mean mu_j, then P(|g| > t_j + x) = P(|g| > t_j) exp(-x / mu_j). Each of S stages keeps d^(1/S) of what the
+last one kept:
+
+    t_0 = 0,    t_{j+1} = t_j + mu_j * ln(1/d) / S,    mu_j = mean of |g| - t_j over the entries above t_j,
+
+with S = ceil(log10(1/d)) + 1 stages (each keeps about a tenth or more). A single exponential fits Laplace-like
+gradients; the later stages refit the tail, where it is poor for Gaussian-like ones. Measured on 10^6 entries at
+d = 0.1, 0.01, 0.001, the fraction kept over d: Gaussian 1.23, 1.09, 0.96; Laplace 1.00, 1.00, 0.99; Student-t
+with 3 degrees of freedom 0.79, 0.63, 0.54 (``tests/test_sparsifiers.py`` bounds it). The count that
+passes differs per rank and per step (payloads of different sizes, gathered with their sizes), and at most
+``max_density`` of the entries are sent (the largest of those above t): a bounded payload, and on CUDA a fixed one.
+
+On CPU the entries above t are found with one mask and ``nonzero`` (their number is known on the host: the
+payload is exactly those entries). On CUDA that count would be a host sync inside backward, so the payload is
+the ``max_density`` capacity, filled by ``topk`` of the masked magnitudes: entries below t travel as zeros, and
+both devices send the same nonzero values. Biased: error feedback by default. Decoding is top-k's.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from hvdcomp.compressor import Context, Payload, State
+from hvdcomp.methods.topk import Sparse, index_dtype
+
+
+def fitted_threshold(magnitudes: torch.Tensor, density: float) -> torch.Tensor:
+    """The multi-stage exponential fit of t for ``density`` (module docstring), a 0-dim tensor (no host sync)."""
+    stages = math.ceil(math.log10(1 / density)) + 1
+    step = math.log(1 / density) / stages
+    t = magnitudes.new_zeros(())
+    for _ in range(stages):
+        mean_excess = magnitudes.sub(t).clamp_(min=0).sum() / magnitudes.gt(t).sum().clamp_(min=1)
+        t = t + mean_excess * step
+    return t
+
+
+class Threshold(Sparse):
+    """Sends the entries with |g| above a threshold: fixed (``threshold``) or fitted per step (``density``).
+
+    Args:
+        threshold: a fixed t > 0; exclusive with ``density``.
+        density: the fraction of entries to aim at, in (0, 1) (default 0.01 when no threshold is given); t is
+            fitted per step from |g| (module docstring), so the fraction sent varies around it.
+        max_density: the most that is sent, as a fraction in (0, 1] (default: 4 x density, or 0.1 with a fixed
+            threshold): the largest entries above t up to that count.
+    """
+
+    name = "threshold"
+
+    def __init__(self, threshold: float | None = None, density: float | None = None,
+                 max_density: float | None = None) -> None:
+        for key, value in (("threshold", threshold), ("density", density), ("max_density", max_density)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise ValueError(f"threshold: {key} must be a number or null; got {value!r}")
+        if threshold is not None and density is not None:
+            raise ValueError("threshold: give either threshold (a fixed t) or density (t fitted per step), not both")
+        if threshold is not None and not (threshold > 0 and math.isfinite(threshold)):
+            raise ValueError(f"threshold: threshold must be a positive finite number; got {threshold!r}")
+        if threshold is None and density is None:
+            density = 0.01
+        if density is not None and not 0 < density < 1:
+            raise ValueError(f"threshold: density must be in (0, 1); got {density!r}")
+        if max_density is None:
+            max_density = 0.1 if density is None else min(1.0, 4 * density)
+        if not 0 < max_density <= 1 or (density is not None and max_density < density):
+            raise ValueError(f"threshold: max_density must be in (0, 1] and at least density; got {max_density!r}")
+        self.threshold = None if threshold is None else float(threshold)
+        self.density = None if density is None else float(density)
+        self.max_density = float(max_density)
+
+    def compress(self, tensor: torch.Tensor, state: State, ctx: Context,
+                 agreed: torch.Tensor | None = None) -> tuple[Payload, Any]:
+        x = tensor.detach().reshape(-1)
+        n = x.numel()
+        capacity = min(n, max(1, math.ceil(self.max_density * n)))
+        magnitudes = x.abs()
+        t = fitted_threshold(magnitudes, self.density) if self.density is not None else self.threshold
+        if x.device.type == "cpu":
+            indices = magnitudes.gt(t).nonzero().view(-1)
+            if indices.numel() > capacity:
+                indices = indices[magnitudes[indices].topk(capacity, sorted=False).indices]
+            indices = indices.sort().values  # the CUDA path's order does not matter; a fixed one reads better
+        else:  # fixed capacity, no host sync: entries at or below t are zeroed, the largest above t kept
+            masked = magnitudes.masked_fill_(magnitudes.le(t), 0)
+            indices = masked.topk(capacity, sorted=False).indices
+        values = x[indices]
+        if x.device.type != "cpu":
+            values = values.masked_fill(values.abs().le(t), 0)
+        return [values, indices.to(index_dtype(n))], (tensor.shape, n, x.dtype)
