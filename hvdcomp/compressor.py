@@ -125,6 +125,11 @@ class Compressor(ABC):
     keeps_nonfinite: ClassVar[bool] = False
     #: compress() depends on the tensor alone: no state, seeds or step (what Horovod's own hook can carry).
     stateless: ClassVar[bool] = False
+    #: The method applies momentum itself (DGC's momentum correction): the wrapped optimizer must not (checked).
+    applies_momentum: ClassVar[bool] = False
+    #: Options the method's paper counts in epochs (DGC's warm-up stage, GraVAC's exploration interval), in
+    #: steps here: ``hvdcomp train`` sets them to the job's steps per epoch unless the config does.
+    epoch_options: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

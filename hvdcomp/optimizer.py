@@ -110,6 +110,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.backward_passes_per_step = backward_passes_per_step
         self._divisor = process_set.size() if op == hvd.Average and process_set.included() else 1
         self._slots = self._plan(named_parameters)
+        self._check_momentum()
         active = process_set.included() and process_set.size() > 1
         if not active:
             self._slots = []  # like Horovod: nothing to reduce on one rank
@@ -158,6 +159,18 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             state = {} if choice.reduction is None else choice.reduction.init_state(param.detach(), ctx)
             slots.append(_Slot(name, param, choice, ctx, state, 0, self.backward_passes_per_step))
         return slots
+
+    def _check_momentum(self) -> None:
+        """A method that applies momentum itself (DGC) must not get it a second time from the optimizer."""
+        for slot in self._slots:
+            compressor = slot.choice.compressor
+            if compressor is None or not compressor.applies_momentum:
+                continue
+            group = next(g for g in self.param_groups if any(p is slot.param for p in g["params"]))
+            if group.get("momentum", 0):
+                raise ValueError(f"parameter {slot.name!r}: {compressor.name} applies momentum itself (momentum "
+                                 f"correction), and the optimizer has momentum={group['momentum']}: it would be "
+                                 "applied twice. Use the optimizer with momentum=0, or the method with momentum: 0")
 
     def _check_same_plan(self, plans: list[list[Any]]) -> None:
         """Ranks with different plans would wait forever on each other's collectives: fail fast instead."""
@@ -338,6 +351,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             slot.state = slot.choice.reduction.init_state(slot.param.detach(), slot.ctx)
         warnings.warn(f"hvdcomp: skipping this optimizer step: {message}", RuntimeWarning, stacklevel=3)
         self._skip_step = True
+
+    def method_states(self) -> dict[str, State]:
+        """This rank's per-parameter method state (residuals, PowerSGD's Q, GraVAC's CF and last decision), by
+        parameter name, for the compressed parameters; the live objects: read, do not modify."""
+        return {slot.name: slot.state for slot in self._slots if slot.choice.reduction is not None}
 
     @property
     def bytes_sent(self) -> int:
