@@ -20,23 +20,27 @@ from hvdcomp.compressor import Compressor, Context, HorovodCompression, NoneComp
 from hvdcomp.config import CompressionConfig, make_compressor
 from hvdcomp.error_feedback import ErrorFeedback
 from hvdcomp.methods import (
+    DGC,
     METHODS,
     ORQ,
     QSGD,
     BinGrad,
     EFSignSGD,
     FP16Compressor,
+    GraVAC,
     OneBit,
     PowerSGD,
     RandomK,
     SignSGD,
     TernGrad,
+    Threshold,
     TopK,
 )
 from hvdcomp.optimizer import DistributedOptimizer
 from hvdcomp.reductions import REDUCTIONS, ReductionMethod
 
 __all__ = [
+    "DGC",
     "METHODS",
     "ORQ",
     "QSGD",
@@ -54,6 +58,7 @@ __all__ = [
     "EFSignSGD",
     "ErrorFeedback",
     "FP16Compressor",
+    "GraVAC",
     "HorovodCompression",
     "NoneCompressor",
     "OneBit",
@@ -62,6 +67,7 @@ __all__ = [
     "ReductionMethod",
     "SignSGD",
     "TernGrad",
+    "Threshold",
     "TopK",
     "make_compressor",
 ]

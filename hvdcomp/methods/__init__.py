@@ -14,7 +14,9 @@ for _module in sorted(info.name for info in pkgutil.iter_modules(__path__)):
     importlib.import_module(f"{__name__}.{_module}")
 
 from hvdcomp.methods.bingrad import BinGrad  # noqa: E402
+from hvdcomp.methods.dgc import DGC  # noqa: E402
 from hvdcomp.methods.fp16 import FP16Compressor  # noqa: E402
+from hvdcomp.methods.gravac import GraVAC  # noqa: E402
 from hvdcomp.methods.onebit import OneBit  # noqa: E402
 from hvdcomp.methods.orq import ORQ  # noqa: E402
 from hvdcomp.methods.powersgd import PowerSGD  # noqa: E402
@@ -22,7 +24,8 @@ from hvdcomp.methods.qsgd import QSGD  # noqa: E402
 from hvdcomp.methods.randomk import RandomK  # noqa: E402
 from hvdcomp.methods.signsgd import EFSignSGD, SignSGD  # noqa: E402
 from hvdcomp.methods.terngrad import TernGrad  # noqa: E402
+from hvdcomp.methods.threshold import Threshold  # noqa: E402
 from hvdcomp.methods.topk import TopK  # noqa: E402
 
-__all__ = ["METHODS", "ORQ", "QSGD", "BinGrad", "EFSignSGD", "FP16Compressor", "NoneCompressor", "OneBit", "PowerSGD",
-           "RandomK", "SignSGD", "TernGrad", "TopK"]
+__all__ = ["DGC", "METHODS", "ORQ", "QSGD", "BinGrad", "EFSignSGD", "FP16Compressor", "GraVAC", "NoneCompressor",
+           "OneBit", "PowerSGD", "RandomK", "SignSGD", "TernGrad", "Threshold", "TopK"]

@@ -1,0 +1,289 @@
+"""GraVAC: gradient variance-based adaptive compression (Tyagi and Swany, IEEE CLOUD 2023, arXiv:2305.12201).
+
+A controller around a compressor with a ratio knob that picks the compression factor (CF) online. Its signal
+is the *gain* of a CF c on the error-compensated gradient p (the gradient plus the method's memory):
+
+    gain(c) = ||C_c(p)|| / ||p||,          summed over ranks: sqrt(sum_r ||C_c(p_r)||^2 / sum_r ||p_r||^2)
+
+smoothed by an exponentially weighted moving average (EWMA, weight ``alpha``). Every step compresses p at the
+current CF and at the least aggressive candidate c_min, and sends (Section IV of the paper):
+
+* C_c(p) if the smoothed gain of c is at least ``epsilon``;
+* else C_{c_min}(p) if the smoothed gain of c_min is at least ``epsilon``;
+* else p itself, dense (allreduce).
+
+During the first ``warmup_steps`` steps it sends C_{c_min}(p). Then it explores: each candidate, from the least
+aggressive up, is tried for ``interval`` steps (an epoch in the paper) and scored by its compression throughput,
+samples/s x mean gain (here 1 / mean step time x mean gain: the batch is fixed). Exploration stops when the two
+best scores are within ``omega`` of each other (relative), keeping the more aggressive of the two, or when every
+candidate was tried, keeping the best. (The authors' code jumps straight to the largest CF at that point; this
+follows the paper's text, as ../shared/notes/methods.md records.)
+
+Every input to a decision is agreed across ranks: the squared norms and each rank's step time are summed in the
+step's vote (one small collective for all parameters), and the decision is computed from the sums on every rank
+alike, so all ranks change CF in the same step (the CF and phase are in the plan the optimizer checks). The
+decision reads the vote's result on the host once per step and parameter, after the vote (not in the backward
+hook). The step time is the wall time between this parameter's consecutive reductions on each rank (its mean over
+ranks); the first step after a resume, which has no previous reading in this process, takes the last agreed step
+time. A resumed run so continues the same schedule from the checkpointed state, but runs are reproducible only as
+far as their step times are.
+
+Here each tensor has a controller of its own (the paper adapts one CF for the whole model from the sum of the
+layers' norms): a tensor whose gradient compresses badly falls back alone. Candidates and what their CF sets:
+
+* ``topk``, ``randomk``: ratio = 1 / CF; ``threshold``: density = 1 / CF; with error feedback kept by GraVAC.
+* ``dgc``: DGC's memory (momentum correction, accumulation, factor masking) with top-k at density 1 / CF;
+  GraVAC's warm-up and CFs replace DGC's sparsity warm-up.
+* ``qsgd``, ``orq`` (a bits knob): bits = 32 / CF, which must be a whole number in the method's range (the
+  default candidates are then 4, 8 and 16: 8, 4 and 2 bits).
+
+Knobs: ``method`` and ``options`` (the wrapped method and its other options), ``candidates`` (CFs, default
+10x to 10,000x), ``epsilon`` (0.75), ``alpha`` (0.05), ``window`` (25: the smoothed gain of a CF decides only
+after this many steps at that CF), ``warmup_steps`` (25), ``omega`` (0.05), ``interval`` (100 steps per
+explored candidate).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from hvdcomp.collectives import Agree, Allgather, Allreduce, Reduction
+from hvdcomp.compressor import METHODS, Compressor, Context, Payload, State
+from hvdcomp.methods.dgc import DGC
+from hvdcomp.methods.topk import Sparse, TopK
+from hvdcomp.reductions import ReductionMethod
+
+#: the wrapped methods and the option their CF sets
+KNOBS = {"topk": "ratio", "randomk": "ratio", "threshold": "density", "dgc": "density", "qsgd": "bits",
+         "orq": "bits"}
+DENSITY_CANDIDATES = (10.0, 100.0, 1000.0, 10000.0)
+BITS_CANDIDATES = (4.0, 8.0, 16.0)
+
+#: the clock step times are read from (a test may replace it to script step times)
+clock: Callable[[], float] = time.perf_counter
+#: this process: a clock reading saved by another process (a checkpoint) is not comparable with ours
+_PROCESS = uuid.uuid4().hex
+
+#: a decision's outcome: the candidate index sent, or DENSE
+DENSE = -1
+
+
+class GraVAC(Compressor):
+    """GraVAC's adaptive CF around ``method`` (see the module docstring for each knob)."""
+
+    name = "gravac"
+    unbiased = False
+    own_memory = True  # GraVAC keeps the memory: error feedback, or DGC's
+    reduction = "gravac"
+    epoch_options = ("interval",)
+
+    def __init__(self, method: str = "topk", options: Mapping[str, Any] | None = None,
+                 candidates: Sequence[float] | None = None, epsilon: float = 0.75, alpha: float = 0.05,
+                 window: int = 25, warmup_steps: int = 25, omega: float = 0.05, interval: int = 100) -> None:
+        if method not in KNOBS:
+            raise ValueError(f"gravac: method must be one with a ratio knob, one of {', '.join(sorted(KNOBS))}; "
+                             f"got {method!r}")
+        options = dict(options or {})
+        knob = KNOBS[method]
+        if knob in options:
+            raise ValueError(f"gravac: {method}'s {knob} is what gravac sets from the CF; leave it out of options")
+        if candidates is None:
+            candidates = BITS_CANDIDATES if knob == "bits" else DENSITY_CANDIDATES
+        if isinstance(candidates, (str, bytes)) or not isinstance(candidates, Sequence) or not candidates or any(
+                isinstance(c, bool) or not isinstance(c, (int, float)) or not c > 1 for c in candidates):
+            raise ValueError(f"gravac: candidates must be a list of compression factors > 1; got {candidates!r}")
+        for key, value, low, high in (("epsilon", epsilon, 0, 1), ("alpha", alpha, 0, 1), ("omega", omega, 0, 1)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low < value <= high:
+                raise ValueError(f"gravac: {key} must be a number in ({low}, {high}]; got {value!r}")
+        for key, value in (("window", window), ("warmup_steps", warmup_steps), ("interval", interval)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < (0 if key == "warmup_steps" else 1):
+                raise ValueError(f"gravac: {key} must be a {'non-negative' if key == 'warmup_steps' else 'positive'} "
+                                 f"integer; got {value!r}")
+        self.method = method
+        self.options = options
+        self.candidates = tuple(sorted(float(c) for c in candidates))
+        self.epsilon, self.alpha, self.omega = float(epsilon), float(alpha), float(omega)
+        self.window, self.warmup_steps, self.interval = window, warmup_steps, interval
+        self._memory = DGC(**options) if method == "dgc" else None
+        self._compressors = [self._candidate(cf) for cf in self.candidates]
+
+    def _candidate(self, cf: float) -> Compressor:
+        knob = KNOBS[self.method]
+        if self.method == "dgc":
+            return TopK(ratio=1 / cf)
+        if knob == "bits":
+            bits = 32 / cf
+            if bits != int(bits):
+                raise ValueError(f"gravac: {self.method}'s CF {cf:g} gives {bits:g} bits; use CFs that divide 32")
+            return METHODS[self.method](**self.options, bits=int(bits))
+        return METHODS[self.method](**self.options, **{knob: 1 / cf})
+
+    def compressor(self, index: int) -> Compressor:
+        """The compressor of candidate ``index`` (candidates sorted, least aggressive first)."""
+        return self._compressors[index]
+
+    @property
+    def applies_momentum(self) -> bool:  # type: ignore[override]
+        return self._memory is not None and self._memory.applies_momentum
+
+    # ----------------------------------------------------------------------------------- state, memory
+
+    def init_state(self, tensor: torch.Tensor, ctx: Context) -> State:
+        memory = (self._memory.init_state(tensor, ctx) if self._memory is not None else
+                  {"residual": torch.zeros(tensor.numel(), dtype=torch.float32, device=tensor.device)})
+        return {"memory": memory, "inner": [c.init_state(tensor, ctx) for c in self._compressors],
+                "cf": 0, "phase": "warmup" if self.warmup_steps else "explore", "gain": [None, None],
+                "samples": 0, "scores": [None] * len(self.candidates), "trial": [0, 0.0, 0.0],
+                "clock": None, "last": None}
+
+    def plan(self, state: State) -> str:
+        return f"cf {self.candidates[state['cf']]:g} {state['phase']}"
+
+    def compensate(self, tensor: torch.Tensor, state: State, ctx: Context) -> torch.Tensor:
+        """p: the gradient plus the memory (flat float32, the memory's buffer)."""
+        if self._memory is not None:
+            return self._memory.accumulate(tensor, state["memory"], ctx)
+        return state["memory"]["residual"].add_(tensor.detach().reshape(-1))
+
+    def keep(self, state: State, sent: int, payload: Payload, meta: Any) -> None:
+        """The memory after sending ``payload`` of candidate ``sent`` (or p itself, DENSE)."""
+        if self._memory is not None:
+            self._memory.release(state["memory"], None if sent == DENSE else payload[1])
+        elif sent == DENSE:
+            state["memory"]["residual"].zero_()
+        else:
+            self._compressors[sent].subtract(state["memory"]["residual"], payload, meta)
+
+    def encode(self, index: int, p: torch.Tensor, state: State, ctx: Context) -> tuple[Payload, Any, torch.Tensor]:
+        """Candidate ``index``'s payload of p, its meta, and the squared norm of what it decodes to."""
+        compressor = self._compressors[index]
+        payload, meta = compressor.compress(p, state["inner"][index], ctx)
+        if isinstance(compressor, Sparse):  # unique indices: the values' norm is the decoded norm
+            norm = payload[0].float().square().sum()
+        else:
+            norm = compressor.decompress(payload, meta).float().square().sum()
+        return payload, meta, norm
+
+    # -------------------------------------------------------------------------------------- decisions
+
+    def decide(self, state: State, step: int, sums: Sequence[float], size: int) -> int:
+        """Returns what this step sends (the current candidate's index, 0 for the least aggressive, or DENSE)
+        from the agreed sums (||p||^2, ||C_c(p)||^2, ||C_min(p)||^2, step time), and updates the controller for
+        the next step (the end of the warm-up, a trial's score, the next candidate). The same sums give the
+        same result on every rank."""
+        total, current_sq, least_sq, step_time = sums
+        gains = [math.sqrt(current_sq / total) if total > 0 else 1.0,
+                 math.sqrt(least_sq / total) if total > 0 else 1.0]
+        smoothed = state["gain"]
+        for i, gain in enumerate(gains):
+            smoothed[i] = gain if smoothed[i] is None else (1 - self.alpha) * smoothed[i] + self.alpha * gain
+        state["samples"] += 1
+        cf = state["cf"]
+        state["last"] = {"cf": self.candidates[cf], "gain": gains[0], "smoothed": smoothed[0],
+                         "step_time": step_time / size}
+        if state["phase"] == "warmup":
+            sent = 0
+        elif state["samples"] < self.window or smoothed[0] >= self.epsilon:
+            sent = cf
+        else:
+            sent = 0 if smoothed[1] >= self.epsilon else DENSE
+        # what changes for the next step
+        if state["phase"] == "warmup" and step + 1 >= self.warmup_steps:
+            state["phase"] = "explore"
+            self._switch(state, 0)
+        elif state["phase"] == "explore":
+            trial = state["trial"]
+            trial[0] += 1
+            trial[1] += gains[0]
+            trial[2] += step_time / size
+            if trial[0] >= self.interval:
+                self._score(state, trial)
+        return sent
+
+    def _score(self, state: State, trial: list[Any]) -> None:
+        """Ends one candidate's trial: its score, then the next candidate or the end of exploration."""
+        steps, gain_sum, time_sum = trial
+        scores = state["scores"]
+        scores[state["cf"]] = (gain_sum / steps) * (steps / time_sum if time_sum > 0 else 1.0)
+        tried = sorted((s, i) for i, s in enumerate(scores) if s is not None)
+        if len(tried) >= 2:
+            (second, i2), (best, i1) = tried[-2], tried[-1]
+            if best - second <= self.omega * best:
+                state["phase"] = "exploit"
+                self._switch(state, max(i1, i2))  # the more aggressive of the two
+                return
+        if state["cf"] + 1 < len(self.candidates):
+            self._switch(state, state["cf"] + 1)
+        else:
+            state["phase"] = "exploit"
+            self._switch(state, tried[-1][1])
+
+    @staticmethod
+    def _switch(state: State, index: int) -> None:
+        if index != state["cf"]:
+            state["gain"][0] = None
+            state["samples"] = 0
+        state["cf"] = index
+        state["trial"] = [0, 0.0, 0.0]
+
+    # ------------------------------------------------------------------------ one rank (bench, profile)
+
+    def compress(self, tensor: torch.Tensor, state: State, ctx: Context,
+                 agreed: torch.Tensor | None = None) -> tuple[Payload, Any]:
+        """One rank on its own: the current candidate's payload of p, with the memory kept (no decision:
+        decisions need the agreed values of the reduction)."""
+        p = self.compensate(tensor, state, ctx)
+        payload, meta, _ = self.encode(state["cf"], p, state, ctx)
+        self.keep(state, state["cf"], payload, meta)
+        return payload, (state["cf"], meta, tensor.shape)
+
+    def decompress(self, payload: Payload, meta: Any) -> torch.Tensor:
+        index, inner, shape = meta
+        return self._compressors[index].decompress(payload, inner).reshape(shape)
+
+
+class GraVACReduction(ReductionMethod):
+    """GraVAC's step: compress at the current and the least CF, agree on the norms and step times (in the
+    step's vote), decide, then send the chosen payload (gathered, or allreduced if summable) or p dense."""
+
+    name = "gravac"
+
+    @classmethod
+    def rejects(cls, traits: Any) -> str | None:
+        return None if traits.reduction == cls.name else f"{traits!r} is not GraVAC"
+
+    def reduce(self, tensor: torch.Tensor, state: State, ctx: Context) -> Reduction:
+        method: GraVAC = self.compressor.unwrapped()  # type: ignore[assignment]
+        now = clock()
+        if state["clock"] is not None and state["clock"][0] == _PROCESS:
+            step_time = now - state["clock"][1]
+        else:  # the first step, or the first after a resume: the last agreed step time stands in for it
+            step_time = 0.0 if state["last"] is None else state["last"]["step_time"]
+        state["clock"] = (_PROCESS, now)
+        p = method.compensate(tensor, state, ctx)
+        current = method.encode(state["cf"], p, state, ctx)
+        least = current if state["cf"] == 0 else method.encode(0, p, state, ctx)
+        norms = torch.stack([p.square().sum(), current[2], least[2]])
+        local = torch.cat([norms, norms.new_full((1,), step_time)])  # a fill, not a host-to-device copy
+        before = state["cf"]
+        sums = yield Agree(local, "sum")
+        sent = method.decide(state, ctx.step, sums.tolist(), ctx.size)
+        state["last"]["sent"] = "dense" if sent == DENSE else method.candidates[sent]
+        if sent == DENSE:
+            (total,) = yield Allreduce([p.clone()])
+            method.keep(state, DENSE, [], None)
+            return total.view(tensor.shape)
+        payload, meta, _ = current if sent == before else least
+        compressor = method.compressor(sent)
+        method.keep(state, sent, payload, meta)
+        if compressor.summable:
+            summed = yield Allreduce(payload)
+            return compressor.decompress(summed, meta).reshape(tensor.shape)
+        payloads = yield Allgather(payload, compressor.fixed_size)
+        return compressor.aggregate(payloads, meta).reshape(tensor.shape)
