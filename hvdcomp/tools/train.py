@@ -35,6 +35,7 @@ import yaml
 from torch import nn
 
 from hvdcomp.config import CompressionConfig
+from hvdcomp.methods import METHODS
 from hvdcomp.optimizer import DistributedOptimizer
 from hvdcomp.tools.workloads import WORKLOADS, Dataset
 
@@ -58,6 +59,9 @@ class Summary:
     compression_ratio: float | None  # None on one rank: nothing is reduced (as in Horovod), nothing sent
     final_loss: float
     test_accuracy: float
+    #: per step, for methods whose plan changes (GraVAC): the agreed step time and, per tensor, the CF in force,
+    #: what was sent (a CF or "dense") and the gain
+    trace: list[dict[str, Any]] | None = None
 
 
 class Progress:
@@ -137,13 +141,15 @@ def run(workload_name: str, compression: Any, epochs: int | None, batch_size: in
     model = workload.model.to(target)
     data = workload.data.to(target)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    optimizer = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9),
-                                     named_parameters=model.named_parameters(), compression=compression)
     rank, size = hvd.rank(), hvd.size()
     shard = len(data.train_x) // size
     steps_per_epoch = shard // batch_size
     if steps_per_epoch == 0:
         raise ValueError(f"batch_size {batch_size} is larger than each rank's shard of {shard} samples")
+    compression = with_epochs(compression, steps_per_epoch)
+    optimizer = DistributedOptimizer(sgd(model, compression, lr, size), named_parameters=model.named_parameters(),
+                                     compression=compression)
+    trace: list[dict[str, Any]] = []
     loss_fn = nn.CrossEntropyLoss()
     step_times: list[float] = []
     loss = torch.zeros(())
@@ -163,6 +169,7 @@ def run(workload_name: str, compression: Any, epochs: int | None, batch_size: in
                 torch.cuda.synchronize(target)
             step_times.append(time.perf_counter() - start)
             progress.update(step + 1, loss.item())
+            record_decisions(optimizer, epoch * steps_per_epoch + step, trace)
     steps = epochs * steps_per_epoch
     timed = step_times[1:] or step_times  # the first step warms up
     mean_step = sum(timed) / len(timed)
@@ -171,7 +178,43 @@ def run(workload_name: str, compression: Any, epochs: int | None, batch_size: in
     final_loss = hvd.allreduce(loss.detach(), name=f"train.loss.{method_name(compression)}").item()
     return Summary(method_name(compression), workload_name, size, epochs, steps, mean_step,
                    statistics.median(timed), batch_size * size / mean_step, per_step, dense_bytes,
-                   dense_bytes / per_step if per_step else None, final_loss, evaluate(model, data))
+                   dense_bytes / per_step if per_step else None, final_loss, evaluate(model, data),
+                   trace or None)
+
+
+def with_epochs(compression: Any, steps_per_epoch: int) -> Any:
+    """The compression setting with the options its method's paper counts in epochs (``epoch_options``) set to
+    ``steps_per_epoch`` where the setting does not give them."""
+    setting = {"method": compression} if isinstance(compression, str) else compression
+    if not isinstance(setting, Mapping) or setting.get("method", "none") not in METHODS:
+        return compression  # a Compressor object, or a bad name that DistributedOptimizer rejects
+    keys = METHODS[setting["method"]].epoch_options
+    if not keys:
+        return compression
+    return {**setting, "options": {key: steps_per_epoch for key in keys} | dict(setting.get("options") or {})}
+
+
+def sgd(model: nn.Module, compression: Any, lr: float, size: int) -> torch.optim.SGD:
+    """SGD with momentum 0.9, except for the parameters whose method applies momentum itself (DGC's momentum
+    correction, with its own 0.9): they get momentum 0, in a group of their own (on one rank nothing is reduced,
+    so nothing applies momentum but SGD)."""
+    config = CompressionConfig.parse(compression)
+    groups: dict[bool, list[nn.Parameter]] = {False: [], True: []}
+    for name, param in model.named_parameters():
+        compressor = config.choose(name, param.shape, size).compressor
+        groups[size > 1 and compressor is not None and compressor.applies_momentum].append(param)
+    return torch.optim.SGD([{"params": params, "momentum": 0.0 if own else 0.9}
+                            for own, params in groups.items() if params], lr=lr)
+
+
+def record_decisions(optimizer: Any, step: int, trace: list[dict[str, Any]]) -> None:
+    """Appends this step's decisions to ``trace``, where some tensor's method records them (``last``: GraVAC)."""
+    decisions = {name: state["last"] for name, state in optimizer.method_states().items()
+                 if isinstance(state.get("last"), dict)}
+    if decisions:
+        step_time = next(iter(decisions.values()))["step_time"]
+        tensors = {name: [last["cf"], last["sent"], round(last["gain"], 5)] for name, last in decisions.items()}
+        trace.append({"step": step, "step_time": step_time, "tensors": tensors})
 
 
 def table(summaries: list[Summary]) -> str:
