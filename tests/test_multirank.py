@@ -12,7 +12,7 @@ from conftest import BIN, CONTROLLERS, REPO, run_ranks
 
 pytestmark = pytest.mark.multirank
 
-SCENARIOS = ["collectives", "requests", "plans", "train", "resume", "stock", "nograd", "majority"]
+SCENARIOS = ["collectives", "requests", "plans", "train", "resume", "stock", "nograd", "majority", "gravac"]
 #: scenario -> what each rank prints, as "<what> (on every rank) rank R", once it caught the expected error
 EXPECTED_FAILURES = {
     "nonfinite_raise": "raised FloatingPointError",
@@ -77,6 +77,12 @@ def test_quantizers_train_digits_within_one_point_of_dense() -> None:
     result = run_ranks([str(REPO / "tests" / "ranks.py"), "digits_quantizers"], 2, timeout=400)
     assert result.returncode == 0, result.output[-5000:]
     assert result.ranks_saying("digits_quantizers OK") == {0, 1}, result.output[-5000:]
+
+
+def test_sparsifiers_train_digits_within_one_point_of_dense() -> None:
+    result = run_ranks([str(REPO / "tests" / "ranks.py"), "digits_sparsifiers"], 2, timeout=400)
+    assert result.returncode == 0, result.output[-5000:]
+    assert result.ranks_saying("digits_sparsifiers OK") == {0, 1}, result.output[-5000:]
 
 
 def test_train_with_job_file_under_gloo(tmp_path) -> None:

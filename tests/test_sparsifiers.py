@@ -1,0 +1,187 @@
+"""DGC, threshold and GraVAC on one process: the paper's updates on hand-computed cases, the schedules, and
+GraVAC's decision rule on scripted gains and step times (every branch). Real ranks: tests/ranks.py."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from hvdcomp import DGC, Context, GraVAC, Threshold, make_compressor
+from hvdcomp.methods.gravac import DENSE
+from hvdcomp.methods.threshold import fitted_threshold
+
+
+def _ctx(tensor: torch.Tensor, step: int = 0, size: int = 1) -> Context:
+    return replace(Context.local(tensor), step=step, size=size)
+
+
+# ------------------------------------------------------------------------------------------- threshold
+
+@pytest.mark.parametrize("density", [0.1, 0.01, 0.001])
+@pytest.mark.parametrize("law", ["gaussian", "laplace", "student-t3"])
+def test_fitted_threshold_keeps_about_the_density(law: str, density: float) -> None:
+    """The multi-stage exponential fit keeps within a factor of 2 of the target (module docstring's table)."""
+    torch.manual_seed(0)
+    sample = {"gaussian": lambda: torch.randn(10**6),
+              "laplace": lambda: torch.distributions.Laplace(0.0, 1.0).sample((10**6,)),
+              "student-t3": lambda: torch.distributions.StudentT(3.0).sample((10**6,))}[law]().abs()
+    kept = sample.gt(fitted_threshold(sample, density)).float().mean().item()
+    assert density / 2 <= kept <= 2 * density, (law, density, kept)
+
+
+def test_fixed_threshold_sends_exactly_the_entries_above_it_up_to_the_cap() -> None:
+    x = torch.tensor([0.5, -2.0, 0.1, 3.0, -0.9, 1.5, 0.0, -1.1, 0.2, 0.3])
+    compressor = Threshold(threshold=1.0, max_density=1.0)
+    (values, indices), meta = compressor.compress(x, {}, _ctx(x))
+    assert indices.tolist() == [1, 3, 5, 7] and torch.equal(values, x[[1, 3, 5, 7]])
+    assert torch.equal(compressor.decompress([values, indices], meta), x * (x.abs() > 1.0))
+    (values, indices), _ = Threshold(threshold=1.0, max_density=0.2).compress(x, {}, _ctx(x))
+    assert sorted(indices.tolist()) == [1, 3], "the cap keeps the largest above t"
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"threshold": 1.0, "density": 0.1}, "not both"), ({"threshold": -1.0}, "positive"),
+    ({"density": 1.5}, "density must be in"), ({"density": 0.1, "max_density": 0.05}, "at least density"),
+    ({"threshold": "1"}, "must be a number")])
+def test_threshold_rejects_bad_options(options: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        make_compressor("threshold", options)
+
+
+# ------------------------------------------------------------------------------------------------ DGC
+
+def test_dgc_momentum_correction_and_factor_masking_by_hand() -> None:
+    """Lin et al., Algorithm 1 with momentum correction: u <- m u + g, v <- v + u, send top-k of v, zero u and
+    v where sent; m = 0.5, one entry of four sent per step."""
+    dgc = DGC(density=0.25, momentum=0.5, warmup_densities=[])
+    g1, g2, g3 = torch.tensor([1.0, -3.0, 2.0, 0.5]), torch.tensor([1.0, 1.0, 2.0, 0.5]), torch.tensor([0.0] * 4)
+    state = dgc.init_state(g1, _ctx(g1))
+    sent = []
+    for step, g in enumerate((g1, g2, g3)):
+        (values, indices), _ = dgc.compress(g, state, _ctx(g, step))
+        sent.append((indices.tolist(), values.tolist()))
+    # step 0: u = v = g1 = [1, -3, 2, 0.5]: send index 1 (-3); u = v = [1, 0, 2, 0.5]
+    # step 1: u = 0.5 [1, 0, 2, 0.5] + g2 = [1.5, 1, 3, 0.75]; v = [2.5, 1, 5, 1.25]: send index 2 (5)
+    #         u = [1.5, 1, 0, 0.75], v = [2.5, 1, 0, 1.25]
+    # step 2: u = [0.75, 0.5, 0, 0.375]; v = [3.25, 1.5, 0, 1.625]: send index 0 (3.25)
+    assert sent == [([1], [-3.0]), ([2], [5.0]), ([0], [3.25])]
+    assert state["momentum"].tolist() == [0.0, 0.5, 0.0, 0.375]
+    assert state["accumulated"].tolist() == [0.0, 1.5, 0.0, 1.625]
+
+
+def test_dgc_local_clipping_scales_by_one_over_sqrt_n() -> None:
+    g = torch.tensor([3.0, 4.0])  # norm 5; clip_norm 2 on 4 ranks: each rank clips to 1
+    dgc = DGC(density=1.0, momentum=0.0, warmup_densities=[], clip_norm=2.0)
+    (values, _), _ = dgc.compress(g, dgc.init_state(g, _ctx(g)), _ctx(g, size=4))
+    torch.testing.assert_close(values.sort().values, torch.tensor([0.6, 0.8]))
+
+
+def test_dgc_follows_the_warmup_schedule() -> None:
+    dgc = DGC(density=0.001, warmup_steps=3)  # the paper's stages: 75%, 93.75%, 98.4375%, 99.6%, then 99.9%
+    assert [dgc.density_at(step) for step in range(0, 18, 3)] == [0.25, 0.0625, 0.015625, 0.004, 0.001, 0.001]
+    x = torch.randn(4096, generator=torch.Generator().manual_seed(0))
+    state = dgc.init_state(x, _ctx(x))
+    sizes = [dgc.compress(x, state, _ctx(x, step))[0][0].numel() for step in range(15)]
+    assert sizes == [1024] * 3 + [256] * 3 + [64] * 3 + [17] * 3 + [5] * 3, sizes
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"density": 0}, "density"), ({"momentum": 1.0}, "momentum"), ({"warmup_steps": 0}, "warmup_steps"),
+    ({"warmup_densities": "0.25"}, "warmup_densities"), ({"clip_norm": -1.0}, "clip_norm")])
+def test_dgc_rejects_bad_options(options: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        make_compressor("dgc", options)
+
+
+def test_dgc_keeps_its_own_memory() -> None:
+    assert isinstance(make_compressor("dgc"), DGC), "DGC takes no generic error feedback"
+    with pytest.raises(ValueError, match="own memory"):
+        make_compressor("dgc", error_feedback=True)
+    assert DGC().applies_momentum and not DGC(momentum=0.0).applies_momentum
+
+
+# --------------------------------------------------------------------------------------------- GraVAC
+
+def _gravac(**options: object) -> tuple[GraVAC, dict]:
+    options = {"candidates": [10, 100, 1000], "warmup_steps": 2, "window": 1, "interval": 2, "alpha": 1.0,
+               **options}
+    gravac = GraVAC(**options)
+    x = torch.zeros(100)
+    return gravac, gravac.init_state(x, _ctx(x))
+
+
+def _sums(current: float, least: float, step_time: float = 1.0) -> list[float]:
+    """Agreed sums giving the gains ``current`` and ``least`` (||p||^2 = 1)."""
+    return [1.0, current**2, least**2, step_time]
+
+
+def test_gravac_warmup_sends_the_least_aggressive_candidate() -> None:
+    gravac, state = _gravac()
+    assert [gravac.decide(state, step, _sums(0.1, 0.1), 1) for step in range(2)] == [0, 0]
+    assert state["phase"] == "explore" and state["cf"] == 0
+
+
+def test_gravac_sends_current_then_least_then_dense_by_epsilon() -> None:
+    gravac, state = _gravac(warmup_steps=0, interval=100)
+    state["cf"] = 2
+    assert gravac.decide(state, 0, _sums(0.8, 0.9), 1) == 2, "gain >= epsilon: the current CF"
+    assert gravac.decide(state, 1, _sums(0.5, 0.9), 1) == 0, "current < epsilon <= least: the least CF"
+    assert gravac.decide(state, 2, _sums(0.5, 0.6), 1) == DENSE, "both below epsilon: dense"
+
+
+def test_gravac_smooths_gains_and_waits_for_a_window() -> None:
+    gravac, state = _gravac(warmup_steps=0, interval=100, window=3, alpha=0.5)
+    state["cf"] = 1
+    decisions = [gravac.decide(state, step, _sums(gain, 0.9), 1) for step, gain in enumerate([0.1, 0.1, 1.0, 1.0])]
+    # samples 1 and 2 are within the window: the CF is kept; then EWMA 0.1 -> 0.1 -> 0.55 (< 0.75) -> 0.775
+    assert decisions == [1, 1, 0, 1]
+    assert state["gain"][0] == pytest.approx(0.775)
+
+
+def test_gravac_explores_and_stops_when_two_best_are_within_omega() -> None:
+    gravac, state = _gravac(warmup_steps=0)
+    # candidate 0: gain 1.0 at 1 s/step -> score 1.0; candidate 1: gain 0.98 at 1 s/step -> 0.98 (within 5%)
+    for step, (gain, t) in enumerate([(1.0, 1.0), (1.0, 1.0), (0.98, 1.0), (0.98, 1.0)]):
+        gravac.decide(state, step, _sums(gain, 1.0, t), 1)
+    assert state["scores"][:2] == [pytest.approx(1.0), pytest.approx(0.98)]
+    assert state["phase"] == "exploit" and state["cf"] == 1, "the more aggressive of the two best"
+
+
+def test_gravac_explores_every_candidate_then_keeps_the_best() -> None:
+    gravac, state = _gravac(warmup_steps=0)
+    # scores: 1.0 (gain 1 at 1 s), 1.6 (0.8 at 0.5 s), 1.0 (0.25 at 0.25 s): never within 5% of the best two
+    for step, (gain, t) in enumerate([(1.0, 1.0)] * 2 + [(0.8, 0.5)] * 2 + [(0.25, 0.25)] * 2):
+        gravac.decide(state, step, _sums(gain, 1.0, t), 1)
+    assert state["scores"] == [pytest.approx(1.0), pytest.approx(1.6), pytest.approx(1.0)]
+    assert state["phase"] == "exploit" and state["cf"] == 1
+    assert gravac.plan(state) == "cf 100 exploit"
+
+
+def test_gravac_step_times_are_the_mean_over_ranks() -> None:
+    gravac, state = _gravac(warmup_steps=0)
+    for step in range(2):
+        gravac.decide(state, step, _sums(1.0, 1.0, 8.0), 4)  # 4 ranks, 2 s each
+    assert state["scores"][0] == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"method": "fp16"}, "ratio knob"), ({"method": "topk", "options": {"ratio": 0.1}}, "leave it out"),
+    ({"candidates": [0.5]}, "compression factors > 1"), ({"epsilon": 0}, "epsilon"), ({"interval": 0}, "interval"),
+    ({"method": "qsgd", "candidates": [3]}, "divide 32")])
+def test_gravac_rejects_bad_options(options: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        make_compressor("gravac", options)
+
+
+@pytest.mark.parametrize("method", ["topk", "randomk", "threshold", "dgc", "qsgd", "orq"])
+def test_gravac_wraps_each_method_with_a_knob(method: str) -> None:
+    """Each candidate compresses at its CF; the memory keeps what was not sent (p = sent + memory)."""
+    gravac = make_compressor("gravac", {"method": method, "options": {"momentum": 0.0} if method == "dgc" else {}})
+    x = torch.randn(4096, generator=torch.Generator().manual_seed(1))
+    state = gravac.init_state(x, _ctx(x))
+    payload, meta = gravac.compress(x, state, _ctx(x))
+    decoded = gravac.decompress(payload, meta)
+    memory = state["memory"]["accumulated" if method == "dgc" else "residual"]
+    torch.testing.assert_close(decoded.reshape(-1) + memory, x)
