@@ -115,8 +115,8 @@ class DGC(Sparse):
         for buffer in (state["momentum"], state["accumulated"]):
             if indices is None:
                 buffer.zero_()
-            else:
-                buffer[indices.long()] = 0
+            else:  # index_fill_, not buffer[indices] = 0: the latter synchronizes with the GPU
+                buffer.index_fill_(0, indices.long(), 0)
 
     def compress(self, tensor: torch.Tensor, state: State, ctx: Context,
                  agreed: torch.Tensor | None = None) -> tuple[Payload, Any]:
