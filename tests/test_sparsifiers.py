@@ -105,8 +105,7 @@ def test_dgc_keeps_its_own_memory() -> None:
 # --------------------------------------------------------------------------------------------- GraVAC
 
 def _gravac(**options: object) -> tuple[GraVAC, dict]:
-    options = {"candidates": [10, 100, 1000], "warmup_steps": 2, "window": 1, "interval": 2, "alpha": 1.0,
-               **options}
+    options = {"candidates": [10, 100, 1000], "warmup_steps": 2, "window": 1, "interval": 2, **options}
     gravac = GraVAC(**options)
     x = torch.zeros(100)
     return gravac, gravac.init_state(x, _ctx(x))
@@ -131,13 +130,16 @@ def test_gravac_sends_current_then_least_then_dense_by_epsilon() -> None:
     assert gravac.decide(state, 2, _sums(0.5, 0.6), 1) == DENSE, "both below epsilon: dense"
 
 
-def test_gravac_smooths_gains_and_waits_for_a_window() -> None:
+def test_gravac_smooths_gains_over_a_window_and_restarts_at_a_new_cf() -> None:
     gravac, state = _gravac(warmup_steps=0, interval=100, window=3, alpha=0.5)
     state["cf"] = 1
-    decisions = [gravac.decide(state, step, _sums(gain, 0.9), 1) for step, gain in enumerate([0.1, 0.1, 1.0, 1.0])]
-    # samples 1 and 2 are within the window: the CF is kept; then EWMA 0.1 -> 0.1 -> 0.55 (< 0.75) -> 0.775
-    assert decisions == [1, 1, 0, 1]
-    assert state["gain"][0] == pytest.approx(0.775)
+    decisions = [gravac.decide(state, step, _sums(gain, 0.9), 1) for step, gain in enumerate([1.0, 0.6, 0.6, 0.6])]
+    # weights 1, 0.5, 0.25 for ages 0, 1, 2: (0.6 + 0.5)/1.5 = 0.733 (< 0.75) at the second step; the window drops
+    # the 1.0 at the fourth
+    assert decisions == [1, 0, 0, 0]
+    assert state["gains"][0] == [0.6, 0.6, 0.6]
+    gravac._switch(state, 2)
+    assert state["gains"][0] == [] and len(state["gains"][1]) == 3
 
 
 def test_gravac_explores_and_stops_when_two_best_are_within_omega() -> None:

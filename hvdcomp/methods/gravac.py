@@ -5,8 +5,9 @@ is the *gain* of a CF c on the error-compensated gradient p (the gradient plus t
 
     gain(c) = ||C_c(p)|| / ||p||,          summed over ranks: sqrt(sum_r ||C_c(p_r)||^2 / sum_r ||p_r||^2)
 
-smoothed by an exponentially weighted moving average (EWMA, weight ``alpha``). Every step compresses p at the
-current CF and at the least aggressive candidate c_min, and sends (Section IV of the paper):
+smoothed by an exponentially weighted moving average over the last ``window`` steps at that CF (weights
+(1 - alpha)^age, normalized; it restarts when the CF changes). Every step compresses p at the current CF and at
+the least aggressive candidate c_min, and sends (Section IV of the paper):
 
 * C_c(p) if the smoothed gain of c is at least ``epsilon``;
 * else C_{c_min}(p) if the smoothed gain of c_min is at least ``epsilon``;
@@ -38,9 +39,8 @@ layers' norms): a tensor whose gradient compresses badly falls back alone. Candi
   default candidates are then 4, 8 and 16: 8, 4 and 2 bits).
 
 Knobs: ``method`` and ``options`` (the wrapped method and its other options), ``candidates`` (CFs, default
-10x to 10,000x), ``epsilon`` (0.75), ``alpha`` (0.05), ``window`` (25: the smoothed gain of a CF decides only
-after this many steps at that CF), ``warmup_steps`` (25), ``omega`` (0.05), ``interval`` (100 steps per
-explored candidate).
+10x to 10,000x), ``epsilon`` (0.75), ``alpha`` (0.05), ``window`` (25 steps), ``warmup_steps`` (25), ``omega``
+(0.05), ``interval`` (100 steps per explored candidate).
 """
 
 from __future__ import annotations
@@ -138,8 +138,8 @@ class GraVAC(Compressor):
         memory = (self._memory.init_state(tensor, ctx) if self._memory is not None else
                   {"residual": torch.zeros(tensor.numel(), dtype=torch.float32, device=tensor.device)})
         return {"memory": memory, "inner": [c.init_state(tensor, ctx) for c in self._compressors],
-                "cf": 0, "phase": "warmup" if self.warmup_steps else "explore", "gain": [None, None],
-                "samples": 0, "scores": [None] * len(self.candidates), "trial": [0, 0.0, 0.0],
+                "cf": 0, "phase": "warmup" if self.warmup_steps else "explore", "gains": [[], []],
+                "scores": [None] * len(self.candidates), "trial": [0, 0.0, 0.0],
                 "clock": None, "last": None}
 
     def plan(self, state: State) -> str:
@@ -180,16 +180,18 @@ class GraVAC(Compressor):
         total, current_sq, least_sq, step_time = sums
         gains = [math.sqrt(current_sq / total) if total > 0 else 1.0,
                  math.sqrt(least_sq / total) if total > 0 else 1.0]
-        smoothed = state["gain"]
-        for i, gain in enumerate(gains):
-            smoothed[i] = gain if smoothed[i] is None else (1 - self.alpha) * smoothed[i] + self.alpha * gain
-        state["samples"] += 1
+        smoothed = []
+        for history, gain in zip(state["gains"], gains, strict=True):
+            history.append(gain)
+            del history[:-self.window]
+            weights = [(1 - self.alpha) ** age for age in range(len(history) - 1, -1, -1)]
+            smoothed.append(sum(w * g for w, g in zip(weights, history, strict=True)) / sum(weights))
         cf = state["cf"]
         state["last"] = {"cf": self.candidates[cf], "gain": gains[0], "smoothed": smoothed[0],
                          "step_time": step_time / size}
         if state["phase"] == "warmup":
             sent = 0
-        elif state["samples"] < self.window or smoothed[0] >= self.epsilon:
+        elif smoothed[0] >= self.epsilon:
             sent = cf
         else:
             sent = 0 if smoothed[1] >= self.epsilon else DENSE
@@ -227,8 +229,7 @@ class GraVAC(Compressor):
     @staticmethod
     def _switch(state: State, index: int) -> None:
         if index != state["cf"]:
-            state["gain"][0] = None
-            state["samples"] = 0
+            state["gains"][0] = []  # the current CF's history; c_min's goes on
         state["cf"] = index
         state["trial"] = [0, 0.0, 0.0]
 
