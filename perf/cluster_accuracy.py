@@ -6,8 +6,10 @@ The real-data workload of ``hvdcomp train --workload digits`` (scikit-learn's ha
 parameters) with its defaults (20 epochs, batch 32 per rank, SGD lr 0.05, momentum 0.9, the same data shards per
 epoch as ``hvdcomp train``) for every method of perf/cluster_training.py: hvdcomp's ``dense``, ``fp16``,
 ``terngrad``, ``topk``, ``randomk``, ``powersgd`` (rank 4 from the 3rd step), the quantizers (``bingrad``, ``orq``,
-``qsgd``, ``signsgd``, ``efsignsgd``, ``onebit``) and the peers ``hvd-fp16``, ``ddp``,
-``ddp-powersgd`` (PyTorch's hook, rank 4 from the 3rd step). After each epoch every rank evaluates the test set (360
+``qsgd``, ``signsgd``, ``efsignsgd``, ``onebit``), top-k at GraVAC's candidate CFs (``topk-10x`` to
+``topk-10000x``), ``dgc``, ``threshold``, ``gravac`` (their epoch-counted options set to the steps per epoch, as
+``hvdcomp train`` does) and the peers ``hvd-fp16``, ``ddp``, ``ddp-powersgd`` (PyTorch's hook, rank 4 from the 3rd
+step). After each epoch every rank evaluates the test set (360
 images, outside the timed training time); the row of a method holds its accuracy curve against training time and the
 time (and epoch) at which test accuracy first reached ``--target`` (default 0.95). Rows go to
 perf/results/cluster_accuracy.jsonl, the plot to perf/results/cluster_accuracy.png.
@@ -16,8 +18,10 @@ perf/results/cluster_accuracy.jsonl, the plot to perf/results/cluster_accuracy.p
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import socket
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -28,7 +32,10 @@ import clusterbench
 RESULTS = "cluster_accuracy.jsonl"
 HVDCOMP = {"dense": "none", "fp16": "fp16", "terngrad": "terngrad", "topk": "topk", "randomk": "randomk",
            "powersgd": {"method": "powersgd", "options": {"rank": 4, "start_iter": 2}}, "bingrad": "bingrad",
-           "orq": "orq", "qsgd": "qsgd", "signsgd": "signsgd", "efsignsgd": "efsignsgd", "onebit": "onebit"}
+           "orq": "orq", "qsgd": "qsgd", "signsgd": "signsgd", "efsignsgd": "efsignsgd", "onebit": "onebit",
+           # issue 13: top-k at each of GraVAC's default candidate CFs (static), DGC, threshold and GraVAC
+           **{f"topk-{cf}x": {"method": "topk", "options": {"ratio": 1 / cf}} for cf in (10, 100, 1000, 10000)},
+           "dgc": "dgc", "threshold": "threshold", "gravac": "gravac"}
 METHODS = (*HVDCOMP, "hvd-fp16", "ddp", "ddp-powersgd")
 
 
@@ -40,6 +47,8 @@ def worker(target: float, methods: list[str]) -> None:
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
 
     import hvdcomp
+    from hvdcomp.tools.train import sgd as make_sgd
+    from hvdcomp.tools.train import with_epochs
     from hvdcomp.tools.workloads import WORKLOADS
 
     hvd.init()
@@ -53,10 +62,14 @@ def worker(target: float, methods: list[str]) -> None:
     for method in methods:
         workload = WORKLOADS["digits"](seed)
         model, data = workload.model, workload.data
+        shard = len(data.train_x) // size
+        steps = shard // workload.batch_size
         sgd = torch.optim.SGD(model.parameters(), lr=workload.lr, momentum=0.9)
-        if method in HVDCOMP:
-            optimizer = hvdcomp.DistributedOptimizer(sgd, named_parameters=model.named_parameters(),
-                                                     compression=HVDCOMP[method])
+        if method in HVDCOMP:  # as hvdcomp train: epoch-counted options in steps, DGC's momentum in DGC alone
+            compression = with_epochs(HVDCOMP[method], steps)
+            optimizer = hvdcomp.DistributedOptimizer(make_sgd(model, compression, workload.lr, size),
+                                                     named_parameters=model.named_parameters(),
+                                                     compression=compression)
             forward: nn.Module = model
         elif method == "hvd-fp16":
             optimizer = hvd.DistributedOptimizer(sgd, named_parameters=model.named_parameters(),
@@ -69,8 +82,6 @@ def worker(target: float, methods: list[str]) -> None:
                 state = powersgd.PowerSGDState(process_group=None, matrix_approximation_rank=4,
                                                start_powerSGD_iter=2)
                 forward.register_comm_hook(state, clusterbench.serialized(powersgd.powerSGD_hook))
-        shard = len(data.train_x) // size
-        steps = shard // workload.batch_size
         elapsed, curve = 0.0, []
         hvd.allreduce(torch.zeros(1), name=f"{method}.barrier")
         for epoch in range(workload.epochs):
@@ -122,6 +133,21 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     clusterbench.save_figure(figure, axes[0][-1], path)
 
 
+def summary(rows: list[dict[str, Any]], methods: list[str]) -> None:
+    """Per setting and method, over the runs in ``rows``: the median time to target (min-max; a run that never
+    reached it counts as infinite) and the median final accuracy."""
+    settings = sorted({(row["hosts"], row["rate_bps"], row["rate"]) for row in rows})
+    for hosts, _, rate in settings:
+        for method in methods:
+            mine = [row for row in rows if (row["hosts"], row["rate"], row["method"]) == (hosts, rate, method)]
+            if not mine:
+                continue
+            times = sorted(math.inf if row["time_to_target_s"] is None else row["time_to_target_s"] for row in mine)
+            final = statistics.median(row["final_accuracy"] for row in mine)
+            print(f"{hosts} hosts {rate:>7} {method:>13}: {statistics.median(times):.2f} s ({times[0]:.2f}-"
+                  f"{times[-1]:.2f}) over {len(mine)} runs; final accuracy {final:.3f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hosts", type=int, nargs="+", default=list(clusterbench.HOSTS))
@@ -129,6 +155,8 @@ def main() -> None:
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     parser.add_argument("--target", type=float, default=0.95)
     parser.add_argument("--plot-only", action="store_true")
+    parser.add_argument("--since", help="also summarize every run of --methods since this time (ISO, as the rows' "
+                        "'time'): median time to target and its range")
     parser.add_argument("--worker", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker is not None:
@@ -144,6 +172,8 @@ def main() -> None:
         print(f"{row['hosts']} hosts {row['rate']:>7} {row['method']:>13}: {reached}; final "
               f"{row['final_accuracy']:.3f} after {row['train_time_s']:.2f} s")
     plot(rows, clusterbench.RESULTS / "cluster_accuracy.png")
+    if args.since:
+        summary([row for row in clusterbench.load(RESULTS) if row["time"] >= args.since], args.methods)
 
 
 if __name__ == "__main__":
