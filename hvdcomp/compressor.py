@@ -30,11 +30,13 @@ Contracts every method keeps (the optimizer and the reductions rely on them):
 * Whatever a method decides that changes the plan (ratio, phase) comes from values agreed across ranks
   (:class:`hvdcomp.collectives.Agree`) or from the step counter, so every rank changes in the same step;
   :meth:`Compressor.plan` states it, and the optimizer checks every step that all ranks hold the same plan.
-* The sequence of requests a reduction yields (kinds, sizes of agreed values) depends only on the plan, never
-  on the rank's data: ranks match collectives by name and order.
+* The sequence of requests a reduction yields (kinds, sizes of agreed values) depends only on the plan and on
+  agreed values (GraVAC's dense fallback), never on the rank's own data: ranks match collectives by name and
+  order.
 * Randomness comes from the context's seeds (``ctx.seed`` per rank, ``ctx.shared_seed`` the same on every
   rank) and ``ctx.step``, never from global generators: runs are reproducible and resume exactly.
-* Hot paths make no host-device syncs on CUDA tensors (no ``.item()``, ``.tolist()``, boolean indexing).
+* Hot paths make no host-device syncs on CUDA tensors (no ``.item()``, ``.tolist()``, boolean indexing). A
+  method that decides from agreed values (GraVAC) reads them on the host once per step, after the vote.
 
 This mirrors ``horovod/torch/compression.py`` and GRACE's compressor/memory/communicator split.
 """
@@ -74,6 +76,11 @@ def derive_seed(*parts: object) -> int:
     return int.from_bytes(digest, "little") >> 1
 
 
+#: a step past every method's warm-up (DGC's sparsity stages, PowerSGD's start_iter): what benchmarks and
+#: profiles measure, the steady state of training
+STEADY_STEP = 1_000_000
+
+
 @dataclasses.dataclass(frozen=True)
 class Context:
     """What a method knows about the parameter it reduces.
@@ -92,9 +99,10 @@ class Context:
     step: int = 0
 
     @classmethod
-    def local(cls, tensor: torch.Tensor, seed: int = 0, name: str = "tensor") -> Context:
-        """A one-rank context, for using a compressor outside a job (benchmarks, tests)."""
-        return cls(name, 0, 1, tensor.device, derive_seed(seed, name, 0), derive_seed(seed, name, "shared"))
+    def local(cls, tensor: torch.Tensor, seed: int = 0, name: str = "tensor", step: int = 0) -> Context:
+        """A one-rank context, for using a compressor outside a job (benchmarks, tests); ``step=STEADY_STEP``
+        measures a method past its warm-up."""
+        return cls(name, 0, 1, tensor.device, derive_seed(seed, name, 0), derive_seed(seed, name, "shared"), step)
 
     def derive(self, *parts: object) -> Context:
         """The context of a part of this tensor (a two-phase chunk, an owner's re-compression): new seeds."""

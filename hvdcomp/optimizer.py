@@ -110,10 +110,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.backward_passes_per_step = backward_passes_per_step
         self._divisor = process_set.size() if op == hvd.Average and process_set.included() else 1
         self._slots = self._plan(named_parameters)
-        self._check_momentum()
         active = process_set.included() and process_set.size() > 1
         if not active:
             self._slots = []  # like Horovod: nothing to reduce on one rank
+        self._check_momentum()
         self._work: dict[int, _Dense | _Compressed] = {}
         self._compressed_total = sum(slot.choice.reduction is not None for slot in self._slots)
         self._compressed_started = 0
@@ -161,7 +161,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return slots
 
     def _check_momentum(self) -> None:
-        """A method that applies momentum itself (DGC) must not get it a second time from the optimizer."""
+        """A method that applies momentum itself (DGC) must not get it a second time from the optimizer: its
+        parameters' groups must have ``momentum`` 0 (SGD's; optimizers with a first moment of their own, Adam's
+        betas, are not checked)."""
         for slot in self._slots:
             compressor = slot.choice.compressor
             if compressor is None or not compressor.applies_momentum:

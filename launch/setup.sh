@@ -77,7 +77,11 @@ setup_venv() {
             flags=(--system-site-packages)
         fi
     fi
-    if [[ -x $PY ]] && "$PY" -V >/dev/null 2>&1 &&
+    # an existing .venv is kept if made the same way (a CPU-made one would hide the image's CUDA torch)
+    local has_pth=false wants_pth=false
+    compgen -G "$VENV/lib/python*/site-packages/system-torch.pth" >/dev/null && has_pth=true
+    [[ -z $torch_site ]] || wants_pth=true
+    if [[ -x $PY ]] && "$PY" -V >/dev/null 2>&1 && [[ $has_pth == "$wants_pth" ]] &&
         grep -qx "include-system-site-packages = $([[ -n ${flags[*]} ]] && echo true || echo false)" \
             "$VENV/pyvenv.cfg"; then
         log "virtual environment .venv already exists"
@@ -125,13 +129,20 @@ install_horovod() {
     log "installing Horovod's Python dependencies (cloudpickle, psutil, pyyaml, packaging, cffi)"
     "${PIP[@]}" install -q cloudpickle psutil pyyaml packaging "cffi>=1.4.0"
 
-    local torch_info torch_version torch_cuda nccl="" gpu_ops=cpu ompi_version py_version key
+    local torch_info torch_version torch_cuda nccl="" gpu_ops=cpu ompi_version py_version key archs=""
     torch_info=$("$PY" -c 'import torch; print(torch.__version__, torch.version.cuda or "")')
     read -r torch_version torch_cuda <<<"$torch_info"
     # NCCL ops only make sense with a CUDA torch, nvcc and an NCCL to link.
     if [[ -n $torch_cuda ]] && command -v nvcc >/dev/null; then
         nccl=$(find_nccl)
         [[ -z $nccl ]] || gpu_ops=nccl
+    fi
+    if [[ $gpu_ops == nccl ]]; then
+        # Horovod's few CUDA kernels: for this machine's GPUs only, unless asked (Horovod's default: every
+        # architecture nvcc knows). Part of the cache key: a wheel for sm_90 has no kernels for another GPU.
+        archs=${HOROVOD_BUILD_CUDA_CC_LIST:-$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null |
+            tr -d . | sort -u | paste -sd,)} || archs=""
+        gpu_ops+="${archs:+-sm$archs}"
     fi
     ompi_version=$(mpirun --version 2>/dev/null | sed -n 's/.*(Open MPI) \([0-9.]*\).*/\1/p')
     [[ -n $ompi_version ]] || die "could not read the Open MPI version from 'mpirun --version'"
@@ -143,7 +154,7 @@ install_horovod() {
     if [[ -f ${wheels[0]} ]]; then
         log "Horovod wheel already built: using the cached $wheel_dir/${wheels[0]##*/}"
     else
-        build_horovod "$key" "$nccl"
+        build_horovod "$key" "$nccl" "$archs"
         wheels=("$wheel_dir"/horovod-*.whl)
     fi
     log "installing ${wheels[0]##*/} into .venv"
@@ -153,7 +164,7 @@ install_horovod() {
 
 # Builds the Horovod wheel into $CACHE/wheels/KEY. Args: KEY NCCL (find_nccl's answer; empty: CPU ops only).
 build_horovod() {
-    local key=$1 nccl=$2
+    local key=$1 nccl=$2 archs=$3
     local sdist="$CACHE/sdist/horovod-$HOROVOD_VERSION.tar.gz"
     local log_file="$CACHE/logs/horovod-$key.log"
     mkdir -p "$CACHE/sdist" "$CACHE/logs" "$CACHE/wheels"
@@ -209,10 +220,7 @@ build_horovod() {
     if [[ -n $nccl ]]; then
         build_env+=(HOROVOD_GPU_OPERATIONS=NCCL)
         ops="PyTorch, MPI, Gloo, NCCL"
-        # Horovod's few CUDA kernels: for this machine's GPUs only, unless asked (default: every architecture).
-        local archs
-        archs=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | tr -d . | sort -u | paste -sd,)
-        if [[ -z ${HOROVOD_BUILD_CUDA_CC_LIST:-} && -n $archs ]]; then
+        if [[ -n $archs ]]; then
             build_env+=(HOROVOD_BUILD_CUDA_CC_LIST="$archs")
             ops+=" (CUDA kernels for compute capability $archs)"
         fi
@@ -257,17 +265,18 @@ install_hvdcomp() {
         "${PIP[@]}" install -q -c "$CONSTRAINTS" --no-build-isolation -e ".[$extras]"
         return
     fi
-    local requirements
+    "${PIP[@]}" install -q --no-deps --no-build-isolation -e .
+    local requirements  # hvdcomp's requirements and those of the extras asked for, from its installed metadata
     requirements=$(EXTRAS=$extras "$PY" -c '
-import os, re, tomllib
-project = tomllib.load(open("pyproject.toml", "rb"))["project"]
-names = [e for e in os.environ["EXTRAS"].split(",") if e]
-for line in project["dependencies"] + [r for e in names for r in project["optional-dependencies"][e]]:
-    if re.match(r"(torch|horovod)\b", line) is None:
-        print(line)')
+import importlib.metadata, os, re
+extras = {e for e in os.environ["EXTRAS"].split(",") if e}
+for line in importlib.metadata.requires("hvdcomp") or []:
+    requirement, _, marker = line.partition(";")
+    extra = re.search(r"extra\s*==\s*.([\w-]+).", marker)
+    if re.match(r"(torch|horovod)\b", requirement) is None and (extra is None or extra.group(1) in extras):
+        print(requirement.strip())')
     mapfile -t requirements <<<"$requirements"
     "${PIP[@]}" install -q -c "$CONSTRAINTS" "${requirements[@]}"
-    "${PIP[@]}" install -q --no-deps --no-build-isolation -e .
 }
 
 main() {

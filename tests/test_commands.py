@@ -47,6 +47,17 @@ def test_train_rejects_bad_job_file(tmp_path) -> None:
     assert "unknown key 'epoch'; valid: workload, epochs" in result.stderr
 
 
+def test_train_on_one_rank_reduces_nothing(tmp_path) -> None:
+    """One rank (no launcher): nothing is reduced, as in Horovod, so no compression ratio; DGC, whose parameters
+    get momentum 0 only where DGC runs, trains with SGD's momentum."""
+    summary = tmp_path / "summary.json"
+    result = hvdcomp("train", "--workload", "digits", "--compression", "dgc", "--epochs", "1", "--no-progress",
+                     "--json", str(summary))
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run,) = json.loads(summary.read_text())
+    assert run["ranks"] == 1 and run["compression_ratio"] is None and run["trace"] is None, run
+
+
 def test_help_lists_commands() -> None:
     result = hvdcomp("--help")
     assert result.returncode == 0 and "train" in result.stdout and "bench" in result.stdout

@@ -161,6 +161,14 @@ def test_gravac_explores_every_candidate_then_keeps_the_best() -> None:
     assert gravac.plan(state) == "cf 100 exploit"
 
 
+def test_gravac_does_not_time_a_trials_first_step() -> None:
+    """A step's reading covers mostly the step before it: under the previous candidate."""
+    gravac, state = _gravac(warmup_steps=0, interval=3)
+    for step, t in enumerate([100.0, 2.0, 2.0]):
+        gravac.decide(state, step, _sums(1.0, 1.0, t), 1)
+    assert state["scores"][0] == pytest.approx(0.5)
+
+
 def test_gravac_step_times_are_the_mean_over_ranks() -> None:
     gravac, state = _gravac(warmup_steps=0)
     for step in range(2):
@@ -171,7 +179,9 @@ def test_gravac_step_times_are_the_mean_over_ranks() -> None:
 @pytest.mark.parametrize(("options", "message"), [
     ({"method": "fp16"}, "ratio knob"), ({"method": "topk", "options": {"ratio": 0.1}}, "leave it out"),
     ({"candidates": [0.5]}, "compression factors > 1"), ({"epsilon": 0}, "epsilon"), ({"interval": 0}, "interval"),
-    ({"method": "qsgd", "candidates": [3]}, "divide 32")])
+    ({"method": "qsgd", "candidates": [3]}, "divide 32"), ({"options": {"ratioo": 0.1}}, "unknown option 'ratioo'"),
+    ({"method": "randomk", "options": {"unbiased": True}}, "unbiased"), ({"interval": 1}, "interval"),
+    ({"options": [1]}, "mapping")])
 def test_gravac_rejects_bad_options(options: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         make_compressor("gravac", options)

@@ -91,9 +91,6 @@ class DGC(Sparse):
         zeros = torch.zeros(tensor.numel(), dtype=torch.float32, device=tensor.device)
         return {"momentum": zeros, "accumulated": zeros.clone()}
 
-    def plan(self, state: State) -> str:
-        return ""  # the density follows the step counter, which is in the plan already
-
     @property
     def applies_momentum(self) -> bool:  # type: ignore[override]
         return self.momentum > 0
@@ -125,8 +122,8 @@ class DGC(Sparse):
         k = min(n, max(1, math.ceil(self.density_at(ctx.step) * n)))
         indices = largest(v, k)
         values = v[indices]  # a copy: v is zeroed next
+        self.release(state, indices)  # every selected entry, as on CUDA, also those not sent for being zero
         if v.device.type == "cpu":  # as top-k: entries that are exactly zero are not sent (on CPU)
             nonzero = values != 0
             values, indices = values[nonzero], indices[nonzero]
-        self.release(state, indices)
         return [values, indices.to(index_dtype(n))], (tensor.shape, n, torch.float32)

@@ -23,11 +23,15 @@ follows the paper's text, as ../shared/notes/methods.md records.)
 Every input to a decision is agreed across ranks: the squared norms and each rank's step time are summed in the
 step's vote (one small collective for all parameters), and the decision is computed from the sums on every rank
 alike, so all ranks change CF in the same step (the CF and phase are in the plan the optimizer checks). The
-decision reads the vote's result on the host once per step and parameter, after the vote (not in the backward
-hook). The step time is the wall time between this parameter's consecutive reductions on each rank (its mean over
-ranks); the first step after a resume, which has no previous reading in this process, takes the last agreed step
-time. A resumed run so continues the same schedule from the checkpointed state, but runs are reproducible only as
-far as their step times are.
+decision reads the vote's result on the host once per step and parameter, once the vote is done (in the last
+backward hook, where the optimizer resolves the vote, or in ``synchronize()``): on CUDA a device-to-host read.
+
+The step time is the wall time between this parameter's consecutive reductions on each rank (its mean over
+ranks). A step's reading covers mostly the previous step's communication, so the first step of each trial is not
+timed (``interval`` is at least 2), and a trial's throughput is that of what was sent while it ran (the least CF,
+where the epsilon rule fell back to it). The first step after a resume, which has no previous reading in this
+process, takes the last agreed step time: a resumed run continues the same schedule from the checkpointed state,
+but runs are reproducible only as far as their step times are.
 
 Here each tensor has a controller of its own (the paper adapts one CF for the whole model from the sum of the
 layers' norms): a tensor whose gradient compresses badly falls back alone. Candidates and what their CF sets:
@@ -45,11 +49,12 @@ Knobs: ``method`` and ``options`` (the wrapped method and its other options), ``
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -57,7 +62,10 @@ from hvdcomp.collectives import Agree, Allgather, Allreduce, Reduction
 from hvdcomp.compressor import METHODS, Compressor, Context, Payload, State
 from hvdcomp.methods.dgc import DGC
 from hvdcomp.methods.topk import Sparse, TopK
-from hvdcomp.reductions import ReductionMethod
+from hvdcomp.reductions import Phase, ReductionMethod
+
+if TYPE_CHECKING:
+    from hvdcomp.perfmodel.schema import Encoded
 
 #: the wrapped methods and the option their CF sets
 KNOBS = {"topk": "ratio", "randomk": "ratio", "threshold": "density", "dgc": "density", "qsgd": "bits",
@@ -89,10 +97,18 @@ class GraVAC(Compressor):
         if method not in KNOBS:
             raise ValueError(f"gravac: method must be one with a ratio knob, one of {', '.join(sorted(KNOBS))}; "
                              f"got {method!r}")
+        if options is not None and not isinstance(options, Mapping):
+            raise ValueError(f"gravac: options must be a mapping of {method}'s options; got {options!r}")
         options = dict(options or {})
         knob = KNOBS[method]
         if knob in options:
             raise ValueError(f"gravac: {method}'s {knob} is what gravac sets from the CF; leave it out of options")
+        valid = [key for key in inspect.signature(METHODS[method]).parameters if key != knob]
+        for key in options:
+            if key not in valid:
+                raise ValueError(f"gravac: unknown option {key!r} for {method}; valid: {', '.join(valid)}")
+        if options.get("unbiased"):
+            raise ValueError("gravac: randomk's unbiased variant does not take error feedback, which gravac keeps")
         if candidates is None:
             candidates = BITS_CANDIDATES if knob == "bits" else DENSITY_CANDIDATES
         if isinstance(candidates, (str, bytes)) or not isinstance(candidates, Sequence) or not candidates or any(
@@ -101,10 +117,9 @@ class GraVAC(Compressor):
         for key, value, low, high in (("epsilon", epsilon, 0, 1), ("alpha", alpha, 0, 1), ("omega", omega, 0, 1)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not low < value <= high:
                 raise ValueError(f"gravac: {key} must be a number in ({low}, {high}]; got {value!r}")
-        for key, value in (("window", window), ("warmup_steps", warmup_steps), ("interval", interval)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < (0 if key == "warmup_steps" else 1):
-                raise ValueError(f"gravac: {key} must be a {'non-negative' if key == 'warmup_steps' else 'positive'} "
-                                 f"integer; got {value!r}")
+        for key, value, low in (("window", window, 1), ("warmup_steps", warmup_steps, 0), ("interval", interval, 2)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"gravac: {key} must be an integer >= {low}; got {value!r}")
         self.method = method
         self.options = options
         self.candidates = tuple(sorted(float(c) for c in candidates))
@@ -139,7 +154,7 @@ class GraVAC(Compressor):
                   {"residual": torch.zeros(tensor.numel(), dtype=torch.float32, device=tensor.device)})
         return {"memory": memory, "inner": [c.init_state(tensor, ctx) for c in self._compressors],
                 "cf": 0, "phase": "warmup" if self.warmup_steps else "explore", "gains": [[], []],
-                "scores": [None] * len(self.candidates), "trial": [0, 0.0, 0.0],
+                "scores": [None] * len(self.candidates), "trial": [0, 0.0, 0.0, 0],
                 "clock": None, "last": None}
 
     def plan(self, state: State) -> str:
@@ -200,19 +215,21 @@ class GraVAC(Compressor):
             state["phase"] = "explore"
             self._switch(state, 0)
         elif state["phase"] == "explore":
-            trial = state["trial"]
+            trial = state["trial"]  # steps, sum of gains, time of the timed steps, timed steps
             trial[0] += 1
             trial[1] += gains[0]
-            trial[2] += step_time / size
+            if trial[0] > 1:  # the first step's reading is mostly the previous candidate's step
+                trial[2] += step_time / size
+                trial[3] += 1
             if trial[0] >= self.interval:
                 self._score(state, trial)
         return sent
 
     def _score(self, state: State, trial: list[Any]) -> None:
         """Ends one candidate's trial: its score, then the next candidate or the end of exploration."""
-        steps, gain_sum, time_sum = trial
+        steps, gain_sum, time_sum, timed = trial
         scores = state["scores"]
-        scores[state["cf"]] = (gain_sum / steps) * (steps / time_sum if time_sum > 0 else 1.0)
+        scores[state["cf"]] = (gain_sum / steps) * (timed / time_sum if time_sum > 0 else 1.0)
         tried = sorted((s, i) for i, s in enumerate(scores) if s is not None)
         if len(tried) >= 2:
             (second, i2), (best, i1) = tried[-2], tried[-1]
@@ -231,7 +248,7 @@ class GraVAC(Compressor):
         if index != state["cf"]:
             state["gains"][0] = []  # the current CF's history; c_min's goes on
         state["cf"] = index
-        state["trial"] = [0, 0.0, 0.0]
+        state["trial"] = [0, 0.0, 0.0, 0]
 
     # ------------------------------------------------------------------------ one rank (bench, profile)
 
@@ -258,6 +275,13 @@ class GraVACReduction(ReductionMethod):
     @classmethod
     def rejects(cls, traits: Any) -> str | None:
         return None if traits.reduction == cls.name else f"{traits!r} is not GraVAC"
+
+    @classmethod
+    def phases(cls, e: Encoded, workers: int) -> list[Phase]:
+        """For the performance model, the profiled payload (the CF in force, the least at first) gathered, as
+        top-k's is; the wait for the step's vote before sending is not modeled (a random-k inner, which is
+        allreduced, is priced as gathered too)."""
+        return [Phase("allgather", e.wire_bytes)]
 
     def reduce(self, tensor: torch.Tensor, state: State, ctx: Context) -> Reduction:
         method: GraVAC = self.compressor.unwrapped()  # type: ignore[assignment]

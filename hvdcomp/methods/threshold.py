@@ -84,7 +84,7 @@ class Threshold(Sparse):
         x = tensor.detach().reshape(-1)
         n = x.numel()
         capacity = min(n, max(1, math.ceil(self.max_density * n)))
-        magnitudes = x.abs()
+        magnitudes = x.abs().float()  # the fit's sums in float32 (fp16 overflows)
         t = fitted_threshold(magnitudes, self.density) if self.density is not None else self.threshold
         if x.device.type == "cpu":
             indices = magnitudes.gt(t).nonzero().view(-1)

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from hvdcomp import wire
-from hvdcomp.compressor import Compressor, Context
+from hvdcomp.compressor import STEADY_STEP, Compressor, Context
 from hvdcomp.config import CompressionConfig
 from hvdcomp.methods import METHODS
 from hvdcomp.optimizer import nonfinite
@@ -117,7 +117,7 @@ def measure_steps(model: nn.Module, x: torch.Tensor, y: torch.Tensor, repeats: i
 def measure_encoded(compressor: Compressor, grad: torch.Tensor, repeats: int, ranks: Ranks) -> dict[str, Any]:
     """Wire bytes and costs of ``compressor`` (as DistributedOptimizer wraps it) on one gradient."""
     inner = compressor.unwrapped()
-    ctx = Context.local(grad)
+    ctx = Context.local(grad, step=STEADY_STEP)
     state = compressor.init_state(grad, ctx)
     gated = compressor.agree(grad, state, ctx) is not None
     shared: dict[str, Any] = {}
