@@ -197,3 +197,18 @@ def test_gravac_wraps_each_method_with_a_knob(method: str) -> None:
     decoded = gravac.decompress(payload, meta)
     memory = state["memory"]["accumulated" if method == "dgc" else "residual"]
     torch.testing.assert_close(decoded.reshape(-1) + memory, x)
+
+
+def test_train_sets_epoch_counted_options_where_not_given() -> None:
+    """DGC's warm-up stage and GraVAC's exploration interval are an epoch in their papers: hvdcomp train sets
+    them to its steps per epoch, at the top level and in overrides (inheriting as the config does)."""
+    from hvdcomp.tools.train import with_epochs
+
+    assert with_epochs("dgc", 22) == {"method": "dgc", "options": {"warmup_steps": 22}}
+    assert with_epochs({"method": "dgc", "options": {"warmup_steps": 5}}, 22)["options"] == {"warmup_steps": 5}
+    assert with_epochs({"method": "topk", "overrides": [{"match": "*", "method": "dgc"}]}, 22)["overrides"] == [
+        {"match": "*", "method": "dgc", "options": {"warmup_steps": 22}}]
+    config = with_epochs({"method": "gravac", "overrides": [{"match": "a", "options": {"epsilon": 0.5}}]}, 22)
+    assert config["overrides"][0]["options"] == {"interval": 22, "epsilon": 0.5}
+    assert with_epochs("topk", 22) == {"method": "topk"}
+    assert with_epochs({"method": "dgc", "options": [1]}, 22) == {"method": "dgc", "options": [1]}, "left to the config"

@@ -183,15 +183,36 @@ def run(workload_name: str, compression: Any, epochs: int | None, batch_size: in
 
 
 def with_epochs(compression: Any, steps_per_epoch: int) -> Any:
-    """The compression setting with the options its method's paper counts in epochs (``epoch_options``) set to
-    ``steps_per_epoch`` where the setting does not give them."""
+    """The compression setting with the options its methods' papers count in epochs (``epoch_options``) set to
+    ``steps_per_epoch`` where the setting does not give them, at the top level and in each override (which
+    inherits the method and options as :mod:`hvdcomp.config` reads them). Anything malformed is left as it is,
+    for ``DistributedOptimizer`` to reject with its message."""
     setting = {"method": compression} if isinstance(compression, str) else compression
-    if not isinstance(setting, Mapping) or setting.get("method", "none") not in METHODS:
-        return compression  # a Compressor object, or a bad name that DistributedOptimizer rejects
-    keys = METHODS[setting["method"]].epoch_options
-    if not keys:
-        return compression
-    return {**setting, "options": {key: steps_per_epoch for key in keys} | dict(setting.get("options") or {})}
+    if not isinstance(setting, Mapping):
+        return compression  # a Compressor object
+
+    def filled(method: Any, options: Any) -> Any:
+        keys = METHODS[method].epoch_options if isinstance(method, str) and method in METHODS else ()
+        if not keys or not (options is None or isinstance(options, Mapping)):
+            return options
+        return {key: steps_per_epoch for key in keys} | dict(options or {})
+
+    top_method = setting.get("method", "none")
+    result = dict(setting)
+    top_options = filled(top_method, setting.get("options"))
+    if top_options is not None:
+        result["options"] = top_options
+    overrides = setting.get("overrides")
+    if isinstance(overrides, list):
+        result["overrides"] = []
+        for entry in overrides:
+            if isinstance(entry, Mapping) and ("method" in entry or "options" in entry):
+                method = entry.get("method", top_method)
+                options = entry.get("options", None if "method" in entry else top_options)
+                options = filled(method, options)
+                entry = {**entry, **({"options": options} if options is not None else {})}
+            result["overrides"].append(entry)
+    return result
 
 
 def sgd(model: nn.Module, compression: Any, lr: float, size: int) -> torch.optim.SGD:
