@@ -523,28 +523,6 @@ def scenario_majority() -> None:
     assert torch.equal(model.weight.grad.view(-1), votes.sign() * scales / size), "p.grad is not the scaled vote"
 
 
-def scenario_digits_quantizers() -> None:
-    """Every quantizer trains the digits classifier (hvdcomp train's defaults, same epochs) to within 1 point of
-    dense, in the mean over seeds 0, 1 and 2 (one seed's test accuracy moves by about a point: 360 test images)."""
-    from hvdcomp.tools.train import run
-
-    seeds = (0, 1, 2)
-
-    def accuracy(method: str) -> float:
-        runs = [run("digits", method, None, None, None, seed=seed, show_progress=False) for seed in seeds]
-        if hvd.rank() == 0:
-            print(f"digits {method}: " + ", ".join(f"seed {seed} {r.test_accuracy:.4f}" for seed, r in
-                                                   zip(seeds, runs, strict=True))
-                  + f"; {runs[0].compression_ratio:.1f}x", flush=True)
-        return sum(r.test_accuracy for r in runs) / len(runs)
-
-    dense = accuracy("none")
-    assert dense > 0.9, dense
-    for method in ("bingrad", "orq", "qsgd", "signsgd", "efsignsgd", "onebit"):
-        mean = accuracy(method)
-        assert abs(mean - dense) <= 0.01, f"{method}: mean test accuracy {mean:.4f}, dense {dense:.4f}"
-
-
 def scenario_gravac() -> None:
     """GraVAC on real clocks: every rank holds the same CF and phase at every step and sends the same choice,
     also when one rank's gradients are far from the others' (rank 1's inputs x 50); the CF does change. DGC
@@ -580,9 +558,10 @@ def scenario_gravac() -> None:
             raise AssertionError(f"{label} accepted an optimizer with momentum")
 
 
-def scenario_digits_sparsifiers() -> None:
-    """DGC, threshold and GraVAC at their defaults (hvdcomp train's: the papers' epoch-counted options set to the
-    job's epochs) train the digits classifier to within 1 point of dense, in the mean over seeds 0, 1 and 2."""
+def scenario_digits() -> None:
+    """Every quantizer and sparsifier trains the digits classifier at its defaults (hvdcomp train's, same epochs;
+    the papers' epoch-counted options set to the job's epochs) to within 1 point of dense, in the mean over seeds
+    0, 1 and 2 (one seed's test accuracy moves by about a point: 360 test images)."""
     from hvdcomp.tools.train import run
 
     seeds = (0, 1, 2)
@@ -597,7 +576,7 @@ def scenario_digits_sparsifiers() -> None:
 
     dense = accuracy("none")
     assert dense > 0.9, dense
-    for method in ("dgc", "threshold", "gravac"):
+    for method in ("bingrad", "orq", "qsgd", "signsgd", "efsignsgd", "onebit", "dgc", "threshold", "gravac"):
         mean = accuracy(method)
         assert abs(mean - dense) <= 0.01, f"{method}: mean test accuracy {mean:.4f}, dense {dense:.4f}"
 

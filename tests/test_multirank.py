@@ -73,16 +73,10 @@ def test_new_methods_train_digits(tmp_path, method: str) -> None:
     assert run["test_accuracy"] > 0.9, run
 
 
-def test_quantizers_train_digits_within_one_point_of_dense() -> None:
-    result = run_ranks([str(REPO / "tests" / "ranks.py"), "digits_quantizers"], 2, timeout=400)
+def test_quantizers_and_sparsifiers_train_digits_within_one_point_of_dense() -> None:
+    result = run_ranks([str(REPO / "tests" / "ranks.py"), "digits"], 2, timeout=600)
     assert result.returncode == 0, result.output[-5000:]
-    assert result.ranks_saying("digits_quantizers OK") == {0, 1}, result.output[-5000:]
-
-
-def test_sparsifiers_train_digits_within_one_point_of_dense() -> None:
-    result = run_ranks([str(REPO / "tests" / "ranks.py"), "digits_sparsifiers"], 2, timeout=400)
-    assert result.returncode == 0, result.output[-5000:]
-    assert result.ranks_saying("digits_sparsifiers OK") == {0, 1}, result.output[-5000:]
+    assert result.ranks_saying("digits OK") == {0, 1}, result.output[-5000:]
 
 
 def test_train_with_job_file_under_gloo(tmp_path) -> None:
