@@ -162,7 +162,8 @@ install_horovod() {
     printf 'torch==%s\nhorovod==%s\n' "$torch_version" "$HOROVOD_VERSION" >"$CONSTRAINTS"
 }
 
-# Builds the Horovod wheel into $CACHE/wheels/KEY. Args: KEY NCCL (find_nccl's answer; empty: CPU ops only).
+# Builds the Horovod wheel into $CACHE/wheels/KEY. Args: KEY NCCL (find_nccl's answer; empty: CPU ops only) ARCHS
+# (the compute capabilities to build its CUDA kernels for, "80,90"; empty: Horovod's default).
 build_horovod() {
     local key=$1 nccl=$2 archs=$3
     local sdist="$CACHE/sdist/horovod-$HOROVOD_VERSION.tar.gz"
