@@ -154,7 +154,7 @@ class GraVAC(Compressor):
                   {"residual": torch.zeros(tensor.numel(), dtype=torch.float32, device=tensor.device)})
         return {"memory": memory, "inner": [c.init_state(tensor, ctx) for c in self._compressors],
                 "cf": 0, "phase": "warmup" if self.warmup_steps else "explore", "gains": [[], []],
-                "scores": [None] * len(self.candidates), "trial": [0, 0.0, 0.0, 0],
+                "scores": [None] * len(self.candidates), "trial": [0, 0.0, 0.0],
                 "clock": None, "last": None}
 
     def plan(self, state: State) -> str:
@@ -202,8 +202,7 @@ class GraVAC(Compressor):
             weights = [(1 - self.alpha) ** age for age in range(len(history) - 1, -1, -1)]
             smoothed.append(sum(w * g for w, g in zip(weights, history, strict=True)) / sum(weights))
         cf = state["cf"]
-        state["last"] = {"cf": self.candidates[cf], "gain": gains[0], "smoothed": smoothed[0],
-                         "step_time": step_time / size}
+        state["last"] = {"cf": self.candidates[cf], "gain": gains[0], "step_time": step_time / size}
         if state["phase"] == "warmup":
             sent = 0
         elif smoothed[0] >= self.epsilon:
@@ -215,21 +214,20 @@ class GraVAC(Compressor):
             state["phase"] = "explore"
             self._switch(state, 0)
         elif state["phase"] == "explore":
-            trial = state["trial"]  # steps, sum of gains, time of the timed steps, timed steps
+            trial = state["trial"]  # steps, sum of gains, time of the steps after the first
             trial[0] += 1
             trial[1] += gains[0]
             if trial[0] > 1:  # the first step's reading is mostly the previous candidate's step
                 trial[2] += step_time / size
-                trial[3] += 1
             if trial[0] >= self.interval:
                 self._score(state, trial)
         return sent
 
     def _score(self, state: State, trial: list[Any]) -> None:
         """Ends one candidate's trial: its score, then the next candidate or the end of exploration."""
-        steps, gain_sum, time_sum, timed = trial
+        steps, gain_sum, time_sum = trial
         scores = state["scores"]
-        scores[state["cf"]] = (gain_sum / steps) * (timed / time_sum if time_sum > 0 else 1.0)
+        scores[state["cf"]] = (gain_sum / steps) * ((steps - 1) / time_sum if time_sum > 0 else 1.0)
         tried = sorted((s, i) for i, s in enumerate(scores) if s is not None)
         if len(tried) >= 2:
             (second, i2), (best, i1) = tried[-2], tried[-1]
@@ -248,7 +246,7 @@ class GraVAC(Compressor):
         if index != state["cf"]:
             state["gains"][0] = []  # the current CF's history; c_min's goes on
         state["cf"] = index
-        state["trial"] = [0, 0.0, 0.0, 0]
+        state["trial"] = [0, 0.0, 0.0]
 
     # ------------------------------------------------------------------------ one rank (bench, profile)
 

@@ -88,9 +88,8 @@ class Threshold(Sparse):
         t = fitted_threshold(magnitudes, self.density) if self.density is not None else self.threshold
         if x.device.type == "cpu":
             indices = magnitudes.gt(t).nonzero().view(-1)
-            if indices.numel() > capacity:
+            if indices.numel() > capacity:  # (decoding does not depend on the order of unique indices)
                 indices = indices[magnitudes[indices].topk(capacity, sorted=False).indices]
-            indices = indices.sort().values  # the CUDA path's order does not matter; a fixed one reads better
         else:  # fixed capacity, no host sync: entries at or below t are zeroed, the largest above t kept
             masked = magnitudes.masked_fill_(magnitudes.le(t), 0)
             indices = masked.topk(capacity, sorted=False).indices
