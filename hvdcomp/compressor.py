@@ -133,6 +133,12 @@ class Compressor(ABC):
     keeps_nonfinite: ClassVar[bool] = False
     #: compress() depends on the tensor alone: no state, seeds or step (what Horovod's own hook can carry).
     stateless: ClassVar[bool] = False
+    #: Payloads are (values, indices) of unique indices (the sparsifiers): the homomorphic sketch collective can
+    #: sum them in compressed form (:mod:`hvdcomp.methods.sketch`).
+    sparse_payload: ClassVar[bool] = False
+    #: compress() takes a sparse COO gradient as it is (an embedding's with ``sparse=True``); the optimizer
+    #: densifies sparse gradients for the other methods.
+    accepts_sparse: ClassVar[bool] = False
     #: The method applies momentum itself (DGC's momentum correction): the wrapped optimizer must not (checked).
     applies_momentum: ClassVar[bool] = False
     #: Options the method's paper counts in epochs (DGC's warm-up stage, GraVAC's exploration interval), in

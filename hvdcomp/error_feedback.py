@@ -46,6 +46,10 @@ class ErrorFeedback(Compressor):
         return self.inner.fixed_size
 
     @property
+    def sparse_payload(self) -> bool:  # type: ignore[override]
+        return self.inner.sparse_payload
+
+    @property
     def reduction(self) -> str | None:  # type: ignore[override]
         return self.inner.reduction
 

@@ -21,6 +21,10 @@ Each step:
    votes, writes the averaged (or summed) result into ``p.grad``, and checks that no gradient was NaN/Inf.
    All ranks see the same votes and the same reduced values, so they all raise (or skip) together.
 
+Sparse gradients (``nn.Embedding(..., sparse=True)``) go as they are to methods that take them (the homomorphic
+sketch, ``accepts_sparse``); every other path densifies them first, as Horovod's ``sparse_as_dense`` does. Either
+way ``p.grad`` holds the dense average after ``synchronize()``.
+
 Plans change over time inside methods (a ratio, a phase, in the per-parameter state), decided from agreed
 values or the step counter; the vote's plan fingerprint (its max and min across ranks) shows every step
 whether all ranks hold the same plan, and if not, the full plans are compared and the first difference is
@@ -209,9 +213,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if slot.param.grad is None:  # no gradient on this rank this step: others may have one
             slot.param.grad = torch.zeros_like(slot.param)
         grad = slot.param.grad
-        if grad.is_sparse:
-            raise ValueError(f"parameter {slot.name!r} has a sparse gradient; hvdcomp reduces dense gradients "
-                             "(use a dense embedding, or hvd.DistributedOptimizer for sparse ones)")
+        if grad.is_sparse and (slot.choice.reduction is None or not slot.choice.compressor.accepts_sparse):
+            grad = slot.param.grad = grad.to_dense()  # as Horovod's sparse_as_dense
         if slot.choice.reduction is None:
             wire = grad.float() if grad.dtype == torch.bfloat16 else grad  # Horovod has no bfloat16 allreduce
             handle = hvd.allreduce_async_(wire, name=f"hvdcomp.dense.{slot.name}", op=self.op,
@@ -222,7 +225,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if slot.choice.compressor.keeps_nonfinite:  # NaN/Inf reach the sum: the check of the result catches them
             flag = grad.new_zeros(1, dtype=torch.float32)
         else:  # an encoding can hide them (TernGrad's draw, sparsifiers): check the input, and name this rank
-            flag = nonfinite(grad).to(torch.float32).mul_(self.process_set.rank() + 1).reshape(1)
+            values = grad._values() if grad.is_sparse else grad
+            flag = nonfinite(values).to(torch.float32).mul_(self.process_set.rank() + 1).reshape(1)
         plan = slot.plan()  # as the step starts: the reduction may change it for the next step
         ctx = replace(slot.ctx, step=slot.step)
         slot.step += 1
@@ -242,6 +246,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             request = next(work.reduction) if work.requests == 0 else work.reduction.send(result)
         except StopIteration as done:  # the sum over ranks: averaged into p.grad now, not held till the end
             grad = work.slot.param.grad
+            if grad.is_sparse:  # a sparse gradient's sum comes back dense (as with Horovod's sparse_as_dense)
+                grad = work.slot.param.grad = torch.empty(grad.shape, dtype=grad.dtype, device=grad.device)
             total = done.value.view_as(grad)
             if self._divisor > 1:
                 torch.div(total, self._divisor, out=grad)

@@ -17,9 +17,10 @@ The three default reductions:
   them, re-compresses the sum (with its own error feedback by default), and an allgather returns every owner's
   chunk to every rank. Each rank sends and receives about 2 x the payload at any N. Fixed-size payloads only.
 
-Which reductions a method may use, and which ``collective: auto`` picks, is decided here alone
-(:func:`allowed`, :func:`choose`): the optimizer and the performance model both read it. Each reduction also
-states its traffic (:meth:`ReductionMethod.phases`), from which the performance model prices it.
+A method's module may add a selectable reduction (the homomorphic sketch, :mod:`hvdcomp.methods.sketch`, sums
+sparse payloads in compressed form). Which reductions a method may use, and which ``collective: auto`` picks, is
+decided here alone (:func:`allowed`, :func:`choose`): the optimizer and the performance model both read it. Each
+reduction also states its traffic (:meth:`ReductionMethod.phases`), from which the performance model prices it.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class Traits(Protocol):
 
     summable: bool
     fixed_size: bool
+    sparse_payload: bool
     reduction: str | None
 
 
@@ -249,7 +251,8 @@ def allowed(traits: Traits) -> tuple[str, ...]:
         return (traits.reduction,)
     if traits.summable:
         return ("allreduce",)
-    return tuple(name for name in ("allgather", "two_phase") if REDUCTIONS[name].rejects(traits) is None)
+    # registration order: allgather, two_phase, then those of methods (the homomorphic sketch)
+    return tuple(name for name, cls in REDUCTIONS.items() if cls.selectable and cls.rejects(traits) is None)
 
 
 def choose(traits: Traits, requested: str, world_size: int) -> str:

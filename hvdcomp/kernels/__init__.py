@@ -1,5 +1,6 @@
 """Fused CPU kernels (``ternary.cpp`` for TernGrad, ``randomk.cpp`` for random-k, ``quant.cpp`` for the bucketed
-quantizers, bound in ``module.cpp``), compiled once into one extension with PyTorch's C++ extension builder and cached.
+quantizers, ``sketch.cpp`` for the homomorphic sketch's decoding, bound in ``module.cpp``), compiled once into one
+extension with PyTorch's C++ extension builder and cached.
 
 The build lands in the Python environment (``<sys.prefix>/hvdcomp-kernels/<hash of the sources>``; PyTorch's
 extension cache where that is not writable) and is rebuilt only when the source or the compiler flags change: once

@@ -11,5 +11,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "ORQ / QSGD: per-bucket levels and stochastic rounding fused with b-bit packing");
   m.def("quantize_binary", &hvdcomp::quantize_binary, "BinGrad / 1-bit SGD: per-bucket two levels, 1-bit codes");
   m.def("pack_signs", &hvdcomp::pack_signs, "Signs as 1-bit codes (exact zeros on a seeded fair coin)");
+  m.def("sketch_candidates", &hvdcomp::sketch_candidates, "Items that pass a packed Bloom filter, ascending");
+  m.def("sketch_peel", &hvdcomp::sketch_peel, "Peel a summed count sketch over its candidates (float64 values)");
   m.def("decode_sum", &hvdcomp::decode_sum, "Decode and sum R ranks' b-bit payloads through per-bucket tables");
 }

@@ -23,9 +23,10 @@ from hvdcomp.methods.powersgd import PowerSGD  # noqa: E402
 from hvdcomp.methods.qsgd import QSGD  # noqa: E402
 from hvdcomp.methods.randomk import RandomK  # noqa: E402
 from hvdcomp.methods.signsgd import EFSignSGD, SignSGD  # noqa: E402
+from hvdcomp.methods.sketch import Sketch  # noqa: E402
 from hvdcomp.methods.terngrad import TernGrad  # noqa: E402
 from hvdcomp.methods.threshold import Threshold  # noqa: E402
 from hvdcomp.methods.topk import TopK  # noqa: E402
 
 __all__ = ["DGC", "METHODS", "ORQ", "QSGD", "BinGrad", "EFSignSGD", "FP16Compressor", "GraVAC", "NoneCompressor",
-           "OneBit", "PowerSGD", "RandomK", "SignSGD", "TernGrad", "Threshold", "TopK"]
+           "OneBit", "PowerSGD", "RandomK", "SignSGD", "Sketch", "TernGrad", "Threshold", "TopK"]

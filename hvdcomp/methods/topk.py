@@ -81,24 +81,38 @@ def largest(x: torch.Tensor, k: int) -> torch.Tensor:
 
 class Sparse(Compressor):
     """Payloads of (values, indices) with indices unique within a payload: top-k's decoding, shared by the
-    sparsifiers (top-k, threshold, DGC). Decoding adds each rank's payload in rank order (module docstring)."""
+    sparsifiers (top-k, threshold, DGC) and the homomorphic sketch. Decoding adds each rank's payload in rank
+    order (module docstring).
+
+    ``meta`` is ``(shape, items, dtype)``: an index names one of ``items`` blocks of ``shape.numel() // items``
+    consecutive values (single entries for the sparsifiers, rows for the sketch of an embedding's gradient).
+    """
 
     unbiased = False
     fixed_size = False
+    sparse_payload = True
 
     def decompress(self, payload: Payload, meta: Any) -> torch.Tensor:
         return self.aggregate([payload], meta)
 
     def subtract(self, residual: torch.Tensor, payload: Payload, meta: Any) -> None:
         values, indices = payload
-        residual.view(-1).index_add_(0, indices.long(), values.to(residual.dtype), alpha=-1)
+        shape, items, _ = meta
+        residual.view(items, -1).index_add_(0, indices.long(), values.to(residual.dtype).view(-1, block(shape, items)),
+                                            alpha=-1)
 
     def aggregate(self, payloads: list[Payload], meta: Any) -> torch.Tensor:
-        shape, n, dtype = meta
-        total = torch.zeros(n, dtype=dtype, device=payloads[0][0].device)
+        shape, items, dtype = meta
+        width = block(shape, items)
+        total = torch.zeros(items, width, dtype=dtype, device=payloads[0][0].device)
         for values, indices in payloads:  # rank order; indices unique within a payload: deterministic
-            total.index_add_(0, indices.long(), values.to(dtype))
+            total.index_add_(0, indices.long(), values.to(dtype).view(-1, width))
         return total.view(shape)
+
+
+def block(shape: torch.Size, items: int) -> int:
+    """Values per index of a sparse payload of ``items`` blocks over ``shape``."""
+    return math.prod(shape) // items if items else 1
 
 
 def index_dtype(n: int) -> torch.dtype:

@@ -166,7 +166,7 @@ def measure_compressor(method: str, named: list[tuple[str, torch.Tensor]], repea
         entry[name] = measure_encoded(compressor, grad, repeats, ranks)
         inner = compressor.unwrapped()
         ctx = Context.local(grad)
-        summary = {"summable": inner.summable, "fixed_size": inner.fixed_size,
+        summary = {"summable": inner.summable, "fixed_size": inner.fixed_size, "sparse_payload": inner.sparse_payload,
                    "checks_input": not compressor.keeps_nonfinite,
                    "shared_before_encode": compressor.agree(grad, compressor.init_state(grad, ctx), ctx) is not None,
                    **({"reduction": inner.reduction} if inner.reduction else {}),

@@ -226,6 +226,8 @@ class CompressorProfile:
     reduction: str | None = None  # the method's own reduction (PowerSGD), if it has one
     #: the optimizer checks the input for NaN/Inf too (not Compressor.keeps_nonfinite); None: not summable
     checks_input: bool | None = None
+    #: payloads of (values, unique indices), which the sketch collective can sum (Compressor.sparse_payload)
+    sparse_payload: bool = False
 
     def __post_init__(self) -> None:
         if self.checks_input is None:  # profiles measured before the field: the rule of that time
@@ -290,7 +292,7 @@ def parse_profile(data: Any, where: str) -> Profile:
         compressors[str(method)] = CompressorProfile(str(method), entry.boolean("summable"),
                                                      entry.boolean("fixed_size"),
                                                      entry.boolean("shared_before_encode"), encoded, reduction,
-                                                     checks_input)
+                                                     checks_input, entry.boolean("sparse_payload", default=False))
         entry.informational("options", "collective")
         entry.done()
     section.done()

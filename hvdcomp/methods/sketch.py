@@ -1,0 +1,333 @@
+"""Lossless homomorphic compression: sparse gradients summed in compressed form and decoded exactly (Li et al.,
+"Accelerating Distributed Deep Learning using Lossless Homomorphic Compression", arXiv:2402.07529, 2024).
+
+Each rank holds a sparse gradient: items (an embedding's rows, or single entries) with their values. Its
+compressed form has two parts that aggregate across ranks without decoding (Section 3 of the paper):
+
+* a **count sketch** Y of 3 sub-tables of c cells: item i lands in one cell h_j(i) of each sub-table j with a sign
+  s_j(i) in {-1, +1}, and Y[h_j(i)] += s_j(i) x_i. Y is linear, Y(sum_r X_r) = sum_r Y(X_r): Horovod's allreduce
+  sums it (float32, or float64 with ``dtype``);
+* a **Bloom filter** of the nonzero items, aggregated by OR. Horovod has no bitwise OR: ``filter_collective``
+  ``allgather`` gathers the packed filters (bits/8 bytes per rank) and ORs them; ``allreduce`` sums one float16
+  flag per bit and tests > 0 (2 bytes per bit, but an allreduce's traffic does not grow with the ranks). ``auto``
+  takes the fewer bytes a rank receives: allgather below 32 ranks.
+
+Decoding: the candidates are the items that pass the aggregated filter (every true item and a few false positives);
+**peeling** repeatedly takes a cell covered by exactly one unresolved candidate, reads the candidate's value
+(x = s_j Y[h_j]) and subtracts it from its other cells. A false positive is in no rank's sketch and decodes to 0. It
+succeeds when the sketch has more than 1.222 cells per candidate (the peeling threshold of random 3-uniform
+hypergraphs) with a margin for finite sizes; whether it completes depends only on the candidates and the hash
+functions, never on the values, so every rank (all decode the same sums) reaches the same verdict.
+
+The sizes follow each step's data, from values every rank holds:
+
+* T, the items summed over ranks (an agreed sum in the step's vote), bounds the union. The filter has
+  ln(1/p) / ln(2)^2 bits per item of T and round(ln 2 x bits / T) hash functions; its false-positive rate p
+  (``fp_rate``; default: the rate that minimizes the bytes of filter plus sketch, 0.024 N T / n for N ranks and n
+  items) is capped at 1/4. If even T / N items (the least the union can be) would make a sketch no smaller than the
+  tensor, the step goes dense at once.
+* C, the candidates, the same on every rank: the sketch gets 3 ceil((1.222 ``margin`` C + ``slack``) / 3) cells;
+  if that is not fewer than the tensor's items, the tensor is summed dense (exact) instead.
+* If peeling does not complete (a sketch too small for its candidates: with the defaults measured at fewer than 1
+  in 10,000 steps; ``margin`` < 1 forces it), every rank knows it and that tensor falls back, for that step, to
+  gathering the sparse payloads and adding them in rank order (top-k's exact allgather path).
+
+Hash functions are drawn from the parameter's rank-independent seed and the step, so a support that peels badly in
+one step does not repeat the failure in the next. Decoding is exact up to float rounding: residuals are float64,
+so with ``dtype: float64`` the sum of all ranks' values is exact wherever the values meeting in one cell are within
+2^29 of each other in magnitude (false positives decode to exactly 0); with float32 cells the sketch's own sums
+round as an allreduce of the values would.
+
+Two ways to use it:
+
+* ``method: sketch``: the gradient as it is, losslessly. A natively sparse gradient (``nn.Embedding(...,
+  sparse=True)``) is taken as its rows, without densifying it; a dense one as its nonzero rows (entries, for 1-D
+  tensors; on CUDA finding them is one host sync, after the step's vote).
+* ``collective: sketch`` for the sparsifiers (top-k, threshold, DGC; their error feedback as usual): their payloads
+  are summed in compressed form instead of gathered, so a rank receives about the union of the supports rather
+  than N x k entries.
+
+Options (``collective_options``): ``margin`` (default 1.1), ``slack`` (cells added for small sketches, default 24),
+``fp_rate``, ``dtype`` (float32 or float64), ``filter_collective`` (auto, allgather or allreduce). CPU decoding runs
+in fused C++ (``hvdcomp/kernels/sketch.cpp``); CUDA tensors take the PyTorch path here, which peels in rounds.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from hvdcomp.collectives import Agree, Allgather, Allreduce, Reduction
+from hvdcomp.compressor import Context, Payload, State, derive_seed
+from hvdcomp.kernels import cpu_kernels
+from hvdcomp.methods.topk import Sparse, block, index_dtype
+from hvdcomp.reductions import Phase, ReductionMethod
+
+if TYPE_CHECKING:
+    from hvdcomp.perfmodel.schema import Encoded
+
+#: cells per item at which peeling a random 3-uniform hypergraph succeeds with high probability (1 / 0.8185)
+PEELING_THRESHOLD = 1.222
+#: below this many ranks a gathered filter (bits / 8 bytes each) is smaller than an allreduce of float16 flags
+FILTER_ALLGATHER_MAX_RANKS = 32
+_MASK32 = 0xFFFFFFFF
+_CHUNK = 1 << 20  # items tested against the filter at once on the PyTorch path
+
+
+def _signed(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+_GOLDEN, _MIX1, _MIX2 = (_signed(c) for c in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB))
+
+
+def _shift(z: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int64 (as uint64) values."""
+    return (z >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def mix(z: torch.Tensor) -> torch.Tensor:
+    """splitmix64's finalizer on int64 tensors, bit for bit as ``common.h`` (int64 products wrap as uint64's)."""
+    z = z + _GOLDEN
+    z = (z ^ _shift(z, 30)) * _MIX1
+    z = (z ^ _shift(z, 27)) * _MIX2
+    return z ^ _shift(z, 31)
+
+
+def cells_of(items: torch.Tensor, seed: int, c3: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sketch cells ([k, 3], one per sub-table of ``c3`` cells) and signs ([k, 3], float64) of ``items``."""
+    h = mix(items.long() ^ seed)
+    g = mix(h)
+    hashes = torch.stack([h & _MASK32, _shift(h, 32), g & _MASK32], dim=1)
+    offsets = torch.arange(3, device=items.device) * c3
+    cells = offsets + ((hashes * c3) >> 32)
+    signs = 1.0 - 2.0 * ((_shift(g, 32).unsqueeze(1) >> torch.arange(3, device=items.device)) & 1).double()
+    return cells, signs
+
+
+def filter_bits(items: torch.Tensor, seed: int, bits: int, hashes: int) -> torch.Tensor:
+    """The Bloom filter's bit positions ([k, hashes]) of ``items`` (double hashing: h1 + j h2 mod bits)."""
+    f = mix(items.long() ^ seed)
+    h1, h2 = f & _MASK32, _shift(f, 32) | 1
+    return (h1.unsqueeze(1) + torch.arange(hashes, device=items.device) * h2.unsqueeze(1)) % bits
+
+
+def pack_bits(flags: torch.Tensor) -> torch.Tensor:
+    """A bool vector (length a multiple of 8) as bytes, bit b at byte b // 8, bit b % 8."""
+    weights = torch.tensor([1 << b for b in range(8)], dtype=torch.uint8, device=flags.device)
+    return (flags.view(-1, 8).to(torch.uint8) * weights).sum(1).to(torch.uint8)
+
+
+def unpack_bits(packed: torch.Tensor) -> torch.Tensor:
+    shifts = torch.arange(8, dtype=torch.uint8, device=packed.device)
+    return ((packed.unsqueeze(1) >> shifts) & 1).bool().view(-1)
+
+
+def bloom(items: torch.Tensor, seed: int, bits: int, hashes: int) -> torch.Tensor:
+    """The packed Bloom filter (bits / 8 bytes) of ``items``."""
+    flags = torch.zeros(bits, dtype=torch.bool, device=items.device)
+    flags[filter_bits(items, seed, bits, hashes).view(-1)] = True
+    return pack_bits(flags)
+
+
+def filter_size(total: int, items: int, ranks: int, fp_rate: float | None) -> tuple[int, int]:
+    """Bits (a multiple of 64) and hash functions of a Bloom filter for ``total`` items out of ``items``."""
+    p = fp_rate if fp_rate is not None else 0.024 * ranks * total / items
+    p = min(0.25, max(p, 1e-9))
+    bits = 64 * math.ceil(total * math.log(1 / p) / math.log(2) ** 2 / 64)
+    return bits, max(1, round(math.log(2) * bits / total))
+
+
+def candidates(packed: torch.Tensor, items: int, seed: int, hashes: int) -> torch.Tensor:
+    """Every item of [0, ``items``) that passes the packed filter, ascending (int64)."""
+    kernels = cpu_kernels() if packed.device.type == "cpu" else None
+    if kernels is not None:
+        return kernels.sketch_candidates(packed, items, seed, hashes)
+    flags = unpack_bits(packed)
+    found = []
+    for start in range(0, items, _CHUNK):
+        chunk = torch.arange(start, min(items, start + _CHUNK), device=packed.device)
+        found.append(chunk[flags[filter_bits(chunk, seed, flags.numel(), hashes)].all(1)])
+    return torch.cat(found) if found else torch.zeros(0, dtype=torch.int64, device=packed.device)
+
+
+def encode(values: torch.Tensor, items: torch.Tensor, seed: int, c3: int, dtype: torch.dtype) -> torch.Tensor:
+    """The count sketch ([3 c3, block] of ``dtype``) of ``values`` ([k, block]) at ``items``; accumulated in
+    float64, so that colliding items add up the same way on every device."""
+    cells, signs = cells_of(items, seed, c3)
+    width = values.shape[1]
+    table = torch.zeros(3 * c3, width, dtype=torch.float64, device=values.device)
+    table.index_add_(0, cells.view(-1), (signs.unsqueeze(-1) * values.double().unsqueeze(1)).view(-1, width))
+    return table.to(dtype)
+
+
+def peel(found: torch.Tensor, table: torch.Tensor, seed: int) -> tuple[torch.Tensor, int]:
+    """Decodes the summed sketch over the candidates ``found``: their values ([C, block], float64) and how many
+    were resolved (all of them when peeling completes)."""
+    kernels = cpu_kernels() if table.device.type == "cpu" else None
+    if kernels is not None:
+        values, resolved = kernels.sketch_peel(found, table.contiguous(), seed)
+        return values, int(resolved)
+    # PyTorch path: peel in rounds. Each round every unresolved candidate that is alone in one of its cells (the
+    # first such, in sub-table order) reads its value there; then all of them leave their cells at once.
+    count, width = found.numel(), table.shape[1]
+    cells, signs = cells_of(found, seed, table.shape[0] // 3)
+    residual = table.double().clone()
+    values = torch.zeros(count, width, dtype=torch.float64, device=table.device)
+    active = torch.arange(count, device=table.device)
+    while active.numel():
+        where = cells[active]
+        covered = torch.zeros(table.shape[0], dtype=torch.int64, device=table.device)
+        covered.index_add_(0, where.view(-1), torch.ones_like(where.view(-1)))
+        alone = covered[where] == 1
+        ready = alone.any(1)
+        if not bool(ready.any()):
+            break
+        picked, first = active[ready], alone[ready].int().argmax(1, keepdim=True)
+        cell = where[ready].gather(1, first).view(-1)
+        value = signs[picked].gather(1, first) * residual[cell]
+        values[picked] = value
+        contributions = (signs[picked].unsqueeze(-1) * value.unsqueeze(1)).view(-1, width)
+        residual.index_add_(0, cells[picked].view(-1), contributions, alpha=-1)
+        active = active[~ready]
+    return values, count - active.numel()
+
+
+def sketch_cells(found: int, margin: float, slack: int) -> int:
+    """Cells per sub-table for ``found`` candidates."""
+    return max(1, math.ceil((PEELING_THRESHOLD * margin * found + slack) / 3))
+
+
+class Sketch(Sparse):
+    """A gradient as it is (natively sparse, or its nonzero rows), summed losslessly by the homomorphic sketch
+    (:class:`SketchReduction`, whose ``collective_options`` set its sizes)."""
+
+    name = "sketch"
+    unbiased = True
+    accepts_sparse = True
+    reduction = "sketch"
+
+    @staticmethod
+    def items(shape: torch.Size) -> int:
+        """Rows for tensors of 2 or more dimensions, entries for 1-D ones."""
+        return shape[0] if len(shape) > 1 else math.prod(shape)
+
+    def compress(self, tensor: torch.Tensor, state: State, ctx: Context,
+                 agreed: torch.Tensor | None = None) -> tuple[Payload, Any]:
+        shape = tensor.shape
+        n = self.items(shape)
+        if tensor.is_sparse:
+            if tensor.sparse_dim() != 1 and len(shape) > 1:
+                tensor = tensor.to_dense()  # element-sparse over a matrix: take its rows
+            else:
+                coalesced = tensor.detach().coalesce()
+                rows = coalesced.indices()[0]
+                return [coalesced.values().reshape(-1), rows.to(index_dtype(n))], (shape, n, coalesced.dtype)
+        x = tensor.detach().reshape(n, -1)
+        rows = x.ne(0).any(1).nonzero().view(-1)
+        return [x[rows].reshape(-1), rows.to(index_dtype(n))], (shape, n, x.dtype)
+
+
+class SketchReduction(ReductionMethod):
+    """Sparse payloads summed as a count sketch plus a Bloom filter (see the module docstring for the options).
+
+    Requests, the same sequence on every rank: Agree(sum of items); then, unless dense pays from the start, the
+    filter (Allgather or Allreduce); then Allreduce of the sketch, or of the dense tensor when the sketch would
+    be no smaller; and, if peeling did not complete, Allgather of the payloads. Each rank's last step is kept in
+    ``state["sketch"]`` (items, candidates, cells, path).
+    """
+
+    name = "sketch"
+    selectable = True
+
+    def __init__(self, compressor: Any, margin: float = 1.1, slack: int = 24, fp_rate: float | None = None,
+                 dtype: str = "float32", filter_collective: str = "auto") -> None:
+        super().__init__(compressor)
+        if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not margin > 0:
+            raise ValueError(f"sketch: margin must be a positive number; got {margin!r}")
+        if isinstance(slack, bool) or not isinstance(slack, int) or slack < 0:
+            raise ValueError(f"sketch: slack must be a non-negative integer; got {slack!r}")
+        if fp_rate is not None and (isinstance(fp_rate, bool) or not isinstance(fp_rate, (int, float))
+                                    or not 0 < fp_rate < 1):
+            raise ValueError(f"sketch: fp_rate must be null or a number in (0, 1); got {fp_rate!r}")
+        if dtype not in ("float32", "float64"):
+            raise ValueError(f"sketch: dtype must be float32 or float64; got {dtype!r}")
+        if filter_collective not in ("auto", "allgather", "allreduce"):
+            raise ValueError(f"sketch: filter_collective must be auto, allgather or allreduce; got "
+                             f"{filter_collective!r}")
+        self.margin, self.slack, self.fp_rate = float(margin), slack, fp_rate
+        self.dtype, self.filter_collective = dtype, filter_collective
+
+    @classmethod
+    def rejects(cls, traits: Any) -> str | None:
+        if traits.sparse_payload:
+            return None
+        return (f"{traits!r} does not send (values, indices) payloads; the sketch collective sums sparse payloads "
+                "(topk, threshold, dgc, sketch)")
+
+    def reduce(self, tensor: torch.Tensor, state: State, ctx: Context) -> Reduction:
+        payload, meta = self.compressor.compress(tensor, state, ctx)
+        values, items = payload
+        shape, n, _ = meta
+        width = block(shape, n)
+        rows = values.view(-1, width)
+        (total,) = yield Agree(torch.full((1,), float(items.numel()), device=values.device), "sum")
+        summed = round(float(total))  # one host read, of the vote already waited for
+        stats = state["sketch"] = {"items": summed, "candidates": 0, "cells": 0, "path": "empty"}
+        if summed == 0:
+            return torch.zeros(shape, dtype=torch.float32, device=values.device)
+        if 3 * sketch_cells(summed // ctx.size, self.margin, self.slack) >= n:
+            stats["path"] = "dense"
+            return (yield from self._dense(rows, items, n, shape))
+        bits, hashes = filter_size(summed, n, ctx.size, self.fp_rate)
+        filter_seed = derive_seed(ctx.shared_seed, "filter", ctx.step)
+        own = bloom(items, filter_seed, bits, hashes)
+        if self._filter_collective(ctx.size) == "allgather":
+            gathered = yield Allgather([own])
+            union = gathered[0][0].clone()
+            for (other,) in gathered[1:]:
+                union.bitwise_or_(other)
+        else:
+            (flags,) = yield Allreduce([unpack_bits(own).to(torch.float16)])
+            union = pack_bits(flags > 0)
+        found = candidates(union, n, filter_seed, hashes)
+        c3 = sketch_cells(found.numel(), self.margin, self.slack)
+        stats.update(candidates=found.numel(), cells=3 * c3)
+        if 3 * c3 >= n:
+            stats["path"] = "dense"
+            return (yield from self._dense(rows, items, n, shape))
+        sketch_seed = derive_seed(ctx.shared_seed, "sketch", ctx.step)
+        (table,) = yield Allreduce([encode(rows, items, sketch_seed, c3, getattr(torch, self.dtype))])
+        decoded, resolved = peel(found, table, sketch_seed)
+        if resolved == found.numel():
+            stats["path"] = "sketch"
+            result = torch.zeros(n, width, dtype=torch.float32, device=values.device)
+            return result.index_copy_(0, found, decoded.float()).view(shape)
+        stats["path"] = "fallback"  # the same verdict on every rank: gather the payloads, add them in rank order
+        payloads = yield Allgather(payload, fixed_size=False)
+        return self.compressor.aggregate(payloads, meta).float()
+
+    def _filter_collective(self, ranks: int) -> str:
+        if self.filter_collective != "auto":
+            return self.filter_collective
+        return "allgather" if ranks < FILTER_ALLGATHER_MAX_RANKS else "allreduce"
+
+    @staticmethod
+    def _dense(rows: torch.Tensor, items: torch.Tensor, n: int, shape: torch.Size) -> Reduction:
+        dense = torch.zeros(n, rows.shape[1], dtype=torch.float32, device=rows.device)
+        (summed,) = yield Allreduce([dense.index_add_(0, items.long(), rows.float())])
+        return summed.view(shape)
+
+    # Costs for the performance model, from a payload of 4-byte values and 4-byte indices measured on one rank:
+    # disjoint supports (the union is N payloads, the model's upper bound), a filter of about 10 bits per item.
+
+    @classmethod
+    def phases(cls, e: Encoded, workers: int) -> list[Phase]:
+        union = workers * e.wire_bytes / 8
+        return [Phase("allgather", union * 10 / 8), Phase("allreduce", 4 * (PEELING_THRESHOLD * 1.1 * union + 24))]
+
+    @classmethod
+    def decode_ms(cls, e: Encoded, workers: int) -> float:
+        return e.aggregate_ms(workers)
