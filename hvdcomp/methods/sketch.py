@@ -42,7 +42,7 @@ Two ways to use it:
 
 * ``method: sketch``: the gradient as it is, losslessly. A natively sparse gradient (``nn.Embedding(...,
   sparse=True)``) is taken as its rows, without densifying it; a dense one as its nonzero rows (entries, for 1-D
-  tensors; on CUDA finding them is one host sync, after the step's vote).
+  tensors; counted on the device for the vote, then found, on CUDA with one host sync, after it).
 * ``collective: sketch`` for the sparsifiers (top-k, threshold, DGC; their error feedback as usual): their payloads
   are summed in compressed form instead of gathered, so a rank receives about the union of the supports rather
   than N x k entries.
@@ -214,6 +214,16 @@ class Sketch(Sparse):
         """Rows for tensors of 2 or more dimensions, entries for 1-D ones."""
         return shape[0] if len(shape) > 1 else math.prod(shape)
 
+    def agree(self, tensor: torch.Tensor, state: State, ctx: Context) -> Agree:
+        """The rows this rank sends, summed over ranks (the sizes are set from it): counted on the device, so that
+        finding them (on CUDA a host sync) waits until after the step's vote."""
+        if tensor.is_sparse and (tensor.sparse_dim() == 1 or tensor.dim() == 1):
+            count = torch.full((1,), float(tensor.detach().coalesce()._nnz()), device=tensor.device)
+        else:
+            dense = tensor.to_dense() if tensor.is_sparse else tensor.detach()
+            count = dense.reshape(self.items(tensor.shape), -1).ne(0).any(1).sum(dtype=torch.float32).reshape(1)
+        return Agree(count, "sum")
+
     def compress(self, tensor: torch.Tensor, state: State, ctx: Context,
                  agreed: torch.Tensor | None = None) -> tuple[Payload, Any]:
         shape = tensor.shape
@@ -233,7 +243,8 @@ class Sketch(Sparse):
 class SketchReduction(ReductionMethod):
     """Sparse payloads summed as a count sketch plus a Bloom filter (see the module docstring for the options).
 
-    Requests, the same sequence on every rank: Agree(sum of items); then, unless dense pays from the start, the
+    Requests, the same sequence on every rank: Agree(sum of items; the compressor's own request, if it makes one,
+    is that sum); then, unless dense pays from the start, the
     filter (Allgather or Allreduce); then Allreduce of the sketch, or of the dense tensor when the sketch would
     be no smaller; and, if peeling did not complete, Allgather of the payloads. Each rank's last step is kept in
     ``state["sketch"]`` (items, candidates, cells, path).
@@ -268,12 +279,17 @@ class SketchReduction(ReductionMethod):
                 "(topk, threshold, dgc, sketch)")
 
     def reduce(self, tensor: torch.Tensor, state: State, ctx: Context) -> Reduction:
-        payload, meta = self.compressor.compress(tensor, state, ctx)
+        request = self.compressor.agree(tensor, state, ctx)  # the sketch method counts rows on the device
+        if request is None:  # a sparsifier: its payload's size is known on the host once it is compressed
+            payload, meta = self.compressor.compress(tensor, state, ctx)
+            (total,) = yield Agree(torch.full((1,), float(payload[1].numel()), device=payload[1].device), "sum")
+        else:
+            (total,) = yield request
+            payload, meta = self.compressor.compress(tensor, state, ctx, total)
         values, items = payload
         shape, n, _ = meta
         width = block(shape, n)
         rows = values.view(-1, width)
-        (total,) = yield Agree(torch.full((1,), float(items.numel()), device=values.device), "sum")
         summed = round(float(total))  # one host read, of the vote already waited for
         stats = state["sketch"] = {"items": summed, "candidates": 0, "cells": 0, "path": "empty"}
         if summed == 0:

@@ -1,0 +1,146 @@
+"""The homomorphic sketch on one process: hashing, the filter, peeling (fused C++ and PyTorch), exactness, sizes.
+
+Several ranks are simulated by summing their sketches and OR-ing their filters, as the collectives do; the real
+collectives run in tests/ranks.py (scenario ``sketch``).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import kernel_paths
+
+from hvdcomp import make_compressor
+from hvdcomp.compressor import Context
+from hvdcomp.config import CompressionConfig
+from hvdcomp.methods import sketch
+from hvdcomp.methods.sketch import Sketch, SketchReduction
+
+path = kernel_paths(sketch)
+
+
+def splitmix64(z: int) -> int:
+    mask = (1 << 64) - 1
+    z = (z + 0x9E3779B97F4A7C15) & mask
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    return z ^ (z >> 31)
+
+
+def test_mix_is_splitmix64_bit_for_bit() -> None:
+    values = [0, 1, 2, 77, 2**31 - 1, 2**40 + 5, 2**62 + 3, 2**63 - 1]
+    mixed = sketch.mix(torch.tensor(values))
+    assert [v & ((1 << 64) - 1) for v in mixed.tolist()] == [splitmix64(v) for v in values]
+
+
+def simulate(supports: list[torch.Tensor], width: int, items: int, dtype: torch.dtype = torch.float64,
+             margin: float = 1.1, step: int = 0, fp_rate: float | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor]:
+    """Ranks with the given supports and random values: (candidates, decoded values, resolved, exact sum)."""
+    generator = torch.Generator().manual_seed(step)
+    values = [torch.randn(s.numel(), width, generator=generator) for s in supports]
+    total = sum(s.numel() for s in supports)
+    bits, hashes = sketch.filter_size(total, items, len(supports), fp_rate)
+    union = sketch.bloom(supports[0], 11 + step, bits, hashes)
+    for support in supports[1:]:
+        union |= sketch.bloom(support, 11 + step, bits, hashes)
+    found = sketch.candidates(union, items, 11 + step, hashes)
+    c3 = sketch.sketch_cells(found.numel(), margin, 24)
+    table = sum(sketch.encode(v, s, 99 + step, c3, dtype) for v, s in zip(values, supports, strict=True))
+    decoded, resolved = sketch.peel(found, table, 99 + step)
+    exact = torch.zeros(items, width, dtype=torch.float64)
+    for v, s in zip(values, supports, strict=True):
+        exact.index_add_(0, s, v.double())
+    return found, decoded, resolved, exact
+
+
+@pytest.mark.parametrize("overlap", ["disjoint", "half", "identical"])
+def test_decoded_sum_is_exact_and_false_positives_are_zero(path: str, overlap: str) -> None:
+    items, ranks, k = 50_000, 4, 800
+    for step in range(10):
+        generator = torch.Generator().manual_seed(step)
+        pool = torch.randperm(items, generator=generator)
+        if overlap == "disjoint":
+            supports = [pool[r * k:(r + 1) * k] for r in range(ranks)]
+        elif overlap == "identical":
+            supports = [pool[:k]] * ranks
+        else:  # half of each support is shared by all ranks
+            supports = [torch.cat([pool[:k // 2], pool[k + r * k // 2:k + (r + 1) * k // 2]]) for r in range(ranks)]
+        found, decoded, resolved, exact = simulate(supports, 4, items, step=step, fp_rate=0.1)
+        union = torch.unique(torch.cat(supports))
+        assert resolved == found.numel(), f"step {step}: peeling stopped at {resolved} of {found.numel()}"
+        assert torch.isin(union, found).all(), "a true item failed the filter"
+        assert found.numel() > union.numel(), "no false positive in the test: it would not test them"
+        assert torch.equal(decoded, exact[found]), "float64 cells: the decoded sum is the exact sum"
+        false_positive = ~torch.isin(found, union)
+        assert torch.equal(decoded[false_positive], torch.zeros_like(decoded[false_positive]))
+
+
+def test_float32_cells_decode_to_float_rounding(path: str) -> None:
+    supports = [torch.randperm(20_000, generator=torch.Generator().manual_seed(r))[:500] for r in range(3)]
+    found, decoded, resolved, exact = simulate(supports, 1, 20_000, dtype=torch.float32)
+    assert resolved == found.numel()
+    torch.testing.assert_close(decoded, exact[found], rtol=1e-5, atol=1e-6)
+
+
+def test_kernels_and_pytorch_paths_agree(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same candidates and verdict; the same values with float64 cells (float32 cells: to rounding, as the
+    paths peel in different orders)."""
+    supports = [torch.randperm(30_000, generator=torch.Generator().manual_seed(r))[:1500] for r in range(2)]
+    for dtype in (torch.float64, torch.float32):
+        monkeypatch.undo()
+        fused = simulate(supports, 3, 30_000, dtype=dtype)
+        monkeypatch.setattr(sketch, "cpu_kernels", lambda: None)
+        plain = simulate(supports, 3, 30_000, dtype=dtype)
+        assert torch.equal(fused[0], plain[0]) and fused[2] == plain[2] == fused[0].numel()
+        if dtype == torch.float64:
+            assert torch.equal(fused[1], plain[1])
+        torch.testing.assert_close(fused[1], plain[1], rtol=1e-5, atol=1e-5)
+
+
+def test_too_small_a_sketch_is_detected(path: str) -> None:
+    supports = [torch.arange(0, 4000, 2), torch.arange(1, 4000, 4)]
+    found, _, resolved, _ = simulate(supports, 1, 10_000, margin=0.5)
+    assert resolved < found.numel()
+
+
+def test_filter_meets_its_false_positive_rate() -> None:
+    items, members = 1_000_000, 2000
+    support = torch.randperm(items, generator=torch.Generator().manual_seed(0))[:members]
+    for rate in (0.01, 0.001):
+        bits, hashes = sketch.filter_size(members, items, 2, rate)
+        found = sketch.candidates(sketch.bloom(support, 5, bits, hashes), items, 5, hashes)
+        measured = (found.numel() - members) / (items - members)
+        assert measured < 1.5 * rate, (rate, measured)
+    bits, hashes = sketch.filter_size(members, items, 4, None)  # the default: 0.024 N T / n
+    rate = 0.024 * 4 * members / items
+    found = sketch.candidates(sketch.bloom(support, 6, bits, hashes), items, 6, hashes)
+    assert bits % 64 == 0 and (found.numel() - members) / (items - members) < 1.5 * rate
+
+
+def test_sketch_method_takes_sparse_and_dense_gradients_alike() -> None:
+    indices = torch.tensor([[5, 1, 5, 9]])
+    values = torch.arange(12, dtype=torch.float32).view(4, 3)
+    sparse = torch.sparse_coo_tensor(indices, values, (20, 3), check_invariants=True)  # row 5 twice: summed
+    method = Sketch()
+    ctx = Context.local(sparse.to_dense())
+    (sparse_values, sparse_rows), meta = method.compress(sparse, {}, ctx)
+    (dense_values, dense_rows), _ = method.compress(sparse.to_dense(), {}, ctx)
+    assert sparse_rows.tolist() == dense_rows.tolist() == [1, 5, 9]
+    assert torch.equal(sparse_values, dense_values)
+    assert torch.equal(method.decompress([sparse_values, sparse_rows], meta), sparse.to_dense())
+    assert float(method.agree(sparse, {}, ctx).values) == float(method.agree(sparse.to_dense(), {}, ctx).values) == 3
+
+
+def test_bad_options_and_collectives_are_named() -> None:
+    for options, text in (({"margin": 0}, "margin"), ({"dtype": "float16"}, "dtype"), ({"slack": -1}, "slack"),
+                          ({"fp_rate": 1.5}, "fp_rate"), ({"filter_collective": "or"}, "filter_collective")):
+        with pytest.raises(ValueError, match=text):
+            SketchReduction(Sketch(), **options)
+    with pytest.raises(ValueError, match="sparse payloads"):
+        CompressionConfig.parse({"method": "terngrad", "collective": "sketch"})
+    config = CompressionConfig.parse({"method": "topk", "collective": "sketch",
+                                      "collective_options": {"margin": 1.3}})
+    choice = config.choose("w", (1000, 10), 4)
+    assert isinstance(choice.reduction, SketchReduction) and choice.reduction.margin == 1.3
+    assert make_compressor("topk").sparse_payload and not make_compressor("terngrad").sparse_payload
