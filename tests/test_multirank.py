@@ -12,7 +12,7 @@ from conftest import BIN, CONTROLLERS, REPO, run_ranks
 
 pytestmark = pytest.mark.multirank
 
-SCENARIOS = ["collectives", "requests", "plans", "train", "resume", "stock", "nograd", "majority", "gravac"]
+SCENARIOS = ["collectives", "requests", "plans", "train", "resume", "stock", "nograd", "majority", "gravac", "sketch"]
 #: scenario -> what each rank prints, as "<what> (on every rank) rank R", once it caught the expected error
 EXPECTED_FAILURES = {
     "nonfinite_raise": "raised FloatingPointError",
@@ -71,6 +71,19 @@ def test_new_methods_train_digits(tmp_path, method: str) -> None:
     (run,) = json.loads(summary.read_text())
     assert run["method"] == method and run["compression_ratio"] > 3, run
     assert run["test_accuracy"] > 0.9, run
+
+
+def test_sketch_trains_the_sparse_workload_as_dense_does(tmp_path) -> None:
+    """``hvdcomp train --workload bow --compression sketch``: natively sparse gradients, summed losslessly, train
+    the bag-of-words classifier to dense's accuracy with far fewer bytes."""
+    summary = tmp_path / "summary.json"
+    result = run_ranks([str(BIN / "hvdcomp"), "train", "--workload", "bow", "--compression", "sketch", "--epochs", "2",
+                        "--compare", "dense", "--seed", "0", "--no-progress", "--json", str(summary)], 2)
+    assert result.returncode == 0, result.output[-5000:]
+    dense, sketched = json.loads(summary.read_text())
+    assert dense["test_accuracy"] > 0.85, dense
+    assert abs(sketched["test_accuracy"] - dense["test_accuracy"]) <= 0.005, (dense, sketched)
+    assert sketched["compression_ratio"] > 20, sketched
 
 
 def test_quantizers_and_sparsifiers_train_digits_within_one_point_of_dense() -> None:
