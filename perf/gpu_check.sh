@@ -8,7 +8,8 @@
 #    compression (torch.cuda.set_sync_debug_mode("error")), every reduction through Horovod on one rank (NCCL);
 # 3. `hvdcomp bench compress --device cuda` for every method (JSON lines, bench-cuda.jsonl);
 # 4. `hvdcomp probe`: real NVML readings of the GPU (probe-gpu.yaml);
-# 5. a 1-rank `hvdcomp train --device cuda` for every method (train-<method>.json): the training loop on CUDA.
+# 5. a 1-rank `hvdcomp train --device cuda` for every method (train-<method>.json): the training loop on CUDA,
+#    and the sparse workload (bow, an embedding with sparse gradients; train-bow.json).
 #    One rank reduces nothing (as in Horovod), so compression through NCCL is step 2's test_reductions_on_one_rank.
 #
 # A machine without network access (the project's lent GPU machines) installs from a wheelhouse: put the wheels
@@ -19,7 +20,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out=${1:-perf/results/gpu}
 mkdir -p "$out"
-methods=(bingrad dgc efsignsgd fp16 gravac onebit orq powersgd qsgd randomk signsgd terngrad threshold topk)
+methods=(bingrad dgc efsignsgd fp16 gravac onebit orq powersgd qsgd randomk signsgd sketch terngrad threshold topk)
 
 command -v nvidia-smi >/dev/null && nvidia-smi -L || { echo "gpu_check: no NVIDIA GPU here (nvidia-smi)" >&2; exit 1; }
 if [[ -d .whl ]]; then
@@ -53,5 +54,7 @@ for method in "${methods[@]}"; do
     .venv/bin/hvdcomp train --workload synthetic --device cuda --compression "$method" --epochs 1 --no-progress \
         --json "$out/train-$method.json" || status=1
 done
+.venv/bin/hvdcomp train --workload bow --device cuda --compression sketch --epochs 1 --no-progress \
+    --json "$out/train-bow.json" || status=1
 echo "gpu_check: results in $out; exit status $status"
 exit "$status"

@@ -21,9 +21,13 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.i
 #: every shipped method with options that make it compress a 96 x 64 gradient
 CASES = {"fp16": {}, "terngrad": {}, "topk": {"ratio": 0.05}, "randomk": {"ratio": 0.05, "unbiased": True},
          "powersgd": {"start_iter": 0}, "bingrad": {}, "onebit": {}, "orq": {}, "qsgd": {}, "signsgd": {},
-         "efsignsgd": {}, "threshold": {"density": 0.05}, "dgc": {"density": 0.05}, "gravac": {}}
+         "efsignsgd": {}, "threshold": {"density": 0.05}, "dgc": {"density": 0.05}, "gravac": {}, "sketch": {}}
 #: methods whose CUDA and CPU paths compute the same function (no random draw): the same values
-SAME_FUNCTION = ("fp16", "topk", "powersgd", "bingrad", "onebit", "efsignsgd", "signsgd", "dgc", "gravac")
+SAME_FUNCTION = ("fp16", "topk", "powersgd", "bingrad", "onebit", "efsignsgd", "signsgd", "dgc", "gravac",
+                 "sketch")
+#: methods that find what they send on the host after the step's vote (their docstrings): only agree() runs in the
+#: backward hook without a sync
+AFTER_VOTE = ("sketch",)
 
 
 def test_every_method_is_covered() -> None:
@@ -92,7 +96,8 @@ def test_no_host_sync_in_compression(method: str) -> None:
     torch.cuda.set_sync_debug_mode("error")
     try:
         request = compressor.agree(grad, state, ctx)
-        compressor.compress(grad, state, ctx, None if request is None else request.values)
+        if method not in AFTER_VOTE:
+            compressor.compress(grad, state, ctx, None if request is None else request.values)
     finally:
         torch.cuda.set_sync_debug_mode("default")
 
@@ -110,13 +115,15 @@ hvd.init()
 cases = {{"fp16": "allreduce", "terngrad": "allgather", "topk": "allgather", "randomk": "allreduce",
          "powersgd": "powersgd", "bingrad": "allgather", "onebit": "allgather", "orq": "allgather",
          "qsgd": "allgather", "signsgd": "allgather", "efsignsgd": "allgather", "threshold": "allgather",
-         "dgc": "allgather", "gravac": "gravac"}}
-host_decisions = ["gravac"]  # decides from the agreed values on the host, after the vote (its docstring)
+         "dgc": "allgather", "gravac": "gravac", "sketch": "sketch"}}
+host_decisions = ["gravac", "sketch"]  # decide from the agreed values on the host, after the vote (docstrings)
 two_phase = ["terngrad", "bingrad", "onebit", "orq", "qsgd", "signsgd", "efsignsgd"]
 for method, reduction_name in [*cases.items(), *((name, "two_phase") for name in two_phase)]:
     compressor = make_compressor(method, {CASES!r}[method], error_feedback=False)
     reduction = reductions.make(reduction_name, compressor)
     grad = torch.randn(96, 64, generator=torch.Generator().manual_seed(1)).to("{device}")
+    if method == "sketch":  # a few rows, as an embedding's gradient: the sketch path, not its dense fallback
+        grad[torch.arange(96) % 16 != 0] = 0
     ctx = Context("w", 0, 1, grad.device, 5, 7)
     state = reduction.init_state(grad, ctx)
     # What runs in backward hooks: the reduction up to its first collective, started (on CUDA: no syncs).
@@ -141,7 +148,33 @@ for method, reduction_name in [*cases.items(), *((name, "two_phase") for name in
     result = run_alone(reduction.reduce(grad, state, ctx), method + reduction_name)
     assert result.shape == grad.shape and result.device == grad.device, (method, result.shape, result.device)
     assert torch.isfinite(result).all(), method
+    if method == "sketch":
+        assert state["sketch"]["path"] == "sketch" and torch.equal(result, grad), state["sketch"]
 print("reductions OK")
 """
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "reductions OK" in done.stdout, done.stdout + done.stderr
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
+def test_sketch_decodes_on_cuda_as_on_cpu() -> None:
+    """The sketch's PyTorch path on CUDA (filter, candidates, peeling in rounds) gives the CPU kernels' candidates,
+    verdict and, with float64 cells, values."""
+    from hvdcomp.methods import sketch
+
+    supports = [torch.randperm(200_000, generator=torch.Generator().manual_seed(r))[:5000] for r in range(3)]
+    values = [torch.randn(5000, 8, generator=torch.Generator().manual_seed(10 + r)) for r in range(3)]
+    bits, hashes = sketch.filter_size(15_000, 200_000, 3, None)
+    decoded = {}
+    for device in ("cpu", "cuda"):
+        union = sketch.bloom(supports[0].to(device), 3, bits, hashes)
+        for support in supports[1:]:
+            union |= sketch.bloom(support.to(device), 3, bits, hashes)
+        found = sketch.candidates(union, 200_000, 3, hashes)
+        c3 = sketch.sketch_cells(found.numel(), 1.1, 24)
+        table = sum(sketch.encode(v.to(device), s.to(device), 4, c3, torch.float64)
+                    for v, s in zip(values, supports, strict=True))
+        result, resolved = sketch.peel(found, table, 4)
+        decoded[device] = (found.cpu(), result.cpu(), resolved)
+    assert torch.equal(decoded["cpu"][0], decoded["cuda"][0]) and decoded["cpu"][2] == decoded["cuda"][2]
+    assert torch.equal(decoded["cpu"][1], decoded["cuda"][1])
