@@ -6,8 +6,9 @@
     method: terngrad            # default for every parameter; see hvdcomp.METHODS
     options: {clip: 2.5}        # keyword arguments of the method's class
     error_feedback: null        # null: on for biased methods (topk), off for unbiased ones
-    collective: auto            # auto | allgather | two_phase (summable methods always use allreduce,
-                                # methods with a reduction of their own, PowerSGD, always use it)
+    collective: auto            # auto | allgather | two_phase | sketch (summable methods always use allreduce,
+                                # methods with a reduction of their own, PowerSGD, always use it; sketch sums
+                                # the sparsifiers' payloads, hvdcomp.methods.sketch)
     collective_options: {}      # keyword arguments of the reduction (two_phase: owner_error_feedback)
     min_numel: 1024             # smaller tensors go uncompressed through Horovod's fused allreduce
     dense: ["fc3.*"]            # parameter-name patterns (fnmatch) that stay uncompressed

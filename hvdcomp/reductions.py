@@ -261,6 +261,8 @@ def choose(traits: Traits, requested: str, world_size: int) -> str:
     Summable methods always use allreduce and methods with a reduction of their own always use it, whatever
     ``requested`` says; gathered methods use two-phase from TWO_PHASE_MIN_RANKS ranks on under ``auto``.
     """
+    if traits.reduction is not None:
+        return traits.reduction
     options = allowed(traits)
     if not any(REDUCTIONS[name].selectable for name in options):
         return options[0]
@@ -282,10 +284,18 @@ def _options(name: str) -> list[str]:
     return [p for p in inspect.signature(REDUCTIONS[name]).parameters if p != "compressor"]
 
 
+def automatic(traits: Traits) -> tuple[str, ...]:
+    """The reductions ``collective: auto`` resolves to at some rank count (never the sketch: it is asked for)."""
+    if traits.reduction is not None:
+        return (traits.reduction,)
+    options = allowed(traits)
+    return tuple(dict.fromkeys([options[0], *(name for name in options if name == "two_phase")]))
+
+
 def check_options(traits: Traits, options: Mapping[str, Any], requested: str = "auto") -> None:
-    """Raises if an option is taken by none of the reductions ``requested`` may resolve to (``auto``: any the
-    method may use, whichever the rank count picks)."""
-    names = allowed(traits) if requested == "auto" else (choose(traits, requested, 2),)
+    """Raises if an option is taken by none of the reductions ``requested`` may resolve to (``auto``: any
+    :func:`automatic` gives, whichever the rank count picks)."""
+    names = automatic(traits) if requested == "auto" else (choose(traits, requested, 2),)
     valid = sorted({key for name in names for key in _options(name)})
     for key in options:
         if key not in valid:

@@ -24,32 +24,39 @@ The sizes follow each step's data, from values every rank holds:
 * T, the items summed over ranks (an agreed sum in the step's vote), bounds the union. The filter has
   ln(1/p) / ln(2)^2 bits per item of T and round(ln 2 x bits / T) hash functions; its false-positive rate p
   (``fp_rate``; default: the rate that minimizes the bytes of filter plus sketch, 0.024 N T / n for N ranks and n
-  items) is capped at 1/4. If even T / N items (the least the union can be) would make a sketch no smaller than the
-  tensor, the step goes dense at once.
+  items) is capped at 1/4. If even T / N items (the least the union can be) would make a sketch no smaller in bytes
+  than the dense tensor, the step goes dense at once.
 * C, the candidates, the same on every rank: the sketch gets 3 ceil((1.222 ``margin`` C + ``slack``) / 3) cells;
-  if that is not fewer than the tensor's items, the tensor is summed dense (exact) instead.
-* If peeling does not complete (a sketch too small for its candidates: with the defaults measured at fewer than 1
-  in 10,000 steps; ``margin`` < 1 forces it), every rank knows it and that tensor falls back, for that step, to
+  if those are not fewer bytes than the dense float32 tensor, the tensor is summed dense (exact) instead.
+* If peeling does not complete (with the defaults, perf/sketch_decode.py measured it in 4% of sketches of 100
+  candidates, 0.7% at 1,000, none of 300 at 10,000 and of 50 at 100,000: small 2-cores, two candidates sharing all
+  three cells; ``margin`` < 1 forces it), every rank knows it and that tensor falls back, for that step, to
   gathering the sparse payloads and adding them in rank order (top-k's exact allgather path).
 
 Hash functions are drawn from the parameter's rank-independent seed and the step, so a support that peels badly in
 one step does not repeat the failure in the next. Decoding is exact up to float rounding: residuals are float64,
 so with ``dtype: float64`` the sum of all ranks' values is exact wherever the values meeting in one cell are within
-2^29 of each other in magnitude (false positives decode to exactly 0); with float32 cells the sketch's own sums
-round as an allreduce of the values would.
+2^29 of each other in magnitude (false positives decode to exactly 0): lossless. The default float32 cells halve
+the sketch's bytes but are not lossless: a cell's sum is rounded to float32, so an entry sharing a cell with larger
+ones keeps only the bits left to it (an absolute error of about 2^-24 of the cell's magnitude: up to 3.2e-6 on unit
+Gaussian rows in perf/RESULTS.md), and a false positive may decode to such a residue instead of 0.
 
 Two ways to use it:
 
 * ``method: sketch``: the gradient as it is, losslessly. A natively sparse gradient (``nn.Embedding(...,
   sparse=True)``) is taken as its rows, without densifying it; a dense one as its nonzero rows (entries, for 1-D
-  tensors; counted on the device for the vote, then found, on CUDA with one host sync, after it).
+  tensors; counted on the device for the vote, then found, on CUDA with one host sync, after it; a sparse CUDA
+  gradient is coalesced to count its rows, one host sync in the backward hook).
 * ``collective: sketch`` for the sparsifiers (top-k, threshold, DGC; their error feedback as usual): their payloads
   are summed in compressed form instead of gathered, so a rank receives about the union of the supports rather
   than N x k entries.
 
 Options (``collective_options``): ``margin`` (default 1.1), ``slack`` (cells added for small sketches, default 24),
-``fp_rate``, ``dtype`` (float32 or float64), ``filter_collective`` (auto, allgather or allreduce). CPU decoding runs
-in fused C++ (``hvdcomp/kernels/sketch.cpp``); CUDA tensors take the PyTorch path here, which peels in rounds.
+``fp_rate``, ``dtype`` (float32 or float64), ``filter_collective`` (auto, allgather or allreduce). Decoding runs in
+fused C++ (``hvdcomp/kernels/sketch.cpp``) on the host for CPU and CUDA tensors alike (the filter and the sketch are
+copied over; the decoded rows come back): the same bits on every device. Where the kernels cannot be built, the
+PyTorch path here decodes on the tensors' device, peeling in rounds (on CUDA its float64 scatter-adds are
+deterministic only where they are exact, as above).
 """
 
 from __future__ import annotations
@@ -116,7 +123,8 @@ def filter_bits(items: torch.Tensor, seed: int, bits: int, hashes: int) -> torch
 
 def pack_bits(flags: torch.Tensor) -> torch.Tensor:
     """A bool vector (length a multiple of 8) as bytes, bit b at byte b // 8, bit b % 8."""
-    weights = torch.tensor([1 << b for b in range(8)], dtype=torch.uint8, device=flags.device)
+    weights = torch.ones(8, dtype=torch.uint8, device=flags.device) << torch.arange(8, dtype=torch.uint8,
+                                                                                     device=flags.device)
     return (flags.view(-1, 8).to(torch.uint8) * weights).sum(1).to(torch.uint8)
 
 
@@ -142,9 +150,9 @@ def filter_size(total: int, items: int, ranks: int, fp_rate: float | None) -> tu
 
 def candidates(packed: torch.Tensor, items: int, seed: int, hashes: int) -> torch.Tensor:
     """Every item of [0, ``items``) that passes the packed filter, ascending (int64)."""
-    kernels = cpu_kernels() if packed.device.type == "cpu" else None
-    if kernels is not None:
-        return kernels.sketch_candidates(packed, items, seed, hashes)
+    kernels = cpu_kernels()
+    if kernels is not None:  # CUDA too: the filter is small, and the host's scan gives every device the same bits
+        return kernels.sketch_candidates(packed.cpu(), items, seed, hashes).to(packed.device)
     flags = unpack_bits(packed)
     found = []
     for start in range(0, items, _CHUNK):
@@ -166,15 +174,15 @@ def encode(values: torch.Tensor, items: torch.Tensor, seed: int, c3: int, dtype:
 def peel(found: torch.Tensor, table: torch.Tensor, seed: int) -> tuple[torch.Tensor, int]:
     """Decodes the summed sketch over the candidates ``found``: their values ([C, block], float64) and how many
     were resolved (all of them when peeling completes)."""
-    kernels = cpu_kernels() if table.device.type == "cpu" else None
-    if kernels is not None:
-        values, resolved = kernels.sketch_peel(found, table.contiguous(), seed)
-        return values, int(resolved)
+    kernels = cpu_kernels()
+    if kernels is not None:  # CUDA too: sequential peeling on the host is deterministic, where atomics are not
+        values, resolved = kernels.sketch_peel(found.cpu(), table.cpu().contiguous(), seed)
+        return values.to(table.device), int(resolved)
     # PyTorch path: peel in rounds. Each round every unresolved candidate that is alone in one of its cells (the
     # first such, in sub-table order) reads its value there; then all of them leave their cells at once.
     count, width = found.numel(), table.shape[1]
     cells, signs = cells_of(found, seed, table.shape[0] // 3)
-    residual = table.double().clone()
+    residual = table.to(torch.float64, copy=True)
     values = torch.zeros(count, width, dtype=torch.float64, device=table.device)
     active = torch.arange(count, device=table.device)
     while active.numel():
@@ -243,8 +251,8 @@ class Sketch(Sparse):
 class SketchReduction(ReductionMethod):
     """Sparse payloads summed as a count sketch plus a Bloom filter (see the module docstring for the options).
 
-    Requests, the same sequence on every rank: Agree(sum of items; the compressor's own request, if it makes one,
-    is that sum); then, unless dense pays from the start, the
+    Requests, the same sequence on every rank: Agree(sum of items; a compressor that makes its own request, the
+    sketch method, must ask for exactly that sum); none more if it is 0; then, unless dense pays from the start, the
     filter (Allgather or Allreduce); then Allreduce of the sketch, or of the dense tensor when the sketch would
     be no smaller; and, if peeling did not complete, Allgather of the payloads. Each rank's last step is kept in
     ``state["sketch"]`` (items, candidates, cells, path).
@@ -294,7 +302,7 @@ class SketchReduction(ReductionMethod):
         stats = state["sketch"] = {"items": summed, "candidates": 0, "cells": 0, "path": "empty"}
         if summed == 0:
             return torch.zeros(shape, dtype=torch.float32, device=values.device)
-        if 3 * sketch_cells(summed // ctx.size, self.margin, self.slack) >= n:
+        if self._larger_than_dense(sketch_cells(summed // ctx.size, self.margin, self.slack), n):
             stats["path"] = "dense"
             return (yield from self._dense(rows, items, n, shape))
         bits, hashes = filter_size(summed, n, ctx.size, self.fp_rate)
@@ -311,7 +319,7 @@ class SketchReduction(ReductionMethod):
         found = candidates(union, n, filter_seed, hashes)
         c3 = sketch_cells(found.numel(), self.margin, self.slack)
         stats.update(candidates=found.numel(), cells=3 * c3)
-        if 3 * c3 >= n:
+        if self._larger_than_dense(c3, n):
             stats["path"] = "dense"
             return (yield from self._dense(rows, items, n, shape))
         sketch_seed = derive_seed(ctx.shared_seed, "sketch", ctx.step)
@@ -324,6 +332,10 @@ class SketchReduction(ReductionMethod):
         stats["path"] = "fallback"  # the same verdict on every rank: gather the payloads, add them in rank order
         payloads = yield Allgather(payload, fixed_size=False)
         return self.compressor.aggregate(payloads, meta).float()
+
+    def _larger_than_dense(self, c3: int, items: int) -> bool:
+        """Whether a sketch of 3 ``c3`` cells is no smaller in bytes than the dense float32 tensor."""
+        return 3 * c3 * getattr(torch, self.dtype).itemsize >= 4 * items
 
     def _filter_collective(self, ranks: int) -> str:
         if self.filter_collective != "auto":

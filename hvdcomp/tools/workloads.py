@@ -7,7 +7,7 @@
   fully-connected layers (1024-4096-4096-1024-10, 25.2 M parameters, 101 MB of float32 gradient per step):
   the regime (AlexNet's and VGG's fully-connected layers) where the TernGrad paper found compression pays.
 * ``bow``: a bag-of-words topic classifier dominated by an embedding table with sparse gradients
-  (``nn.EmbeddingBag(100000, 32, sparse=True)``, 3.2 M of its 3.2 M parameters), on synthetic documents: 32 words
+  (``nn.EmbeddingBag(100000, 32, sparse=True)``: all but 264 of its 3.2 M parameters), on synthetic documents: 32 words
   each, drawn from a Zipf law (exponent 1.05) over the vocabulary, half of them from the vocabulary of the
   document's topic (8 topics). A step of 64 documents touches about 1,100 of the 100,000 rows, the popular ones on
   every rank: the regime (NCF's and language models' embeddings) where the homomorphic sketch was measured.
