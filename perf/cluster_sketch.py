@@ -2,20 +2,24 @@
 workload.
 
     .venv/bin/python perf/cluster_sketch.py collectives [--hosts 2 4] [--rates 100mbit 1gbit]
-    .venv/bin/python perf/cluster_sketch.py training [--hosts 2] [--rates 100mbit] [--epochs 2]
+    .venv/bin/python perf/cluster_sketch.py training [--hosts 2 4] [--rates 100mbit] [--epochs 2]
+    .venv/bin/python perf/cluster_sketch.py report
 
 ``collectives``: every rank holds a row-sparse gradient of 250,000 rows x 16 (16 MB of float32), 1% of its rows
 nonzero, of which a fraction ``overlap`` (0, 0.5, 0.9) is the same on every rank and the rest is the rank's own.
 Each method sums it across the ranks: ``dense`` (Horovod's allreduce of the 16 MB), ``topk`` (top-k at the same
 density, 1% of the entries, gathered: every nonzero entry), ``sketch`` (the sketch method on the rows) and
-``topk-sketch`` (the same top-k payloads summed by the sketch collective, entries as items). Time is the slowest
+``topk-sketch`` (the same top-k payloads summed by the sketch collective, entries as items); and two variants of
+the sketch, ``sketch-float64`` (lossless cells) and ``sketch-filter-allreduce`` (the filter as float16 flags summed,
+instead of gathered bits). Time is the slowest
 rank's, median of 3 repetitions after a warm-up; wire bytes are the busiest link direction's (the hosts' eth0
 counters). Rows go to perf/results/cluster_sketch.jsonl.
 
 ``training``: ``hvdcomp train``'s bow workload (an EmbeddingBag of 100,000 x 32 with sparse gradients) with dense,
 top-k at the sparse gradient's density (1.1% of the table's entries) and the sketch; every 8 steps each rank
 evaluates the test set (outside the timed training time). A row holds the accuracy curve against training time, the
-median step time (with the interquartile range) and the time at which accuracy first reached ``--target``.
+median step time (with the interquartile range) and the time at which accuracy first reached ``--target``;
+``report`` reads the times to 80% and 85% off the curves.
 """
 
 from __future__ import annotations
@@ -28,7 +32,6 @@ import time
 import clusterbench
 
 RESULTS = "cluster_sketch.jsonl"
-COLLECTIVE_METHODS = ("dense", "topk", "sketch", "topk-sketch")
 TRAIN_METHODS = {"dense": "none", "topk": {"method": "topk", "options": {"ratio": 0.011}},
                  "sketch": "sketch"}
 ROWS, WIDTH, DENSITY = 250_000, 16, 0.01
@@ -50,8 +53,9 @@ def collectives_worker() -> None:
     torch.set_num_threads(1)
     rank, size = hvd.rank(), hvd.size()
 
-    def reduce_with(reduction_name: str, compressor: hvdcomp.Compressor, x: torch.Tensor) -> object:
-        reduction = reductions.make(reduction_name, compressor)
+    def reduce_with(reduction_name: str, compressor: hvdcomp.Compressor, x: torch.Tensor, **options: object
+                    ) -> object:
+        reduction = reductions.make(reduction_name, compressor, options)
         ctx = Context("x", rank, size, x.device, derive_seed("x", rank), derive_seed("x", "shared"))
         state = reduction.init_state(x, ctx)
         steps = itertools.count()
@@ -72,6 +76,8 @@ def collectives_worker() -> None:
         runs = {"dense": lambda name, x=x: hvd.allreduce(x, op=hvd.Sum, name=name),
                 "topk": reduce_with("allgather", hvdcomp.TopK(DENSITY), x),
                 "sketch": reduce_with("sketch", hvdcomp.Sketch(), x),
+                "sketch-float64": reduce_with("sketch", hvdcomp.Sketch(), x, dtype="float64"),
+                "sketch-filter-allreduce": reduce_with("sketch", hvdcomp.Sketch(), x, filter_collective="allreduce"),
                 "topk-sketch": reduce_with("sketch", hvdcomp.TopK(DENSITY), x)}
         for method, run in runs.items():
             tag = f"{method}.{overlap}"
@@ -143,9 +149,38 @@ def training_worker(epochs: int, target: float) -> None:
                                "curve": curve})
 
 
+def report(rows: list[dict]) -> str:
+    """Markdown tables of the newest rows: the collectives, then the training runs."""
+    collective = clusterbench.latest([r for r in rows if r.get("kind") == "collective"],
+                                     "hosts", "rate", "overlap", "method")
+    methods = list(dict.fromkeys(r["method"] for r in collective))
+    lines = ["| hosts | rate | overlap | union rows | " + " | ".join(methods) + " |",
+             "| --- " * (4 + len(methods)) + "|"]
+    for key in sorted({(r["hosts"], r["rate_bps"], r["rate"], r["overlap"]) for r in collective}):
+        chosen = {r["method"]: r for r in collective if (r["hosts"], r["rate"], r["overlap"]) == (key[0], *key[2:])}
+        cells = [f"{chosen[m]['time_s'] * 1e3:.0f} ms [{min(chosen[m]['times_s']) * 1e3:.0f}-"
+                 f"{max(chosen[m]['times_s']) * 1e3:.0f}], {chosen[m]['wire_bytes'] / 1e3:.0f} kB" if m in chosen
+                 else "-" for m in methods]
+        union = next(iter(chosen.values()))["union_rows"]
+        lines.append(f"| {key[0]} | {key[2]} | {key[3]} | {union} | " + " | ".join(cells) + " |")
+    training = clusterbench.latest([r for r in rows if r.get("kind") == "training"], "hosts", "rate", "method")
+    lines += ["", "| hosts | rate | method | median step [IQR] | 2 epochs | bytes handed/step | to 80% | to 85% | "
+              "final accuracy |", "| --- " * 9 + "|"]
+    for r in training:
+        def reached(target: float, r: dict = r) -> str:
+            time_s = next((c[0] for c in r["curve"] if c[2] >= target), None)
+            return "-" if time_s is None else f"{time_s:.1f} s"
+        lines.append(f"| {r['hosts']} | {r['rate']} | {r['method']} | {r['median_step_s'] * 1e3:.0f} ms "
+                     f"[{r['step_iqr_s'][0] * 1e3:.0f}-{r['step_iqr_s'][1] * 1e3:.0f}] | {r['train_time_s']:.1f} s | "
+                     f"{r['bytes_per_step'] / 1e3:.0f} kB | {reached(0.8)} | {reached(0.85)} | "
+                     f"{r['final_accuracy'] * 100:.2f}% |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["collectives", "training"], nargs="?")
+    parser.add_argument("what", choices=["collectives", "training", "report"], nargs="?",
+                        help="report: markdown tables of the newest rows of the results file")
     parser.add_argument("--hosts", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--rates", nargs="+", default=["100mbit", "1gbit"])
     parser.add_argument("--epochs", type=int, default=2)
@@ -157,6 +192,9 @@ def main() -> None:
             collectives_worker()
         else:
             training_worker(int(args.worker[1]), float(args.worker[2]))
+        return
+    if args.what == "report":
+        print(report(clusterbench.load(RESULTS)))
         return
     worker_args = ["collectives"] if args.what == "collectives" else ["training", str(args.epochs), str(args.target)]
     clusterbench.run_settings(__file__, worker_args, args.hosts, args.rates, timeout=3000, results=RESULTS)

@@ -144,3 +144,8 @@ def test_bad_options_and_collectives_are_named() -> None:
     choice = config.choose("w", (1000, 10), 4)
     assert isinstance(choice.reduction, SketchReduction) and choice.reduction.margin == 1.3
     assert make_compressor("topk").sparse_payload and not make_compressor("terngrad").sparse_payload
+    with pytest.raises(ValueError, match="unknown option 'margin' for the allgather collective"):
+        CompressionConfig.parse({"method": "topk", "collective_options": {"margin": 1.3}})  # auto never sketches
+    inherited = CompressionConfig.parse({"method": "terngrad", "collective": "allgather",
+                                         "overrides": [{"match": "emb.*", "method": "sketch"}]})
+    assert isinstance(inherited.choose("emb.weight", (1000, 10), 4).reduction, SketchReduction)

@@ -38,8 +38,8 @@ one step does not repeat the failure in the next. Decoding is exact up to float 
 so with ``dtype: float64`` the sum of all ranks' values is exact wherever the values meeting in one cell are within
 2^29 of each other in magnitude (false positives decode to exactly 0): lossless. The default float32 cells halve
 the sketch's bytes but are not lossless: a cell's sum is rounded to float32, so an entry sharing a cell with larger
-ones keeps only the bits left to it (an absolute error of about 2^-24 of the cell's magnitude: up to 3.2e-6 on unit
-Gaussian rows in perf/RESULTS.md), and a false positive may decode to such a residue instead of 0.
+ones keeps only the bits left to it (an absolute error of about 2^-24 of the cell's magnitude: up to 8.5e-6 on unit
+Gaussian rows summed over 8 ranks in perf/RESULTS.md), and a false positive may decode to such a residue instead of 0.
 
 Two ways to use it:
 
