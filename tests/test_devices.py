@@ -157,16 +157,19 @@ print("reductions OK")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
-def test_sketch_decodes_on_cuda_as_on_cpu() -> None:
-    """The sketch's PyTorch path on CUDA (filter, candidates, peeling in rounds) gives the CPU kernels' candidates,
-    verdict and, with float64 cells, values."""
+def test_sketch_decodes_on_cuda_as_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CUDA tensors (filter and sketch built on the GPU, decoded by the host's kernels, and by the PyTorch path that
+    peels in rounds on the GPU where the kernels are missing) give the CPU's candidates, verdict and, with float64
+    cells, values."""
     from hvdcomp.methods import sketch
 
     supports = [torch.randperm(200_000, generator=torch.Generator().manual_seed(r))[:5000] for r in range(3)]
     values = [torch.randn(5000, 8, generator=torch.Generator().manual_seed(10 + r)) for r in range(3)]
     bits, hashes = sketch.filter_size(15_000, 200_000, 3, None)
     decoded = {}
-    for device in ("cpu", "cuda"):
+    for device, path in (("cpu", "kernels"), ("cuda", "kernels"), ("cuda", "torch")):
+        if path == "torch":
+            monkeypatch.setattr(sketch, "cpu_kernels", lambda: None)
         union = sketch.bloom(supports[0].to(device), 3, bits, hashes)
         for support in supports[1:]:
             union |= sketch.bloom(support.to(device), 3, bits, hashes)
@@ -175,6 +178,9 @@ def test_sketch_decodes_on_cuda_as_on_cpu() -> None:
         table = sum(sketch.encode(v.to(device), s.to(device), 4, c3, torch.float64)
                     for v, s in zip(values, supports, strict=True))
         result, resolved = sketch.peel(found, table, 4)
-        decoded[device] = (found.cpu(), result.cpu(), resolved)
-    assert torch.equal(decoded["cpu"][0], decoded["cuda"][0]) and decoded["cpu"][2] == decoded["cuda"][2]
-    assert torch.equal(decoded["cpu"][1], decoded["cuda"][1])
+        assert found.device.type == result.device.type == device
+        decoded[device, path] = (found.cpu(), result.cpu(), resolved)
+    reference = decoded["cpu", "kernels"]
+    for key, (found, result, resolved) in decoded.items():
+        assert torch.equal(found, reference[0]) and resolved == reference[2] == found.numel(), key
+        assert torch.equal(result, reference[1]), key
