@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -84,9 +83,6 @@ def worker(methods: list[str], all_sizes: list[int]) -> None:
             return compressed("allreduce", hvdcomp.RandomK(0.01), x)
         raise ValueError(f"unknown method {method!r}; valid: {', '.join(METHODS)}")
 
-    def slowest(value: float, name: str) -> float:
-        return hvd.allreduce(torch.tensor([value], dtype=torch.float64), op=hvd.Max, name=name).item()
-
     for nbytes in all_sizes:
         x = torch.randn(nbytes // 4, generator=torch.Generator().manual_seed(rank))
         repeats = 3 if nbytes <= 1 << 20 else 2
@@ -94,16 +90,7 @@ def worker(methods: list[str], all_sizes: list[int]) -> None:
             run = make(method, x)
             tag = f"{method}.{nbytes}"
             run(f"{tag}.warmup")
-            times, wire = [], []
-            for r in range(repeats):
-                hvd.allreduce(torch.zeros(1), name=f"{tag}.barrier.{r}")
-                received, sent = clusterbench.link_bytes()
-                start = time.perf_counter()
-                run(f"{tag}.{r}")
-                elapsed = time.perf_counter() - start
-                after = clusterbench.link_bytes()
-                times.append(slowest(elapsed, f"{tag}.time.{r}"))
-                wire.append(slowest(max(after[0] - received, after[1] - sent), f"{tag}.wire.{r}"))
+            times, wire = clusterbench.time_calls(run, tag, repeats)
             t = statistics.median(times)
             algbw = nbytes / t
             if rank == 0:

@@ -61,9 +61,6 @@ def collectives_worker() -> None:
         steps = itertools.count()
         return lambda name: run_alone(reduction.reduce(x, state, dataclasses.replace(ctx, step=next(steps))), name)
 
-    def slowest(value: float, name: str) -> float:
-        return hvd.allreduce(torch.tensor([value], dtype=torch.float64), op=hvd.Max, name=name).item()
-
     k = int(ROWS * DENSITY)
     for overlap in (0.0, 0.5, 0.9):
         pool = torch.randperm(ROWS, generator=torch.Generator().manual_seed(7))
@@ -82,16 +79,7 @@ def collectives_worker() -> None:
         for method, run in runs.items():
             tag = f"{method}.{overlap}"
             error = (run(f"{tag}.warmup") - exact).abs().max().item()
-            times, wire = [], []
-            for r in range(3):
-                hvd.allreduce(torch.zeros(1), name=f"{tag}.barrier.{r}")
-                received, sent = clusterbench.link_bytes()
-                start = time.perf_counter()
-                run(f"{tag}.{r}")
-                elapsed = time.perf_counter() - start
-                after = clusterbench.link_bytes()
-                times.append(slowest(elapsed, f"{tag}.time.{r}"))
-                wire.append(slowest(max(after[0] - received, after[1] - sent), f"{tag}.wire.{r}"))
+            times, wire = clusterbench.time_calls(run, tag, 3)
             if rank == 0:
                 clusterbench.emit({"kind": "collective", "method": method, "overlap": overlap, "ranks": size,
                                    "union_rows": union, "rows_per_rank": k, "time_s": statistics.median(times),

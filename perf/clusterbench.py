@@ -45,6 +45,28 @@ def link_bytes(interface: str = cluster.INTERFACE) -> tuple[int, int]:
     raise RuntimeError(f"no {interface} in this network namespace: run the worker on the emulated cluster")
 
 
+def time_calls(run: Callable[[str], Any], tag: str, repeats: int) -> tuple[list[float], list[float]]:
+    """Runs the collective ``run(name)`` ``repeats`` times, each after a barrier, in a Horovod worker: per call
+    the slowest rank's seconds and the bytes of the busiest link direction of the busiest host."""
+    import horovod.torch as hvd
+    import torch
+
+    def slowest(value: float, name: str) -> float:
+        return hvd.allreduce(torch.tensor([value], dtype=torch.float64), op=hvd.Max, name=name).item()
+
+    times, wire = [], []
+    for r in range(repeats):
+        hvd.allreduce(torch.zeros(1), name=f"{tag}.barrier.{r}")
+        received, sent = link_bytes()
+        start = time.perf_counter()
+        run(f"{tag}.{r}")
+        elapsed = time.perf_counter() - start
+        after = link_bytes()
+        times.append(slowest(elapsed, f"{tag}.time.{r}"))
+        wire.append(slowest(max(after[0] - received, after[1] - sent), f"{tag}.wire.{r}"))
+    return times, wire
+
+
 def serialized(hook: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
     """A DDP communication hook that completes each bucket before the next one starts. PowerSGD's hook chains
     its second allreduce in a callback; with several buckets in flight, ranks then issue Gloo collectives in

@@ -14,6 +14,7 @@ import math
 import os
 import sys
 import warnings
+from collections.abc import Callable
 from dataclasses import replace
 
 import horovod.torch as hvd
@@ -387,21 +388,29 @@ def scenario_resume() -> None:
         def make(model: nn.Module, label: str = label) -> torch.optim.Optimizer:
             return hvdcomp.DistributedOptimizer(sgd(model, label), named_parameters=model.named_parameters(),
                                                 compression=TRAIN_CONFIGS[label])
-        data = batches(8, seed=hvd.rank())
-        model = mlp()
-        optimizer = make(model)
-        train(model, optimizer, data[:4])
-        buffer = io.BytesIO()
-        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, buffer)
-        train(model, optimizer, data[4:])
-        buffer.seek(0)
-        checkpoint = torch.load(buffer)
-        resumed = mlp(seed=99)
-        resumed.load_state_dict(checkpoint["model"])
-        resumed_optimizer = make(resumed)
-        resumed_optimizer.load_state_dict(checkpoint["optimizer"])
-        train(resumed, resumed_optimizer, data[4:])
-        assert torch.equal(flat_params(model), flat_params(resumed)), f"{label}: resumed run differs"
+        train_and_resume(mlp, make, batches(8, seed=hvd.rank()), label)
+
+
+def train_and_resume(model_of: Callable[..., nn.Module], make: Callable[[nn.Module], torch.optim.Optimizer],
+                     data: list, label: str) -> nn.Module:
+    """Trains on ``data`` with a checkpoint halfway, then resumes a fresh model (other initial weights) from it:
+    both must end bitwise equal. Returns the uninterrupted model."""
+    model = model_of()
+    optimizer = make(model)
+    half = len(data) // 2
+    train(model, optimizer, data[:half])
+    buffer = io.BytesIO()
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, buffer)
+    train(model, optimizer, data[half:])
+    buffer.seek(0)
+    checkpoint = torch.load(buffer)
+    resumed = model_of(seed=99)
+    resumed.load_state_dict(checkpoint["model"])
+    resumed_optimizer = make(resumed)
+    resumed_optimizer.load_state_dict(checkpoint["optimizer"])
+    train(resumed, resumed_optimizer, data[half:])
+    assert torch.equal(flat_params(model), flat_params(resumed)), f"{label}: resumed run differs"
+    return model
 
 
 def scenario_stock() -> None:
@@ -630,23 +639,9 @@ def scenario_sketch() -> None:
         def make(model: nn.Module, config: object = config) -> torch.optim.Optimizer:
             return hvdcomp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9),
                                                 named_parameters=model.named_parameters(), compression=config)
-        data = documents(8, seed=rank)
-        model = bag_model()
-        optimizer = make(model)
-        train(model, optimizer, data[:4])
-        buffer = io.BytesIO()
-        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, buffer)
-        train(model, optimizer, data[4:])
+        model = train_and_resume(bag_model, make, documents(8, seed=rank), f"sparse {label}")
         assert_identical_across_ranks(model, f"sparse.{label}")
         trained[label] = flat_params(model)
-        buffer.seek(0)
-        checkpoint = torch.load(buffer)
-        resumed = bag_model(seed=99)
-        resumed.load_state_dict(checkpoint["model"])
-        resumed_optimizer = make(resumed)
-        resumed_optimizer.load_state_dict(checkpoint["optimizer"])
-        train(resumed, resumed_optimizer, data[4:])
-        assert torch.equal(flat_params(model), flat_params(resumed)), f"sparse {label}: resumed run differs"
     torch.testing.assert_close(trained["sketch"], trained["none"], rtol=1e-5, atol=1e-5)
     assert not torch.allclose(trained["topk-sketch"], trained["none"]), "top-k kept everything: a weak test"
 

@@ -149,3 +149,14 @@ def test_bad_options_and_collectives_are_named() -> None:
     inherited = CompressionConfig.parse({"method": "terngrad", "collective": "allgather",
                                          "overrides": [{"match": "emb.*", "method": "sketch"}]})
     assert isinstance(inherited.choose("emb.weight", (1000, 10), 4).reduction, SketchReduction)
+
+
+def test_profile_takes_the_sparse_workload() -> None:
+    """``hvdcomp profile --model bow``: the embedding's sparse gradient is profiled densified, as the optimizer
+    hands it to every method but the sketch."""
+    from hvdcomp.perfmodel.profile import profile
+
+    document = profile("bow", 8, 1, ["sketch", "topk"])
+    assert set(document["compressors"]) == {"sketch", "topk"}
+    assert document["compressors"]["sketch"]["reduction"] == "sketch"
+    assert document["compressors"]["topk"]["sparse_payload"] is True

@@ -106,7 +106,8 @@ def measure_steps(model: nn.Module, x: torch.Tensor, y: torch.Tensor, repeats: i
                 phases[key].append(value)
     gradients = [{"name": name, "numel": p.numel(), "bytes": p.numel() * p.element_size(),
                   "ready_ms": round(ranks.slowest(statistics.median(ready[name][2:]) * 1e3), 4),
-                  "check_ms": round(_median_ms(lambda p=p: nonfinite(p.grad), repeats, ranks), 4)}
+                  "check_ms": round(_median_ms(lambda p=p: nonfinite(p.grad._values() if p.grad.is_sparse else p.grad),
+                                               repeats, ranks), 4)}
                  for name, p in named]
     gradients.sort(key=lambda g: g["ready_ms"])
     result = {key: round(ranks.slowest(statistics.median(values) * 1e3), 4) for key, values in phases.items()}
@@ -189,7 +190,9 @@ def profile(model_name: str, batch_size: int | None, repeats: int, methods: list
                                 "device": f"cpu ({platform.processor() or platform.machine()}, "
                                           f"{torch.get_num_threads()} threads)"}
     document.update(measure_steps(model, x, y, repeats, ranks))
-    named = [(name, p.grad.detach().clone()) for name, p in model.named_parameters() if p.grad is not None]
+    # sparse gradients (bow's embedding) densified, as DistributedOptimizer hands them to every method but the sketch
+    named = [(name, p.grad.detach().to_dense() if p.grad.is_sparse else p.grad.detach().clone())
+             for name, p in model.named_parameters() if p.grad is not None]
     compressors = {}
     for method in methods:
         measured = measure_compressor(method, named, repeats, ranks)
