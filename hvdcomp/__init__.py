@@ -15,7 +15,7 @@ two-phase, and the registry methods add to), :mod:`hvdcomp.error_feedback` (memo
 :mod:`hvdcomp.perfmodel` and :mod:`hvdcomp.k8s`.
 """
 
-from hvdcomp.collectives import Agree, Allgather, Allreduce, Alltoall, Broadcast
+from hvdcomp.collectives import Agree, Allgather, Allreduce, Alltoall, Broadcast, CollectiveTimeout
 from hvdcomp.compressor import Compressor, Context, HorovodCompression, NoneCompressor
 from hvdcomp.config import CompressionConfig, make_compressor
 from hvdcomp.error_feedback import ErrorFeedback
@@ -37,7 +37,7 @@ from hvdcomp.methods import (
     Threshold,
     TopK,
 )
-from hvdcomp.optimizer import DistributedOptimizer
+from hvdcomp.optimizer import Deadline, DistributedOptimizer
 from hvdcomp.reductions import REDUCTIONS, ReductionMethod
 
 __all__ = [
@@ -52,9 +52,11 @@ __all__ = [
     "Alltoall",
     "BinGrad",
     "Broadcast",
+    "CollectiveTimeout",
     "CompressionConfig",
     "Compressor",
     "Context",
+    "Deadline",
     "DistributedOptimizer",
     "EFSignSGD",
     "ErrorFeedback",

@@ -22,12 +22,18 @@ the reduction's sequence; the same sequence on every rank gives the same names.
 
 from __future__ import annotations
 
+import os
+import socket
+import sys
+import threading
+import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import horovod.torch as hvd
 import torch
+from horovod.common.exceptions import HorovodInternalError
 
 from hvdcomp import wire
 from hvdcomp.compressor import Payload
@@ -107,6 +113,51 @@ Request = Allreduce | Allgather | Alltoall | Broadcast | Agree
 Reduction = Generator[Request, Any, torch.Tensor]
 
 
+class CollectiveTimeout(RuntimeError):
+    """A collective did not complete within its deadline (:func:`synchronize`): a rank, or its link, is lost or
+    stalled. The process ends shortly after (Horovod's background thread stays blocked in the collective)."""
+
+
+#: seconds a rank lives on after raising CollectiveTimeout, for the error to be reported, before it exits
+#: (a blocked Horovod cannot shut down cleanly: the launcher then ends the other ranks)
+EXIT_GRACE_S = 5.0
+
+
+def synchronize(handle: int, what: str, deadline_s: float | None = None,
+                context: Callable[[], str] = lambda: "") -> Any:
+    """``hvd.synchronize(handle)``, bounded by ``deadline_s`` (None: unbounded) and with hvdcomp's context.
+
+    Past the deadline this rank prints what it waited for (``what``, and ``context()``: where the job stood) and
+    how long, raises
+    :class:`CollectiveTimeout`, and exits with status 1 after EXIT_GRACE_S whatever catches the error: mpirun and
+    horovodrun then end the other ranks. A Horovod error (a peer gone under Gloo, a failed collective) is re-raised
+    as ``HorovodInternalError`` (what Elastic Horovod recovers from) naming ``what`` and ``context``.
+    """
+    if deadline_s is not None and not hvd.poll(handle):
+        start, pause = time.monotonic(), 1e-5
+        while not hvd.poll(handle):
+            waited = time.monotonic() - start
+            if waited > deadline_s:
+                _give_up(f"waited {waited:.1f} s for collective {what!r} {context()}(deadline {deadline_s:.1f} s)")
+            time.sleep(pause)
+            pause = min(2 * pause, 1e-3)
+    try:
+        return hvd.synchronize(handle)
+    except HorovodInternalError as error:
+        raise HorovodInternalError(f"hvdcomp: collective {what!r} {context()}failed: {error}") from error
+
+
+def _give_up(detail: str) -> None:
+    rank = hvd.rank() if hvd.is_initialized() else "?"
+    message = (f"hvdcomp: rank {rank} on {socket.gethostname()} {detail}. A rank or its link is lost or stalled; "
+               f"ending the job (this rank exits in {EXIT_GRACE_S:.0f} s)")
+    print(message, file=sys.stderr, flush=True)
+    timer = threading.Timer(EXIT_GRACE_S, os._exit, (1,))
+    timer.daemon = True
+    timer.start()
+    raise CollectiveTimeout(message)
+
+
 @dataclass
 class Pending:
     """A started request: Horovod handles and how to turn their outputs into the request's result."""
@@ -114,12 +165,15 @@ class Pending:
     handles: list[int]
     finish: Callable[[list[Any]], Any]
     nbytes: int  # bytes this rank hands to the collective (the traffic compression cuts)
+    name: str = ""
     result: Any = field(default=None)
     done: bool = False
 
-    def wait(self) -> Any:
+    def wait(self, deadline_s: float | None = None, context: Callable[[], str] = lambda: "") -> Any:
+        """The request's result, waiting at most ``deadline_s`` for each collective (:func:`synchronize`)."""
         if not self.done:
-            self.result = self.finish([hvd.synchronize(handle) for handle in self.handles])
+            self.result = self.finish([synchronize(handle, self.name, deadline_s, context)
+                                       for handle in self.handles])
             self.done = True
         return self.result
 
@@ -137,6 +191,12 @@ def host_values(values: list[int], device: torch.device) -> torch.Tensor:
 
 def start(request: Request, name: str, process_set: hvd.ProcessSet = hvd.global_process_set) -> Pending:
     """Starts ``request`` (not :class:`Agree`: see :func:`start_vote`) as Horovod async collectives."""
+    pending = _start(request, name, process_set)
+    pending.name = name
+    return pending
+
+
+def _start(request: Request, name: str, process_set: hvd.ProcessSet) -> Pending:
     size, rank = process_set.size(), process_set.rank()
     if isinstance(request, Allreduce):
         groups: dict[str, list[int]] = {}
@@ -264,7 +324,7 @@ def start_vote(agreements: Sequence[Agree], name: str,
             results.append(part.view_as(agreement.values).to(agreement.values.device))
         return results
 
-    return Pending(handles, finish, nbytes)
+    return Pending(handles, finish, nbytes, name)
 
 
 def run_alone(reduction: Reduction, name: str, process_set: hvd.ProcessSet = hvd.global_process_set) -> torch.Tensor:

@@ -42,6 +42,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -51,11 +52,40 @@ from typing import Any
 import horovod.torch as hvd
 import torch
 
-from hvdcomp.collectives import Agree, Pending, Reduction, start, start_vote
+from hvdcomp.collectives import Agree, Pending, Reduction, start, start_vote, synchronize
 from hvdcomp.compressor import Compressor, Context, State, derive_seed
 from hvdcomp.config import Choice, CompressionConfig
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """How long a rank waits for one of hvdcomp's collectives before it ends the job with a message saying what
+    it waited for (:func:`hvdcomp.collectives.synchronize`): ``factor`` x the slowest step so far, at least
+    ``floor_s``; until a step has completed (ranks start, import and build at different speeds), ``startup_s``.
+
+    With the defaults a rank or link lost in steady training ends the job about 30 s later (35 s with the exit
+    grace), well before Horovod's stall inspector would shut it down (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS, off by
+    default) and where NCCL would wait forever.
+    """
+
+    factor: float = 10.0
+    floor_s: float = 30.0
+    startup_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        for key in ("factor", "floor_s", "startup_s"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"Deadline: {key} must be a positive number; got {value!r}")
+
+    def seconds(self, slowest_step_s: float | None) -> float:
+        return self.startup_s if slowest_step_s is None else max(self.floor_s, self.factor * slowest_step_s)
+
+
+#: the default: 10x the slowest step, at least 30 s; 120 s until a step has completed
+DEFAULT_DEADLINE = Deadline()
 
 
 @dataclass
@@ -101,8 +131,17 @@ class _Compressed:
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params: Any, named_parameters: Iterable[tuple[str, torch.Tensor]] | None,
                  compression: Compressor | str | Mapping[str, Any] | None, backward_passes_per_step: int,
-                 op: Any, process_set: hvd.ProcessSet) -> None:
+                 op: Any, process_set: hvd.ProcessSet, deadline: Deadline | float | None) -> None:
         super().__init__(params)
+        if deadline is not None and not isinstance(deadline, Deadline) and (
+                isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or not deadline > 0):
+            raise ValueError(f"deadline must be a Deadline, a positive number of seconds or None (off); got "
+                             f"{deadline!r}")
+        self.deadline = deadline
+        self._slowest_step: float | None = None
+        self._step_started: float | None = None
+        self._steps_done = 0
+        self._heard: tuple[int, float] | None = None  # the step and time of the last vote every rank joined
         if op not in (hvd.Average, hvd.Sum):
             raise ValueError("hvdcomp.DistributedOptimizer supports op=hvd.Average or hvd.Sum; for Adasum, "
                              "Min, Max or Product use hvd.DistributedOptimizer")
@@ -183,9 +222,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         mine = json.dumps({"op": str(self.op), "passes": self.backward_passes_per_step,
                            "nonfinite": self.config.nonfinite, "params": plans})
         data = torch.frombuffer(bytearray(mine.encode()), dtype=torch.uint8)
-        lengths = hvd.allgather(torch.tensor([data.numel()]), name="hvdcomp.plan.lengths",
-                                process_set=self.process_set)
-        gathered = hvd.allgather(data, name="hvdcomp.plan", process_set=self.process_set)
+        lengths = self._wait(hvd.allgather_async(torch.tensor([data.numel()]), name="hvdcomp.plan.lengths",
+                                                 process_set=self.process_set), "hvdcomp.plan.lengths")
+        gathered = self._wait(hvd.allgather_async(data, name="hvdcomp.plan", process_set=self.process_set),
+                              "hvdcomp.plan")
         others = [bytes(chunk.tolist()).decode() for chunk in gathered.split(lengths.tolist())]
         for rank, other in enumerate(others):
             if other != mine:
@@ -193,6 +233,26 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                  f"{self.process_set.rank()} vs rank {rank}): {_first_difference(mine, other)}. "
                                  "Every rank must use the same model, compression config and optimizer options, "
                                  "and a method may change its plan only from agreed values")
+
+    # ------------------------------------------------------------------------------------ deadlines
+
+    def _deadline_s(self) -> float | None:
+        if isinstance(self.deadline, Deadline):
+            return self.deadline.seconds(self._slowest_step)
+        return None if self.deadline is None else float(self.deadline)
+
+    def _context(self) -> str:
+        """Where the job stands, for a failed or timed-out wait's message."""
+        heard = "no step has completed yet" if self._heard is None else (
+            f"every rank was last heard from together in step {self._heard[0]}'s vote, "
+            f"{time.monotonic() - self._heard[1]:.1f} s ago")
+        return f"in step {self._steps_done} ({heard}) "
+
+    def _wait(self, handle: int, name: str) -> Any:
+        return synchronize(handle, name, self._deadline_s(), self._context)
+
+    def _wait_for(self, pending: Pending) -> Any:
+        return pending.wait(self._deadline_s(), self._context)
 
     # ------------------------------------------------------------------------------------ reduction
 
@@ -210,6 +270,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _submit(self, index: int) -> None:
         slot = self._slots[index]
+        if not self._work:
+            self._step_started = time.monotonic()
         if slot.param.grad is None:  # no gradient on this rank this step: others may have one
             slot.param.grad = torch.zeros_like(slot.param)
         grad = slot.param.grad
@@ -278,7 +340,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._bytes_sent += self._vote.nbytes
 
     def _finish_vote(self) -> None:
-        flags, highest, lowest, *agreed = self._vote.wait()
+        flags, highest, lowest, *agreed = self._wait_for(self._vote)
+        self._heard = (self._steps_done, time.monotonic())
         self._vote, self._vote_result = None, flags
         if bool(highest != lowest):  # one read from the device, of a vote already waited for
             self._check_same_plan([w.plan for w in self._compressed_work()])
@@ -312,23 +375,27 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             while any(w.pending is not None for w in compressed):
                 for work in compressed:
                     if work.pending is not None:
-                        self._advance(work, work.pending.wait())
+                        self._advance(work, self._wait_for(work.pending))
             waiting = [w for w in self._compressed_work() if w.agree is not None]
             if not waiting:
                 break
             rounds += 1
             vote = start_vote([w.agree for w in waiting], f"hvdcomp.vote.{rounds}", self.process_set)
             self._bytes_sent += vote.nbytes
-            for work, value in zip(waiting, vote.wait(), strict=True):
+            for work, value in zip(waiting, self._wait_for(vote), strict=True):
                 self._advance(work, value)
         for index, work in self._work.items():
             grad = self._slots[index].param.grad
             if isinstance(work, _Dense):
-                hvd.synchronize(work.handle)
+                self._wait(work.handle, f"hvdcomp.dense.{self._slots[index].name}")
                 if work.wire is not grad:
                     grad.copy_(work.wire)
         results = [self._slots[index].param.grad for index in sorted(self._work)]
         input_flags = self._vote_result
+        if self._step_started is not None:
+            took = time.monotonic() - self._step_started
+            self._slowest_step = took if self._slowest_step is None else max(self._slowest_step, took)
+        self._steps_done += 1
         self._reset_step()
         self._check_finite(input_flags, results)
         self._synchronized = True
@@ -467,7 +534,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
                          compression: Compressor | str | Mapping[str, Any] | None = "none",
                          backward_passes_per_step: int = 1, op: Any = hvd.Average,
-                         process_set: hvd.ProcessSet = hvd.global_process_set) -> torch.optim.Optimizer:
+                         process_set: hvd.ProcessSet = hvd.global_process_set,
+                         deadline: Deadline | float | None = DEFAULT_DEADLINE) -> torch.optim.Optimizer:
     """Wraps ``optimizer`` so that gradients are averaged across ranks, compressed as configured.
 
     Args:
@@ -478,6 +546,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
         backward_passes_per_step: backward passes accumulated locally before each reduction.
         op: ``hvd.Average`` (default) or ``hvd.Sum``.
         process_set: the Horovod process set to reduce over.
+        deadline: how long to wait for any of hvdcomp's collectives before ending the job with a message
+            (:class:`Deadline`: from the slowest step so far; a number: fixed seconds; None: wait forever, as
+            Horovod does).
     """
     cls = type(optimizer.__class__.__name__, (_DistributedOptimizer, optimizer.__class__), {})
-    return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op, process_set)
+    return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op, process_set,
+               deadline)

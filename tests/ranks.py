@@ -779,6 +779,36 @@ def scenario_mismatch() -> None:
         raise AssertionError("two_phase accepted a variable-size compressor")
 
 
+def scenario_raises() -> None:
+    """Rank 1 raises (a data loader's error, not a crash) in step 3; the others go on into the step's collectives.
+    The launcher must end them, with rank 1's error in the output."""
+    model = mlp()
+    optimizer = hvdcomp.DistributedOptimizer(sgd(model, "terngrad"), named_parameters=model.named_parameters(),
+                                             compression=TRAIN_CONFIGS["terngrad"])
+    for step, (x, y) in enumerate(batches(1000, seed=hvd.rank())):
+        if hvd.rank() == 1 and step == 3:
+            raise ValueError("rank 1's data loader failed in step 3")
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+
+
+def scenario_stall() -> None:
+    """Rank 1 stalls (sleeps) in step 3 and never reaches the step's collectives: with a 2 s deadline every other
+    rank reports the collective it waited for and the job ends, long before rank 1 wakes up."""
+    import time
+
+    model = mlp()
+    optimizer = hvdcomp.DistributedOptimizer(sgd(model, "terngrad"), named_parameters=model.named_parameters(),
+                                             compression=TRAIN_CONFIGS["terngrad"], deadline=2.0)
+    for step, (x, y) in enumerate(batches(10, seed=hvd.rank())):
+        if hvd.rank() == 1 and step == 3:
+            time.sleep(300)
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+
+
 SCENARIOS = {name[len("scenario_"):]: fn for name, fn in globals().items() if name.startswith("scenario_")}
 #: Scenarios that compare two runs bit for bit. Horovod's tensor fusion packs whichever gradients are ready
 #: together, and a ring reduces each element in an order set by its offset in the fusion buffer, so the same

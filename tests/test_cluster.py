@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -130,3 +132,40 @@ def test_launch_command_runs_one_rank_per_host(hosts: cluster.Cluster) -> None:
             in context
     with pytest.raises(ValueError, match="unknown controller 'ssh'"):
         hosts.launch_command(["true"], controller="ssh")
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("controller", cluster.CONTROLLERS)
+def test_a_lost_link_ends_the_job_within_the_bound(controller: str) -> None:
+    """Issue 16's fault: one host's switch port goes down in steady training. At the default deadline every
+    surviving rank names the collective it waited for, and the job ends with a non-zero status within 60 s."""
+    reason = namespaces_unavailable()
+    if reason:
+        pytest.skip(reason)
+    name = f"{NAME}f"
+    try:
+        hosts = cluster.up(2, rate="1gbit", name=name)
+        command = [str(BIN / "hvdcomp"), "train", "--workload", "digits", "--epochs", "400", "--compression",
+                   "terngrad", "--no-progress"]
+        process = subprocess.Popen(hosts.launch_command(command, controller=controller), stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                                   start_new_session=True)
+        try:
+            process.wait(timeout=15)  # training: it must still be running
+            raise AssertionError(f"the job ended before the fault:\n{process.stdout.read()[-3000:]}")
+        except subprocess.TimeoutExpired:
+            pass
+        subprocess.run(["ip", "netns", "exec", hosts.switch, "ip", "link", "set", "h1", "down"], check=True)
+        fault = time.monotonic()
+        try:
+            output, _ = process.communicate(timeout=90)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, 9)
+            output, _ = process.communicate()
+            raise AssertionError(f"still running 90 s after the fault:\n{output[-3000:]}") from None
+        ended = time.monotonic() - fault
+    finally:
+        cluster.down(name)
+    assert process.returncode != 0 and ended < 60, (ended, output[-3000:])
+    assert re.search(r"hvdcomp: rank \d on \S+ waited \d+\.\d s for collective 'hvdcomp\.[^']+' in step \d+ \(every "
+                     r"rank was last heard from together in step \d+'s vote", output), output[-3000:]

@@ -36,7 +36,7 @@ from torch import nn
 
 from hvdcomp.config import CompressionConfig
 from hvdcomp.methods import METHODS
-from hvdcomp.optimizer import DistributedOptimizer
+from hvdcomp.optimizer import DEFAULT_DEADLINE, Deadline, DistributedOptimizer
 from hvdcomp.tools.workloads import WORKLOADS, Dataset
 
 JOB_KEYS = ("workload", "epochs", "batch_size", "lr", "seed", "compression")
@@ -129,7 +129,8 @@ def method_name(compression: Any) -> str:
 
 
 def run(workload_name: str, compression: Any, epochs: int | None, batch_size: int | None, lr: float | None,
-        seed: int, show_progress: bool = True, device: str = "auto") -> Summary:
+        seed: int, show_progress: bool = True, device: str = "auto",
+        deadline: Deadline | float | None = DEFAULT_DEADLINE) -> Summary:
     """Trains one workload with one compression setting; every rank returns the same summary."""
     workload = WORKLOADS[workload_name](seed)
     epochs = workload.epochs if epochs is None else epochs
@@ -148,7 +149,7 @@ def run(workload_name: str, compression: Any, epochs: int | None, batch_size: in
         raise ValueError(f"batch_size {batch_size} is larger than each rank's shard of {shard} samples")
     compression = with_epochs(compression, steps_per_epoch)
     optimizer = DistributedOptimizer(sgd(model, compression, lr, size), named_parameters=model.named_parameters(),
-                                     compression=compression)
+                                     compression=compression, deadline=deadline)
     trace: list[dict[str, Any]] = []
     loss_fn = nn.CrossEntropyLoss()
     step_times: list[float] = []
@@ -238,6 +239,21 @@ def record_decisions(optimizer: Any, step: int, trace: list[dict[str, Any]]) -> 
         trace.append({"step": step, "step_time": step_time, "tensors": tensors})
 
 
+def deadline_arg(text: str) -> Deadline | float | None:
+    """``--deadline``: auto (:class:`Deadline`), off, or a positive number of seconds."""
+    if text == "auto":
+        return DEFAULT_DEADLINE
+    if text == "off":
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"must be auto, off or a positive number of seconds; got {text!r}")
+    return seconds
+
+
 def table(summaries: list[Summary]) -> str:
     header = (f"{'method':>10} {'ranks':>5} {'steps':>6} {'step ms':>9} {'samples/s':>10} "
               f"{'MB/rank/step':>13} {'vs fp32':>8} {'test acc':>9}")
@@ -263,6 +279,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compare", choices=["dense"], help="also run the uncompressed baseline")
     parser.add_argument("--json", metavar="PATH", help="also write the summaries to this file")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--deadline", default="auto", type=deadline_arg,
+                        help="seconds a rank waits for a collective before ending the job with a message; auto "
+                             "(10x the slowest step, at least 30 s; 120 s until a step completes) or off")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                         help="auto: each rank's GPU (hvd.local_rank()) where CUDA is available, else the CPU")
     args = parser.parse_args(argv)
@@ -278,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = ([("dense", "none")] if args.compare else []) + [("compressed", compression)]
     summaries = [run(settings["workload"] or "digits", setting, settings["epochs"], settings["batch_size"],
                      settings["lr"], settings["seed"] or 0, show_progress=not args.no_progress,
-                     device=args.device)
+                     device=args.device, deadline=args.deadline)
                  for _, setting in runs]
     if hvd.rank() == 0:
         print(table(summaries))
