@@ -138,10 +138,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise ValueError(f"deadline must be a Deadline, a positive number of seconds or None (off); got "
                              f"{deadline!r}")
         self.deadline = deadline
-        self._slowest_step: float | None = None
-        self._step_started: float | None = None
-        self._steps_done = 0
-        self._heard: tuple[int, float] | None = None  # the step and time of the last vote every rank joined
         if op not in (hvd.Average, hvd.Sum):
             raise ValueError("hvdcomp.DistributedOptimizer supports op=hvd.Average or hvd.Sum; for Adasum, "
                              "Min, Max or Product use hvd.DistributedOptimizer")
@@ -151,25 +147,50 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.op = op
         self.process_set = process_set
         self.backward_passes_per_step = backward_passes_per_step
-        self._divisor = process_set.size() if op == hvd.Average and process_set.included() else 1
-        self._slots = self._plan(named_parameters)
-        active = process_set.included() and process_set.size() > 1
-        if not active:
-            self._slots = []  # like Horovod: nothing to reduce on one rank
-        self._check_momentum()
+        self._named = None if named_parameters is None else list(named_parameters)
         self._work: dict[int, _Dense | _Compressed] = {}
+        self._bytes_sent = 0
+        self._should_synchronize = True
+        # Hooks for every parameter the plan names, once: a world of one rank reduces nothing (like Horovod), and
+        # after an elastic reset (reset()) the same parameters, in the same order, make the new plan.
+        for index, slot in enumerate(self._build_world()):
+            slot.param.register_post_accumulate_grad_hook(self._make_hook(index))
+
+    def reset(self) -> None:
+        """Elastic Horovod: rebuilds the plan for the world after a reset. Register it with the elastic state
+        (``state.register_reset_callbacks([optimizer.reset])``); ``hvdcomp train --elastic`` does.
+
+        Every parameter's method state (residuals, PowerSGD's Q, GraVAC's CF) and step counter start afresh, on
+        every rank, as at the start of training: what a rank joining the job has, so the plans agree (checked here,
+        as at construction). Residuals belong to a rank's old shard of the data and the plan itself depends on the
+        world size (two-phase chunks, the collectives ``auto`` picks), so nothing per rank is carried over; the
+        wrapped optimizer's state (momentum) comes back with the elastic state.
+        """
+        self._work.clear()
+        self._build_world()
+
+    def _build_world(self) -> list[_Slot]:
+        """Plans every parameter for the current world (its size and this rank), checks that all ranks hold the same
+        plan, and returns the slots (kept only where there is more than one rank)."""
+        size, included = self.process_set.size(), self.process_set.included()
+        self._divisor = size if self.op == hvd.Average and included else 1
+        slots = self._plan(self._named)
+        active = included and size > 1
+        self._slots = slots if active else []
+        self._check_momentum()
         self._compressed_total = sum(slot.choice.reduction is not None for slot in self._slots)
         self._compressed_started = 0
-        self._bytes_sent = 0
         self._vote: Pending | None = None
         self._vote_result: torch.Tensor | None = None
         self._synchronized = False
-        self._should_synchronize = True
         self._skip_step = False
+        self._slowest_step: float | None = None  # deadlines start from start-up's again
+        self._step_started: float | None = None
+        self._steps_done = 0
+        self._heard: tuple[int, float] | None = None  # the step and time of the last vote every rank joined
         if active:
             self._check_same_plan([slot.plan() for slot in self._slots])
-            for index, slot in enumerate(self._slots):
-                slot.param.register_post_accumulate_grad_hook(self._make_hook(index))
+        return slots
 
     # ----------------------------------------------------------------------------------------- set-up
 
@@ -258,6 +279,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _make_hook(self, index: int) -> Callable[[torch.Tensor], None]:
         def hook(param: torch.Tensor) -> None:
+            if index >= len(self._slots):  # one rank: nothing to reduce
+                return
             slot = self._slots[index]
             if index in self._work:
                 raise AssertionError("Gradients were computed more than backward_passes_per_step times before "

@@ -27,6 +27,7 @@ import sys
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import horovod.torch as hvd
@@ -40,6 +41,8 @@ from hvdcomp.optimizer import DEFAULT_DEADLINE, Deadline, DistributedOptimizer
 from hvdcomp.tools.workloads import WORKLOADS, Dataset
 
 JOB_KEYS = ("workload", "epochs", "batch_size", "lr", "seed", "compression")
+#: steps between commits of the elastic state (and at each epoch's end): what a reset loses at most
+COMMIT_EVERY = 10
 
 
 @dataclass
@@ -62,6 +65,9 @@ class Summary:
     #: per step, for methods whose plan changes (GraVAC): the agreed step time and, per tensor, the CF in force,
     #: what was sent (a CF or "dense") and the gain
     trace: list[dict[str, Any]] | None = None
+    #: --elastic: per reset, the world size after it and the seconds from the last step completed before the fault
+    #: to the first step completed after it (detection, re-rendezvous, state sync, the steps redone)
+    resets: list[dict[str, Any]] | None = None
 
 
 class Progress:
@@ -130,8 +136,14 @@ def method_name(compression: Any) -> str:
 
 def run(workload_name: str, compression: Any, epochs: int | None, batch_size: int | None, lr: float | None,
         seed: int, show_progress: bool = True, device: str = "auto",
-        deadline: Deadline | float | None = DEFAULT_DEADLINE) -> Summary:
-    """Trains one workload with one compression setting; every rank returns the same summary."""
+        deadline: Deadline | float | None = DEFAULT_DEADLINE, elastic: bool = False) -> Summary:
+    """Trains one workload with one compression setting; every rank returns the same summary.
+
+    ``elastic``: under Elastic Horovod (``horovodrun --gloo --min-np ...``): model, optimizer, epoch and step are an
+    ``hvd.elastic.TorchState``, committed every COMMIT_EVERY steps and at each epoch's end; after a reset (a host
+    lost or added) the optimizer rebuilds its plan (:meth:`hvdcomp.DistributedOptimizer.reset`), the data is
+    re-sharded for the new world, and training goes on from the last commit.
+    """
     workload = WORKLOADS[workload_name](seed)
     epochs = workload.epochs if epochs is None else epochs
     batch_size = workload.batch_size if batch_size is None else batch_size
@@ -141,46 +153,79 @@ def run(workload_name: str, compression: Any, epochs: int | None, batch_size: in
     target = pick_device(device)
     model = workload.model.to(target)
     data = workload.data.to(target)
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    rank, size = hvd.rank(), hvd.size()
-    shard = len(data.train_x) // size
-    steps_per_epoch = shard // batch_size
-    if steps_per_epoch == 0:
-        raise ValueError(f"batch_size {batch_size} is larger than each rank's shard of {shard} samples")
-    compression = with_epochs(compression, steps_per_epoch)
-    optimizer = DistributedOptimizer(sgd(model, compression, lr, size), named_parameters=model.named_parameters(),
-                                     compression=compression, deadline=deadline)
+    if not elastic:  # elastic: the state's sync() broadcasts, on every (re)start
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+
+    def steps_per_epoch() -> int:
+        shard = len(data.train_x) // hvd.size()
+        if shard // batch_size == 0:
+            raise ValueError(f"batch_size {batch_size} is larger than each rank's shard of {shard} samples")
+        return shard // batch_size
+
+    compression = with_epochs(compression, steps_per_epoch())
+    optimizer = DistributedOptimizer(sgd(model, compression, lr, hvd.size()),
+                                     named_parameters=model.named_parameters(), compression=compression,
+                                     deadline=deadline)
     trace: list[dict[str, Any]] = []
     loss_fn = nn.CrossEntropyLoss()
     step_times: list[float] = []
-    loss = torch.zeros(())
-    for epoch in range(epochs):
-        order = torch.randperm(len(data.train_x), generator=torch.Generator().manual_seed(seed * 1000 + epoch))
-        mine = order.to(target)[rank * shard:(rank + 1) * shard]
-        progress = Progress(steps_per_epoch, f"{method_name(compression):>9} epoch {epoch + 1}/{epochs}",
-                            show_progress and rank == 0)
-        for step in range(steps_per_epoch):
-            batch = mine[step * batch_size:(step + 1) * batch_size]
-            start = time.perf_counter()
-            optimizer.zero_grad()
-            loss = loss_fn(model(data.train_x[batch]), data.train_y[batch])
-            loss.backward()
-            optimizer.step()
-            if target.type == "cuda":
-                torch.cuda.synchronize(target)
-            step_times.append(time.perf_counter() - start)
-            progress.update(step + 1, loss.item())
-            record_decisions(optimizer, epoch * steps_per_epoch + step, trace)
-    steps = epochs * steps_per_epoch
+    losses = [torch.zeros(())]
+    resets: list[dict[str, Any]] = []
+    last_step = {"end": time.perf_counter(), "after_reset": False}
+
+    def train_epochs(state: Any) -> None:
+        for epoch in range(state.epoch, epochs):
+            rank, size, per_epoch = hvd.rank(), hvd.size(), steps_per_epoch()
+            shard = len(data.train_x) // size
+            order = torch.randperm(len(data.train_x), generator=torch.Generator().manual_seed(seed * 1000 + epoch))
+            mine = order.to(target)[rank * shard:(rank + 1) * shard]
+            progress = Progress(per_epoch, f"{method_name(compression):>9} epoch {epoch + 1}/{epochs}",
+                                show_progress and rank == 0)
+            for step in range(min(state.batch, per_epoch), per_epoch):
+                batch = mine[step * batch_size:(step + 1) * batch_size]
+                start = time.perf_counter()
+                optimizer.zero_grad()
+                loss = loss_fn(model(data.train_x[batch]), data.train_y[batch])
+                loss.backward()
+                optimizer.step()
+                if target.type == "cuda":
+                    torch.cuda.synchronize(target)
+                step_times.append(time.perf_counter() - start)
+                if last_step["after_reset"]:
+                    resets.append({"ranks": size, "recovery_s": time.perf_counter() - last_step["end"]})
+                    if rank == 0:
+                        print(f"hvdcomp train: elastic reset: training goes on with {size} ranks from epoch "
+                              f"{epoch + 1}, step {step + 1}, {resets[-1]['recovery_s']:.1f} s after the last step "
+                              "before the fault", file=sys.stderr, flush=True)
+                    last_step["after_reset"] = False
+                last_step["end"] = time.perf_counter()
+                losses[0] = loss
+                progress.update(step + 1, loss.item())
+                record_decisions(optimizer, epoch * per_epoch + step, trace)
+                if elastic and (step + 1) % COMMIT_EVERY == 0:
+                    state.batch = step + 1
+                    state.commit()
+            state.epoch, state.batch = epoch + 1, 0
+            if elastic:
+                state.commit()
+
+    if elastic:
+        state = hvd.elastic.TorchState(model=model, optimizer=optimizer, epoch=0, batch=0)
+        state.register_reset_callbacks([optimizer.reset, lambda: last_step.update(after_reset=True)])
+        hvd.elastic.run(train_epochs)(state)
+    else:
+        train_epochs(SimpleNamespace(epoch=0, batch=0))
+    steps = len(step_times)
     timed = step_times[1:] or step_times  # the first step warms up
     mean_step = sum(timed) / len(timed)
     per_step = optimizer.bytes_sent / steps
     dense_bytes = 4 * sum(p.numel() for p in model.parameters() if p.requires_grad)
-    final_loss = hvd.allreduce(loss.detach(), name=f"train.loss.{method_name(compression)}").item()
+    final_loss = hvd.allreduce(losses[0].detach(), name=f"train.loss.{method_name(compression)}").item()
+    size = hvd.size()
     return Summary(method_name(compression), workload_name, size, epochs, steps, mean_step,
                    statistics.median(timed), batch_size * size / mean_step, per_step, dense_bytes,
                    dense_bytes / per_step if per_step else None, final_loss, evaluate(model, data),
-                   trace or None)
+                   trace or None, resets if elastic else None)
 
 
 def with_epochs(compression: Any, steps_per_epoch: int) -> Any:
@@ -282,6 +327,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--deadline", default="auto", type=deadline_arg,
                         help="seconds a rank waits for a collective before ending the job with a message; auto "
                              "(10x the slowest step, at least 30 s; 120 s until a step completes) or off")
+    parser.add_argument("--elastic", action="store_true",
+                        help="train under Elastic Horovod (horovodrun --gloo --min-np N --host-discovery-script ...): "
+                             "a host lost or added resets the job to the last commit and training goes on; the "
+                             "deadline is then off unless given (Gloo's timeout ends a blocked collective)")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                         help="auto: each rank's GPU (hvd.local_rank()) where CUDA is available, else the CPU")
     args = parser.parse_args(argv)
@@ -297,7 +346,8 @@ def main(argv: list[str] | None = None) -> int:
     runs = ([("dense", "none")] if args.compare else []) + [("compressed", compression)]
     summaries = [run(settings["workload"] or "digits", setting, settings["epochs"], settings["batch_size"],
                      settings["lr"], settings["seed"] or 0, show_progress=not args.no_progress,
-                     device=args.device, deadline=args.deadline)
+                     device=args.device, elastic=args.elastic,
+                     deadline=None if args.elastic and args.deadline is DEFAULT_DEADLINE else args.deadline)
                  for _, setting in runs]
     if hvd.rank() == 0:
         print(table(summaries))
