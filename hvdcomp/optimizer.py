@@ -42,6 +42,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -153,7 +154,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._should_synchronize = True
         # Hooks for every parameter the plan names, once: a world of one rank reduces nothing (like Horovod), and
         # after an elastic reset (reset()) the same parameters, in the same order, make the new plan.
-        for index, slot in enumerate(self._build_world()):
+        # Under Elastic Horovod (HOROVOD_ELASTIC=1, set by its launcher) every collective must run inside the elastic
+        # function, which handles a lost rank: the plan check then comes with the first step instead.
+        for index, slot in enumerate(self._build_world(check_now=os.environ.get("HOROVOD_ELASTIC") != "1")):
             slot.param.register_post_accumulate_grad_hook(self._make_hook(index))
 
     def reset(self) -> None:
@@ -161,17 +164,19 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         (``state.register_reset_callbacks([optimizer.reset])``); ``hvdcomp train --elastic`` does.
 
         Every parameter's method state (residuals, PowerSGD's Q, GraVAC's CF) and step counter start afresh, on
-        every rank, as at the start of training: what a rank joining the job has, so the plans agree (checked here,
-        as at construction). Residuals belong to a rank's old shard of the data and the plan itself depends on the
-        world size (two-phase chunks, the collectives ``auto`` picks), so nothing per rank is carried over; the
-        wrapped optimizer's state (momentum) comes back with the elastic state.
+        every rank, as at the start of training: what a rank joining the job has, so the plans agree (checked with
+        the next step's first gradient: a reset callback runs no collective). Residuals belong to a rank's old
+        shard of the data and the plan itself depends on the world size (two-phase chunks, the collectives
+        ``auto`` picks), so nothing per rank is carried over; the wrapped optimizer's state (momentum) comes back
+        with the elastic state.
         """
         self._work.clear()
-        self._build_world()
+        self._build_world(check_now=False)
 
-    def _build_world(self) -> list[_Slot]:
+    def _build_world(self, check_now: bool) -> list[_Slot]:
         """Plans every parameter for the current world (its size and this rank), checks that all ranks hold the same
-        plan, and returns the slots (kept only where there is more than one rank)."""
+        plan (now, or with the next step's first gradient), and returns the slots (kept only where there is more
+        than one rank)."""
         size, included = self.process_set.size(), self.process_set.included()
         self._divisor = size if self.op == hvd.Average and included else 1
         slots = self._plan(self._named)
@@ -188,8 +193,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._step_started: float | None = None
         self._steps_done = 0
         self._heard: tuple[int, float] | None = None  # the step and time of the last vote every rank joined
-        if active:
+        self._plan_checked = not active
+        if active and check_now:
             self._check_same_plan([slot.plan() for slot in self._slots])
+            self._plan_checked = True
         return slots
 
     # ----------------------------------------------------------------------------------------- set-up
@@ -295,6 +302,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         slot = self._slots[index]
         if not self._work:
             self._step_started = time.monotonic()
+            if not self._plan_checked:  # after an elastic reset: every rank checks before its first collective
+                self._check_same_plan([s.plan() for s in self._slots])
+                self._plan_checked = True
         if slot.param.grad is None:  # no gradient on this rank this step: others may have one
             slot.param.grad = torch.zeros_like(slot.param)
         grad = slot.param.grad

@@ -54,6 +54,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 #: the hosts' subnet; every cluster is isolated in its own namespaces, so every cluster can use it
 SUBNET = "10.213.0.0/24"
@@ -106,12 +107,15 @@ class Cluster:
         return parse_rate(self.rate)
 
     def launch_command(self, command: list[str], env: dict[str, str] | None = None,
-                       controller: str = "mpi") -> list[str]:
+                       controller: str = "mpi", elastic: tuple[int, str] | None = None) -> list[str]:
         """The argv that runs ``command`` as one rank per host, every byte between ranks on the shaped links.
 
         ``env`` is exported to every rank. ``controller`` is ``mpi`` (Open MPI's mpirun, Horovod's MPI
-        controller) or ``gloo`` (horovodrun --gloo).
+        controller) or ``gloo`` (horovodrun --gloo). ``elastic`` (Gloo only): (the fewest ranks, a host discovery
+        script printing the available hosts' ``ADDRESS:1``) for Elastic Horovod (:func:`elastic_driver`).
         """
+        if elastic is not None and controller != "gloo":
+            raise ValueError("launch_command: Elastic Horovod runs on the gloo controller only")
         if not command:
             raise ValueError("launch_command: empty command")
         env = dict(env or {})
@@ -133,6 +137,8 @@ class Cluster:
             return first.command(["env", pmix, str(mpirun), *flags, *contexts[1:]])
         if controller == "gloo":
             exports = [f"--env={key}={value}" for key, value in env.items()]
+            if elastic is not None:
+                exports += [f"--min-np={elastic[0]}", f"--host-discovery-script={elastic[1]}"]
             return first.command([sys.executable, "-m", "hvdcomp.tools.cluster", f"--name={self.name}", *exports,
                                   "--", *command])
         raise ValueError(f"launch_command: unknown controller {controller!r}; valid: {', '.join(CONTROLLERS)}")
@@ -410,6 +416,46 @@ def gloo_driver(cluster: Cluster, command: list[str], env: dict[str, str] | None
     return status_code
 
 
+def elastic_driver(cluster: Cluster, command: list[str], discovery_script: str, min_np: int,
+                   env: dict[str, str] | None = None) -> int:
+    """Runs ``command`` under Elastic Horovod (Gloo) on the cluster's hosts, as ``horovodrun --gloo --min-np
+    MIN_NP --max-np HOSTS --host-discovery-script SCRIPT`` would; call it inside host 0.
+
+    The discovery script prints the hosts available now, one ``ADDRESS:1`` per line (the cluster's addresses);
+    each rank runs in its host's namespace. Returns 0, or 1 with Horovod's message when the job failed."""
+    import shlex
+
+    from horovod.runner.common.util import safe_shell_exec
+    from horovod.runner.elastic.discovery import HostDiscoveryScript
+    from horovod.runner.elastic.settings import ElasticSettings
+    from horovod.runner.gloo_run import launch_gloo_elastic
+    from horovod.runner.http.http_server import RendezvousServer
+
+    by_address = {host.address: host for host in cluster.hosts}
+    settings = ElasticSettings(discovery=HostDiscoveryScript(discovery_script, 1), min_num_proc=min_np,
+                               max_num_proc=len(cluster.hosts), elastic_timeout=600, reset_limit=None,
+                               num_proc=len(cluster.hosts), nics=[INTERFACE])
+
+    def in_namespace(run_command: str, slot_info: Any, events: list[Any]) -> tuple[int, float]:
+        argv = by_address[slot_info.hostname].command(["sh", "-c", run_command])
+        exit_code = safe_shell_exec.execute(" ".join(shlex.quote(part) for part in argv), index=slot_info.rank,
+                                            events=events)
+        return exit_code, time.time()
+
+    def interfaces(driver: Any) -> list[str]:
+        driver.wait_for_available_slots(min_np)
+        return [INTERFACE]
+
+    environment = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    try:
+        launch_gloo_elastic(command, in_namespace, settings, environment, interfaces, RendezvousServer(),
+                            sys.executable)
+    except RuntimeError as error:
+        print(f"hvdcomp cluster: elastic job failed: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _environment(pairs: list[str]) -> dict[str, str]:
     env = {}
     for pair in pairs:
@@ -489,12 +535,17 @@ def _gloo_main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m hvdcomp.tools.cluster")
     parser.add_argument("--name", required=True)
     parser.add_argument("--env", action="append", default=[])
+    parser.add_argument("--min-np", type=int, help="elastic: the fewest ranks the job goes on with")
+    parser.add_argument("--host-discovery-script", help="elastic: prints the available hosts' ADDRESS:1")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     cluster = status(args.name)
     if cluster is None:
         raise ClusterError(f"no cluster named {args.name!r}")
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if args.host_discovery_script:
+        return elastic_driver(cluster, command, args.host_discovery_script, args.min_np or 1,
+                              _environment(args.env))
     return gloo_driver(cluster, command, _environment(args.env))
 
 
