@@ -11,11 +11,11 @@ Layout: :mod:`hvdcomp.compressor` (the interface), :mod:`hvdcomp.collectives` (t
 yields and how Horovod runs them), :mod:`hvdcomp.reductions` (how payloads travel: allreduce, allgather,
 two-phase, and the registry methods add to), :mod:`hvdcomp.error_feedback` (memory), :mod:`hvdcomp.methods`
 (one module per method), :mod:`hvdcomp.optimizer` (the Horovod drop-in), :mod:`hvdcomp.config`
-(per-parameter configuration); the tools live in :mod:`hvdcomp.tools` (train, bench, cluster),
-:mod:`hvdcomp.perfmodel` and :mod:`hvdcomp.k8s`.
+(per-parameter configuration), :mod:`hvdcomp.elastic` (Elastic Horovod's state); the tools live in
+:mod:`hvdcomp.tools` (train, bench, cluster), :mod:`hvdcomp.perfmodel` and :mod:`hvdcomp.k8s`.
 """
 
-from hvdcomp.collectives import Agree, Allgather, Allreduce, Alltoall, Broadcast, CollectiveTimeout
+from hvdcomp.collectives import Agree, Allgather, Allreduce, Alltoall, Broadcast
 from hvdcomp.compressor import Compressor, Context, HorovodCompression, NoneCompressor
 from hvdcomp.config import CompressionConfig, make_compressor
 from hvdcomp.error_feedback import ErrorFeedback
@@ -52,7 +52,6 @@ __all__ = [
     "Alltoall",
     "BinGrad",
     "Broadcast",
-    "CollectiveTimeout",
     "CompressionConfig",
     "Compressor",
     "Context",

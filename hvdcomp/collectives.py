@@ -113,14 +113,48 @@ Request = Allreduce | Allgather | Alltoall | Broadcast | Agree
 Reduction = Generator[Request, Any, torch.Tensor]
 
 
-class CollectiveTimeout(RuntimeError):
-    """A collective did not complete within its deadline (:func:`synchronize`): a rank, or its link, is lost or
-    stalled. The process ends shortly after (Horovod's background thread stays blocked in the collective)."""
+class _Watchdog:
+    """One thread per process that ends it when a wait outlives its deadline.
+
+    The waiting thread blocks in ``hvd.synchronize`` (no polling: no added latency) after registering what it
+    waits for; the watchdog checks twice a second and, past the deadline, prints what was waited for, where the
+    job stood and how long, then exits with status 1: a Horovod blocked in a collective cannot unwind or shut
+    down, and mpirun and horovodrun end the other ranks when one exits."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waiting: tuple[str, Callable[[], str], float, float] | None = None
+        self._thread: threading.Thread | None = None
+
+    def watch(self, what: str, context: Callable[[], str], deadline_s: float) -> None:
+        with self._lock:
+            self._waiting = (what, context, deadline_s, time.monotonic())
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="hvdcomp-deadline", daemon=True)
+                self._thread.start()
+
+    def clear(self) -> None:
+        with self._lock:
+            self._waiting = None
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(0.5)
+            with self._lock:
+                waiting = self._waiting
+            if waiting is None:
+                continue
+            what, context, deadline_s, since = waiting
+            waited = time.monotonic() - since
+            if waited > deadline_s:
+                rank = hvd.rank() if hvd.is_initialized() else "?"
+                print(f"hvdcomp: rank {rank} on {socket.gethostname()} waited {waited:.1f} s for collective {what!r} "
+                      f"{context()}(deadline {deadline_s:.1f} s). A rank or its link is lost or stalled; ending the "
+                      "job", file=sys.stderr, flush=True)
+                os._exit(1)
 
 
-#: seconds a rank lives on after raising CollectiveTimeout, for the error to be reported, before it exits
-#: (a blocked Horovod cannot shut down cleanly: the launcher then ends the other ranks)
-EXIT_GRACE_S = 5.0
+_watchdog = _Watchdog()
 
 
 def synchronize(handle: int, what: str, deadline_s: float | None = None,
@@ -128,34 +162,19 @@ def synchronize(handle: int, what: str, deadline_s: float | None = None,
     """``hvd.synchronize(handle)``, bounded by ``deadline_s`` (None: unbounded) and with hvdcomp's context.
 
     Past the deadline this rank prints what it waited for (``what``, and ``context()``: where the job stood) and
-    how long, raises
-    :class:`CollectiveTimeout`, and exits with status 1 after EXIT_GRACE_S whatever catches the error: mpirun and
-    horovodrun then end the other ranks. A Horovod error (a peer gone under Gloo, a failed collective) is re-raised
-    as ``HorovodInternalError`` (what Elastic Horovod recovers from) naming ``what`` and ``context``.
+    how long, and exits with status 1 (:class:`_Watchdog`): mpirun and horovodrun then end the other ranks. A
+    Horovod error (a peer gone under Gloo, Gloo's own timeout) is re-raised as ``HorovodInternalError`` (what
+    Elastic Horovod recovers from) naming ``what`` and ``context()``.
     """
-    if deadline_s is not None and not hvd.poll(handle):
-        start, pause = time.monotonic(), 1e-5
-        while not hvd.poll(handle):
-            waited = time.monotonic() - start
-            if waited > deadline_s:
-                _give_up(f"waited {waited:.1f} s for collective {what!r} {context()}(deadline {deadline_s:.1f} s)")
-            time.sleep(pause)
-            pause = min(2 * pause, 1e-3)
+    if deadline_s is not None:
+        _watchdog.watch(what, context, deadline_s)
     try:
         return hvd.synchronize(handle)
     except HorovodInternalError as error:
         raise HorovodInternalError(f"hvdcomp: collective {what!r} {context()}failed: {error}") from error
-
-
-def _give_up(detail: str) -> None:
-    rank = hvd.rank() if hvd.is_initialized() else "?"
-    message = (f"hvdcomp: rank {rank} on {socket.gethostname()} {detail}. A rank or its link is lost or stalled; "
-               f"ending the job (this rank exits in {EXIT_GRACE_S:.0f} s)")
-    print(message, file=sys.stderr, flush=True)
-    timer = threading.Timer(EXIT_GRACE_S, os._exit, (1,))
-    timer.daemon = True
-    timer.start()
-    raise CollectiveTimeout(message)
+    finally:
+        if deadline_s is not None:
+            _watchdog.clear()
 
 
 @dataclass
@@ -191,12 +210,6 @@ def host_values(values: list[int], device: torch.device) -> torch.Tensor:
 
 def start(request: Request, name: str, process_set: hvd.ProcessSet = hvd.global_process_set) -> Pending:
     """Starts ``request`` (not :class:`Agree`: see :func:`start_vote`) as Horovod async collectives."""
-    pending = _start(request, name, process_set)
-    pending.name = name
-    return pending
-
-
-def _start(request: Request, name: str, process_set: hvd.ProcessSet) -> Pending:
     size, rank = process_set.size(), process_set.rank()
     if isinstance(request, Allreduce):
         groups: dict[str, list[int]] = {}
@@ -214,7 +227,7 @@ def _start(request: Request, name: str, process_set: hvd.ProcessSet) -> Pending:
             return result
 
         nbytes = sum(t.numel() * t.element_size() for t in request.tensors)
-        return Pending(handles, finish_allreduce, nbytes)
+        return Pending(handles, finish_allreduce, nbytes, name)
     if isinstance(request, Allgather):
         layout = wire.layout_of(request.payload)
         buffer = wire.pack(request.payload)
@@ -227,7 +240,7 @@ def _start(request: Request, name: str, process_set: hvd.ProcessSet) -> Pending:
             return Pending([handle], lambda outputs: [
                 wire.unpack(segment, rank_layout) for segment, rank_layout in
                 zip(outputs[0].split([wire.nbytes(rank_layout) for rank_layout in known]), known, strict=True)],
-                buffer.numel())
+                buffer.numel(), name)
         sizes = host_values([numel for _, numel in layout], buffer.device)
         handle = hvd.grouped_allgather_async([sizes.view(torch.uint8), buffer], name=name, process_set=process_set)
 
@@ -239,7 +252,7 @@ def _start(request: Request, name: str, process_set: hvd.ProcessSet) -> Pending:
             segments = gathered.split([wire.nbytes(rank_layout) for rank_layout in layouts])
             return [wire.unpack(segment, rank_layout) for segment, rank_layout in zip(segments, layouts, strict=True)]
 
-        return Pending([handle], finish_variable, buffer.numel() + sizes.numel() * 8)
+        return Pending([handle], finish_variable, buffer.numel() + sizes.numel() * 8, name)
     if isinstance(request, Alltoall):
         if len(request.payloads) != size:
             raise ValueError(f"Alltoall: {len(request.payloads)} payloads for {size} ranks")
@@ -266,13 +279,13 @@ def _start(request: Request, name: str, process_set: hvd.ProcessSet) -> Pending:
                 payloads.append(wire.unpack(segment[header:], layout))
             return payloads
 
-        return Pending([handle], finish_alltoall, int(splits.sum()) - int(splits[rank]))
+        return Pending([handle], finish_alltoall, int(splits.sum()) - int(splits[rank]), name)
     if isinstance(request, Broadcast):
         layout = wire.layout_of(request.payload)
         buffer = wire.pack(request.payload)
         handle = hvd.broadcast_async_(buffer, root_rank=request.root, name=name, process_set=process_set)
         return Pending([handle], lambda outputs: wire.unpack(outputs[0], layout),
-                       buffer.numel() if rank == request.root else 0)
+                       buffer.numel() if rank == request.root else 0, name)
     if isinstance(request, Agree):
         raise TypeError("Agree requests are fused into the step's vote: use start_vote")
     raise TypeError(f"a reduction yielded {request!r}; valid requests: Allreduce, Allgather, Alltoall, Broadcast, "

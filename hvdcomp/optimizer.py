@@ -66,9 +66,12 @@ class Deadline:
     it waited for (:func:`hvdcomp.collectives.synchronize`): ``factor`` x the slowest step so far, at least
     ``floor_s``; until a step has completed (ranks start, import and build at different speeds), ``startup_s``.
 
-    With the defaults a rank or link lost in steady training ends the job about 30 s later (35 s with the exit
-    grace), well before Horovod's stall inspector would shut it down (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS, off by
-    default) and where NCCL would wait forever.
+    With the defaults a rank or link lost in steady training ends the job about 30 s later, where Horovod's stall
+    inspector only warns (its shutdown, HOROVOD_STALL_SHUTDOWN_TIME_SECONDS, is off by default) and NCCL would wait
+    forever. The deadline counts a rank's wait for the others: a rank that works alone between steps for longer
+    (evaluation or a checkpoint on rank 0 only) makes the others wait that long, so such a job needs a larger
+    ``floor_s`` (or ``deadline=None``). Under Elastic Horovod (HOROVOD_ELASTIC=1) the default is off: Gloo's own
+    timeout then ends a blocked collective with the error that elastic recovery needs.
     """
 
     factor: float = 10.0
@@ -138,6 +141,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or not deadline > 0):
             raise ValueError(f"deadline must be a Deadline, a positive number of seconds or None (off); got "
                              f"{deadline!r}")
+        if deadline is DEFAULT_DEADLINE and os.environ.get("HOROVOD_ELASTIC") == "1":
+            deadline = None  # an exit would end the ranks elastic recovery keeps (Deadline's docstring)
         self.deadline = deadline
         if op not in (hvd.Average, hvd.Sum):
             raise ValueError("hvdcomp.DistributedOptimizer supports op=hvd.Average or hvd.Sum; for Adasum, "
@@ -192,7 +197,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._slowest_step: float | None = None  # deadlines start from start-up's again
         self._step_started: float | None = None
         self._steps_done = 0
-        self._heard: tuple[int, float] | None = None  # the step and time of the last vote every rank joined
+        self._heard: tuple[int, float] | None = None  # the step and time every rank was last heard from
         self._plan_checked = not active
         if active and check_now:
             self._check_same_plan([slot.plan() for slot in self._slots])
@@ -272,7 +277,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _context(self) -> str:
         """Where the job stands, for a failed or timed-out wait's message."""
         heard = "no step has completed yet" if self._heard is None else (
-            f"every rank was last heard from together in step {self._heard[0]}'s vote, "
+            f"every rank was last heard from together in step {self._heard[0]}, "
             f"{time.monotonic() - self._heard[1]:.1f} s ago")
         return f"in step {self._steps_done} ({heard}) "
 
@@ -374,7 +379,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _finish_vote(self) -> None:
         flags, highest, lowest, *agreed = self._wait_for(self._vote)
-        self._heard = (self._steps_done, time.monotonic())
+        self._heard = (self._steps_done, time.monotonic())  # every rank joined this step's vote
         self._vote, self._vote_result = None, flags
         if bool(highest != lowest):  # one read from the device, of a vote already waited for
             self._check_same_plan([w.plan for w in self._compressed_work()])
@@ -425,9 +430,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     grad.copy_(work.wire)
         results = [self._slots[index].param.grad for index in sorted(self._work)]
         input_flags = self._vote_result
+        now = time.monotonic()
         if self._step_started is not None:
-            took = time.monotonic() - self._step_started
+            took = now - self._step_started
             self._slowest_step = took if self._slowest_step is None else max(self._slowest_step, took)
+        self._heard = (self._steps_done, now)  # every collective of the step completed: every rank took part
         self._steps_done += 1
         self._reset_step()
         self._check_finite(input_flags, results)

@@ -794,13 +794,15 @@ def scenario_raises() -> None:
 
 
 def scenario_stall() -> None:
-    """Rank 1 stalls (sleeps) in step 3 and never reaches the step's collectives: with a 2 s deadline every other
-    rank reports the collective it waited for and the job ends, long before rank 1 wakes up."""
+    """Rank 1 stalls (sleeps) in step 3 and never reaches the step's collectives: with a short deadline (2 s, or 3x
+    the slowest step; 120 s at start-up) every other rank reports the collective it waited for and the job ends,
+    long before rank 1 wakes up."""
     import time
 
     model = mlp()
     optimizer = hvdcomp.DistributedOptimizer(sgd(model, "terngrad"), named_parameters=model.named_parameters(),
-                                             compression=TRAIN_CONFIGS["terngrad"], deadline=2.0)
+                                             compression=TRAIN_CONFIGS["terngrad"],
+                                             deadline=hvdcomp.Deadline(factor=3, floor_s=2, startup_s=120))
     for step, (x, y) in enumerate(batches(10, seed=hvd.rank())):
         if hvd.rank() == 1 and step == 3:
             time.sleep(300)

@@ -36,6 +36,7 @@ import yaml
 from torch import nn
 
 from hvdcomp.config import CompressionConfig
+from hvdcomp.elastic import TorchState
 from hvdcomp.methods import METHODS
 from hvdcomp.optimizer import DEFAULT_DEADLINE, Deadline, DistributedOptimizer
 from hvdcomp.tools.workloads import WORKLOADS, Dataset
@@ -137,12 +138,15 @@ def method_name(compression: Any) -> str:
 def run(workload_name: str, compression: Any, epochs: int | None, batch_size: int | None, lr: float | None,
         seed: int, show_progress: bool = True, device: str = "auto",
         deadline: Deadline | float | None = DEFAULT_DEADLINE, elastic: bool = False) -> Summary:
-    """Trains one workload with one compression setting; every rank returns the same summary.
+    """Trains one workload with one compression setting; every rank returns the same summary (under ``elastic``,
+    every rank that ends the job: step counts and times are each rank's own).
 
     ``elastic``: under Elastic Horovod (``horovodrun --gloo --min-np ...``): model, optimizer, epoch and step are an
-    ``hvd.elastic.TorchState``, committed every COMMIT_EVERY steps and at each epoch's end; after a reset (a host
-    lost or added) the optimizer rebuilds its plan (:meth:`hvdcomp.DistributedOptimizer.reset`), the data is
-    re-sharded for the new world, and training goes on from the last commit.
+    :class:`hvdcomp.elastic.TorchState`, committed every COMMIT_EVERY steps and at each epoch's end; after a reset
+    (a host lost or added) the optimizer rebuilds its plan (:meth:`hvdcomp.DistributedOptimizer.reset`), the data
+    is re-sharded for the new world, and training goes on from the last commit at the same step of the epoch (the
+    new shards' steps: some samples of that epoch are seen twice or not at all). Steps redone after a reset count
+    again in the summary's steps and times.
     """
     workload = WORKLOADS[workload_name](seed)
     epochs = workload.epochs if epochs is None else epochs
@@ -210,15 +214,15 @@ def run(workload_name: str, compression: Any, epochs: int | None, batch_size: in
                 state.commit()
 
     if elastic:
-        state = hvd.elastic.TorchState(model=model, optimizer=optimizer, epoch=0, batch=0)
-        state.register_reset_callbacks([optimizer.reset, lambda: last_step.update(after_reset=True)])
+        state = TorchState(model, optimizer, epoch=0, batch=0)
+        state.register_reset_callbacks([lambda: last_step.update(after_reset=True)])
         hvd.elastic.run(train_epochs)(state)
     else:
         train_epochs(SimpleNamespace(epoch=0, batch=0))
     steps = len(step_times)
     timed = step_times[1:] or step_times  # the first step warms up
     mean_step = sum(timed) / len(timed)
-    per_step = optimizer.bytes_sent / steps
+    per_step = optimizer.bytes_sent / max(steps, 1)
     dense_bytes = 4 * sum(p.numel() for p in model.parameters() if p.requires_grad)
     final_loss = hvd.allreduce(losses[0].detach(), name=f"train.loss.{method_name(compression)}").item()
     size = hvd.size()
@@ -330,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--elastic", action="store_true",
                         help="train under Elastic Horovod (horovodrun --gloo --min-np N --host-discovery-script ...): "
                              "a host lost or added resets the job to the last commit and training goes on; the "
-                             "deadline is then off unless given (Gloo's timeout ends a blocked collective)")
+                             "auto deadline is then off (Gloo's timeout ends a blocked collective)")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                         help="auto: each rank's GPU (hvd.local_rank()) where CUDA is available, else the CPU")
     args = parser.parse_args(argv)
@@ -346,8 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = ([("dense", "none")] if args.compare else []) + [("compressed", compression)]
     summaries = [run(settings["workload"] or "digits", setting, settings["epochs"], settings["batch_size"],
                      settings["lr"], settings["seed"] or 0, show_progress=not args.no_progress,
-                     device=args.device, elastic=args.elastic,
-                     deadline=None if args.elastic and args.deadline is DEFAULT_DEADLINE else args.deadline)
+                     device=args.device, elastic=args.elastic, deadline=args.deadline)
                  for _, setting in runs]
     if hvd.rank() == 0:
         print(table(summaries))
