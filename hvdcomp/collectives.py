@@ -157,6 +157,64 @@ class _Watchdog:
 _watchdog = _Watchdog()
 
 
+class Beacon:
+    """A TCP port every rank listens on (accepting and closing connections in a daemon thread), so that a rank whose
+    wait timed out can tell which of the others still answer: a rank whose host or link is lost does not, a rank
+    that is alive but stalled (stuck in a step, or waiting too) does. Started once per process, on first use."""
+
+    _started: tuple[list[str], int] | None = None
+
+    @classmethod
+    def address(cls) -> tuple[list[str], int]:
+        """This process's beacon: its host's IPv4 addresses (loopback last) and the port."""
+        if cls._started is None:
+            server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            server.bind(("0.0.0.0", 0))
+            server.listen(64)
+
+            def serve() -> None:
+                while True:
+                    connection, _ = server.accept()
+                    connection.close()
+
+            threading.Thread(target=serve, name="hvdcomp-beacon", daemon=True).start()
+            cls._started = (_host_addresses(), server.getsockname()[1])
+        return cls._started
+
+
+def _host_addresses() -> list[str]:
+    """The IPv4 addresses of this host's interfaces (Linux's SIOCGIFADDR), loopback last."""
+    import fcntl
+    import struct
+
+    found = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        for _, name in socket.if_nameindex():
+            try:
+                packed = fcntl.ioctl(probe.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))
+            except OSError:  # no IPv4 address on it
+                continue
+            found.append(socket.inet_ntoa(packed[20:24]))
+    return sorted(found, key=lambda address: address.startswith("127."))
+
+
+def answering(peers: dict[int, tuple[list[str], int]], timeout_s: float = 2.0) -> tuple[list[int], list[int]]:
+    """The ranks of ``peers`` (rank -> beacon) whose beacon answers a TCP connect within ``timeout_s`` at one of its
+    addresses, and those that do not."""
+    yes, no = [], []
+    for rank, (addresses, port) in sorted(peers.items()):
+        for address in addresses:
+            try:
+                socket.create_connection((address, port), timeout=timeout_s).close()
+            except OSError:
+                continue
+            yes.append(rank)
+            break
+        else:
+            no.append(rank)
+    return yes, no
+
+
 def synchronize(handle: int, what: str, deadline_s: float | None = None,
                 context: Callable[[], str] = lambda: "") -> Any:
     """``hvd.synchronize(handle)``, bounded by ``deadline_s`` (None: unbounded) and with hvdcomp's context.

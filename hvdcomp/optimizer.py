@@ -53,7 +53,7 @@ from typing import Any
 import horovod.torch as hvd
 import torch
 
-from hvdcomp.collectives import Agree, Pending, Reduction, start, start_vote, synchronize
+from hvdcomp.collectives import Agree, Beacon, Pending, Reduction, answering, start, start_vote, synchronize
 from hvdcomp.compressor import Compressor, Context, State, derive_seed
 from hvdcomp.config import Choice, CompressionConfig
 
@@ -198,6 +198,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._step_started: float | None = None
         self._steps_done = 0
         self._heard: tuple[int, float] | None = None  # the step and time every rank was last heard from
+        self._peers: dict[int, tuple[list[str], int]] = {}  # the other ranks' beacons, from the plan check
         self._plan_checked = not active
         if active and check_now:
             self._check_same_plan([slot.plan() for slot in self._slots])
@@ -254,12 +255,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """Ranks with different plans would wait forever on each other's collectives: fail fast instead."""
         mine = json.dumps({"op": str(self.op), "passes": self.backward_passes_per_step,
                            "nonfinite": self.config.nonfinite, "params": plans})
-        data = torch.frombuffer(bytearray(mine.encode()), dtype=torch.uint8)
+        # each rank's beacon travels on a line of its own after the plan: what a timed-out wait probes
+        data = torch.frombuffer(bytearray(f"{mine}\n{json.dumps(Beacon.address())}".encode()), dtype=torch.uint8)
         lengths = self._wait(hvd.allgather_async(torch.tensor([data.numel()]), name="hvdcomp.plan.lengths",
                                                  process_set=self.process_set), "hvdcomp.plan.lengths")
         gathered = self._wait(hvd.allgather_async(data, name="hvdcomp.plan", process_set=self.process_set),
                               "hvdcomp.plan")
-        others = [bytes(chunk.tolist()).decode() for chunk in gathered.split(lengths.tolist())]
+        others, beacons = zip(*(bytes(chunk.tolist()).decode().rsplit("\n", 1)
+                                for chunk in gathered.split(lengths.tolist())), strict=True)
+        me = self.process_set.rank()
+        self._peers = {rank: tuple(json.loads(beacon)) for rank, beacon in enumerate(beacons) if rank != me}
         for rank, other in enumerate(others):
             if other != mine:
                 raise ValueError(f"hvdcomp: ranks are configured differently (this rank "
@@ -275,10 +280,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return None if self.deadline is None else float(self.deadline)
 
     def _context(self) -> str:
-        """Where the job stands, for a failed or timed-out wait's message."""
+        """Where the job stands, for a failed or timed-out wait's message: the step, when every rank was last heard
+        from together, and which ranks answer on their beacons now (:class:`hvdcomp.collectives.Beacon`)."""
         heard = "no step has completed yet" if self._heard is None else (
             f"every rank was last heard from together in step {self._heard[0]}, "
             f"{time.monotonic() - self._heard[1]:.1f} s ago")
+        if self._peers:
+            alive, silent = answering(self._peers)
+            heard += (f"; ranks not answering now: {', '.join(map(str, silent)) or 'none'}; answering: "
+                      f"{', '.join(map(str, alive)) or 'none'}")
         return f"in step {self._steps_done} ({heard}) "
 
     def _wait(self, handle: int, name: str) -> Any:
