@@ -287,7 +287,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             f"{time.monotonic() - self._heard[1]:.1f} s ago")
         if self._peers:
             alive, silent = answering(self._peers)
-            heard += (f"; ranks not answering now: {', '.join(map(str, silent)) or 'none'}; answering: "
+            heard += (f"; ranks this rank cannot reach now: {', '.join(map(str, silent)) or 'none'}; reachable: "
                       f"{', '.join(map(str, alive)) or 'none'}")
         return f"in step {self._steps_done} ({heard}) "
 

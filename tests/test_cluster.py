@@ -170,6 +170,6 @@ def test_a_lost_link_ends_the_job_within_the_bound(controller: str) -> None:
     assert process.returncode != 0 and ended < 60, (ended, output[-3000:])
     # hvdcomp's deadline, or (Gloo) Gloo's own 30 s timeout re-raised with hvdcomp's context, whichever came first
     where = (r"'hvdcomp\.[^']+' in step \d+ \(every rank was last heard from together in step \d+, [\d.]+ s ago; "
-             r"ranks not answering now: (1|0); ")  # the lost host's rank, seen from the other
+             r"ranks this rank cannot reach now: (1|0); ")  # each side of the lost link names the other
     assert re.search(rf"hvdcomp: rank \d on \S+ waited \d+\.\d s for collective {where}", output) or (
         controller == "gloo" and re.search(rf"hvdcomp: collective {where}.*failed", output)), output[-3000:]
