@@ -2,9 +2,10 @@
 
     .venv/bin/python perf/faults.py [--repeats 3]
 
-``exit``: issue 16's fault on the emulated cluster (2 hosts at 1 Gbit/s): ``hvdcomp train --workload digits
---compression terngrad`` at its default deadline, one host's switch port taken down 15 s into training; the time
-from the fault to the launcher's exit, under mpirun (MPI controller) and horovodrun's Gloo controller.
+``exit``: issue 16's fault on the emulated cluster (tests/test_cluster.py's ``lost_link``: 2 hosts at 1 Gbit/s,
+``hvdcomp train --workload digits --compression terngrad`` at its default deadline, one host's switch port taken
+down 15 s into training); the time from the fault to the launcher's exit, under mpirun (MPI controller) and
+horovodrun's Gloo controller.
 ``elastic``: ``hvdcomp train --elastic`` on 3 emulated hosts (Elastic Horovod over Gloo, at least 2 ranks; as
 tests/test_elastic.py), host 2's switch port taken down and the host dropped from discovery 15 s in; the recovery
 time the summary reports (last step before the fault to the first step after the reset) and the final accuracy.
@@ -15,49 +16,27 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
 RESULTS = REPO / "perf" / "results" / "faults.jsonl"
+sys.path.insert(0, str(REPO / "tests"))  # the faults are the tests' (tests/test_cluster.py, tests/test_elastic.py)
 
 
 def exit_after_fault(controller: str) -> dict:
-    from hvdcomp.tools import cluster
+    from test_cluster import lost_link
 
-    name = "hvdfault"
-    try:
-        hosts = cluster.up(2, rate="1gbit", name=name)
-        command = [str(BIN / "hvdcomp"), "train", "--workload", "digits", "--epochs", "400", "--compression",
-                   "terngrad", "--no-progress"]
-        process = subprocess.Popen(hosts.launch_command(command, controller=controller), stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                                   start_new_session=True)
-        time.sleep(15)
-        subprocess.run(["ip", "netns", "exec", hosts.switch, "ip", "link", "set", "h1", "down"], check=True)
-        fault = time.monotonic()
-        try:
-            output, _ = process.communicate(timeout=300)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, 9)
-            output, _ = process.communicate()
-        ended = time.monotonic() - fault
-    finally:
-        cluster.down(name)
+    returncode, ended, output = lost_link(controller, "hvdfault", wait_s=300)
     message = next((line for line in output.splitlines() if "hvdcomp: rank" in line and "waited" in line), "")
-    return {"kind": "exit", "controller": controller, "seconds": ended, "returncode": process.returncode,
+    return {"kind": "exit", "controller": controller, "seconds": ended, "returncode": returncode,
             "message": message[message.index("hvdcomp: rank"):] if message else None}
 
 
 def elastic_recovery() -> dict:
-    sys.path.insert(0, str(REPO / "tests"))
-    import pytest  # noqa: F401  (test_elastic imports it)
     from test_elastic import elastic_run
 
     with tempfile.TemporaryDirectory() as folder:
