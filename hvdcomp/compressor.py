@@ -144,6 +144,9 @@ class Compressor(ABC):
     #: Options the method's paper counts in epochs (DGC's warm-up stage, GraVAC's exploration interval), in
     #: steps here: ``hvdcomp train`` sets them to the job's steps per epoch unless the config does.
     epoch_options: ClassVar[tuple[str, ...]] = ()
+    #: The model's first and last layers stay dense (LGC, as its paper keeps them): the optimizer tells
+    #: :meth:`hvdcomp.config.CompressionConfig.choose` which parameters those are.
+    dense_edges: bool = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -152,6 +155,10 @@ class Compressor(ABC):
     def compresses(self, shape: torch.Size) -> bool:
         """Whether this method compresses a tensor of ``shape``; other tensors go Horovod's dense way."""
         return True
+
+    def why_dense(self, shape: torch.Size) -> str:
+        """Why :meth:`compresses` declines ``shape`` (the optimizer logs it once)."""
+        return f"{self.name} does not compress a tensor of shape {tuple(shape)}"
 
     def init_state(self, tensor: torch.Tensor, ctx: Context) -> State:
         """Per-parameter state for ``tensor`` (shape, dtype and device as the gradient's)."""

@@ -73,6 +73,7 @@ class Choice:
 
     compressor: Compressor | None
     reduction: reductions.ReductionMethod | None = None
+    declined: str = ""  # why the configured method left this parameter dense
 
     def describe(self) -> str:
         return "dense" if self.reduction is None else repr(self.reduction)
@@ -160,14 +161,22 @@ class CompressionConfig:
             raise _unknown("nonfinite policy", nonfinite, NONFINITE_CHOICES)
         return cls(default, tuple(overrides), tuple(dense), min_numel, seed, nonfinite, dict(compression))
 
-    def choose(self, name: str, shape: torch.Size | tuple[int, ...], world_size: int) -> Choice:
-        """The compressor and reduction for parameter ``name`` of ``shape`` (see :func:`reductions.choose`)."""
+    def choose(self, name: str, shape: torch.Size | tuple[int, ...], world_size: int, edge: bool = False) -> Choice:
+        """The compressor and reduction for parameter ``name`` of ``shape`` (see :func:`reductions.choose`);
+        ``edge``: it belongs to the model's first or last layer, which methods with ``dense_edges`` leave dense.
+
+        A parameter the configured method declines (its shape, or an edge) stays dense, and the Choice says why."""
         shape = torch.Size(shape)
         if shape.numel() < self.min_numel or any(fnmatch.fnmatchcase(name, p) for p in self.dense):
             return Choice(None)
         rule = next((r for r in self.overrides if fnmatch.fnmatchcase(name, r.match)), self.default)
         compressor = rule.compressor
-        if compressor.name == "none" or not compressor.compresses(shape):
+        if compressor.name == "none":
             return Choice(None)
+        if edge and compressor.unwrapped().dense_edges:
+            return Choice(None, declined=f"{compressor.name} keeps the model's first and last layers dense "
+                                         "(dense_edges)")
+        if not compressor.compresses(shape):
+            return Choice(None, declined=compressor.why_dense(shape))
         reduction = reductions.choose(compressor, rule.collective, world_size)
         return Choice(compressor, reductions.make(reduction, compressor, rule.collective_options))

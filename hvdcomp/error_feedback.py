@@ -60,6 +60,9 @@ class ErrorFeedback(Compressor):
     def compresses(self, shape: torch.Size) -> bool:
         return self.inner.compresses(shape)
 
+    def why_dense(self, shape: torch.Size) -> str:
+        return self.inner.why_dense(shape)
+
     def init_state(self, tensor: torch.Tensor, ctx: Context) -> State:
         # contiguous whatever the parameter's memory format (channels-last): compressors view it flat
         return {"residual": torch.zeros(tensor.shape, dtype=torch.float32, device=tensor.device),

@@ -226,11 +226,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise ValueError(f"named_parameters was given, but {len(unnamed)} optimized parameter(s) are not named")
         size = self.process_set.size() or 1
         rank = self.process_set.rank() or 0
+        layers = [name.rpartition(".")[0] for name, p in named if id(p) in optimized and p.requires_grad]
+        edges = {layers[0], layers[-1]} if layers else set()  # the first and last layers, in the model's order
         slots = []
         for name, param in sorted(named, key=lambda item: item[0]):
             if id(param) not in optimized or not param.requires_grad:
                 continue
-            choice = self.config.choose(name, param.shape, size)
+            choice = self.config.choose(name, param.shape, size, edge=name.rpartition(".")[0] in edges)
+            if choice.declined and rank == 0:
+                log.warning("hvdcomp: parameter %r stays dense: %s", name, choice.declined)
             ctx = Context(name, rank, size, param.device, derive_seed(self.config.seed, name, rank),
                           derive_seed(self.config.seed, name, "shared"))
             state = {} if choice.reduction is None else choice.reduction.init_state(param.detach(), ctx)

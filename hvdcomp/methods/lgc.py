@@ -1,0 +1,431 @@
+"""LGC: learned gradient compression (Abrahamyan, Chen, Bekoulis and Deligiannis, "Learned Gradient Compression for
+Distributed Deep Learning", IEEE TNNLS 2021, arXiv:2103.08870).
+
+The gradients of different ranks share a common part. A small autoencoder, trained online during training, learns
+it, so that each rank sends a short code (or a small innovation) where top-k would send every value. Training goes
+through three stages, switched from the step counter (and from agreed values, below), so every rank switches in the
+same step:
+
+1. ``dense_steps`` steps of dense allreduce.
+2. ``train_steps`` steps of top-k with error feedback while the autoencoder trains. The top-k indices I are those of
+   one *leader* rank's error-compensated gradient (cyclic local top-k, ScaleCom's scheme, which the third-party LGC
+   port uses too), broadcast with the leader's scale s = RMS(p_leader[I]); every rank sends its values v_r = p_r[I]
+   (allgather), the sum is exact, and e_r[I] <- 0. Every rank then holds every rank's v_r / s, the autoencoder's
+   training batch: exactly what stage 3 encodes.
+3. Compressed through the autoencoder (E the encoder, D the decoder), from the same leader's I and s:
+
+   * ``variant: ring`` (ring-allreduce, Horovod's own protocol): each rank sends its code c_r = E(v_r / s); the codes
+     are summed by allreduce and the summed code decoded, v_hat = s D(sum_r c_r / N), an estimate of the mean of the
+     v_r; the sum returned is N v_hat at I.
+   * ``variant: ps`` (parameter server; here every rank is the server): the leader broadcasts its code
+     c_l = E(v_l / s) with I and s; every rank sends only its innovation u_r, its own top-k' of v_r / s (k' =
+     ``innovation_ratio`` k, values and positions in I, allgather); rank r's own decoder reconstructs its values,
+     v_hat_r = s D_r(c_l, u_r), and the sum returned is sum_r v_hat_r at I.
+
+   Error feedback keeps what the autoencoder got wrong: e_r[I] <- p_r[I] - v_hat (ring) or p_r[I] - v_hat_r (ps).
+
+The leader rotates, l = step mod N. With a fixed leader the entries only other ranks find large would wait in their
+residuals until the leader's gradient happens to select them; rotating gives each rank's largest entries a turn
+every N steps, and spreads the leader's broadcast over every rank's link.
+
+The autoencoder (one per compressed tensor; the paper's is one per model) is a few stride-2 1-D convolutions (kernel
+4) with LeakyReLU between them, from 1 to ``channels`` channels and down to ``code_channels`` at 1 / 2^``downsample``
+of the length: the code has code_channels / 2^downsample of the k values (1/8 at the defaults). The decoders are
+transposed convolutions back; the ps decoders (one per rank, as in the paper) end in a 1x1 convolution over their
+features and the rank's innovation. Its weights live in the parameter's state (checkpointed with it) and are drawn
+from the parameter's shared seed, so they start identical on every rank. Training, one Adam step (``lr``) per stage-2
+step on the gathered batch, minimizes the reconstruction error plus the term that pulls the ranks' codes together
+(weight ``similarity``), mean squared errors over the k values:
+
+    ring:  MSE(D(mean_r E(x_r)), mean_r x_r) + similarity * mean_r MSE(E(x_r), mean_q E(x_q))
+    ps:    mean_r MSE(D_r(E(x_l), u_r), x_r) + similarity * mean_r MSE(E(x_r), mean_q E(x_q))
+
+with x_r = v_r / s. Every rank trains on the same batch with the same arithmetic, so the copies stay equal without
+communication; at each entry into stage 3 rank 0 broadcasts its weights anyway (a few thousand values, once), so that
+ranks whose hardware rounds differently cannot decode differently. The autoencoder is frozen in stage 3.
+
+Guard: in stage 3 each rank measures its relative reconstruction error (ps: of its own v_hat_r; ring: of D(E(x_r))
+against x_r, since the true mean is not known), and the sums over ranks are agreed in the next step's vote. Where the
+agreed error exceeds ``max_error``, that tensor goes back to stage 2 for ``train_steps`` steps (from that step on:
+the autoencoder trains on the new gradients), then into stage 3 again. Nothing of a bad step is lost: the residual
+holds it.
+
+Knobs: ``variant`` (ring | ps), ``ratio`` (k / d, top-k's fraction: 0.01), ``innovation_ratio`` (k' / k, ps: 0.1),
+``dense_steps`` and ``train_steps`` (stage lengths; the paper counts epochs, and ``hvdcomp train`` sets both to one
+epoch unless given), ``channels`` (8), ``code_channels`` (2), ``downsample`` (4 halvings), ``lr`` (Adam, 1e-3),
+``similarity`` (0.1), ``max_error`` (the guard's bound on the relative error, 0.95), ``dense_edges`` (true: the
+model's first and last layers stay dense, as the paper keeps them). A tensor whose k is under 4 x 2^downsample is
+kept dense (with a log line), as is a model's first or last layer.
+
+Costs: stage 3 sends per rank, ring, an allreduce of k code_channels / 2^downsample floats plus the leader's
+broadcast of k int32 indices; ps, 8 k' bytes of innovation plus the leader's broadcast of the indices and code. The
+decision reads the agreed error on the host once per step and tensor (as GraVAC's). The autoencoder's compute runs
+on the tensor's device.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+
+from hvdcomp.collectives import Agree, Allgather, Allreduce, Broadcast, Reduction
+from hvdcomp.compressor import Compressor, Context, Payload, State
+from hvdcomp.methods.topk import largest
+from hvdcomp.reductions import Phase, ReductionMethod
+
+if TYPE_CHECKING:
+    from hvdcomp.perfmodel.schema import Encoded
+
+VARIANTS = ("ring", "ps")
+_KERNEL = 4  # stride 2, padding 1: each convolution halves the length, each transposed one doubles it
+_SLOPE = 0.2  # LeakyReLU's
+_BETAS = (0.9, 0.999)
+_EPS = 1e-8
+
+Weights = dict[str, torch.Tensor]
+
+
+def _layer(weights: Weights, generator: torch.Generator, name: str, shape: tuple[int, int, int], fan_in: int) -> None:
+    """PyTorch's default initialization of a convolution (uniform within 1 / sqrt(fan_in)), from ``generator``."""
+    bound = 1 / math.sqrt(fan_in)
+    weights[f"{name}.weight"] = (torch.rand(shape, generator=generator) * 2 - 1) * bound
+    out_channels = shape[1] if name.startswith("decoder") else shape[0]
+    weights[f"{name}.bias"] = (torch.rand(out_channels, generator=generator) * 2 - 1) * bound
+
+
+class LGC(Compressor):
+    """LGC's three stages and two variants (see the module docstring for each knob)."""
+
+    name = "lgc"
+    unbiased = False
+    own_memory = True  # its error feedback spans the stages and holds the autoencoder's error
+    reduction = "lgc"
+    epoch_options = ("dense_steps", "train_steps")
+
+    def __init__(self, variant: str = "ring", ratio: float = 0.01, innovation_ratio: float = 0.1,
+                 dense_steps: int = 100, train_steps: int = 100, channels: int = 8, code_channels: int = 2,
+                 downsample: int = 4, lr: float = 1e-3, similarity: float = 0.1, max_error: float = 0.95,
+                 dense_edges: bool = True) -> None:
+        if variant not in VARIANTS:
+            raise ValueError(f"lgc: variant must be one of {', '.join(VARIANTS)}; got {variant!r}")
+        for key, value in (("ratio", ratio), ("innovation_ratio", innovation_ratio)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+                raise ValueError(f"lgc: {key} must be a number in (0, 1]; got {value!r}")
+        for key, value, low in (("dense_steps", dense_steps, 0), ("train_steps", train_steps, 1),
+                                ("channels", channels, 1), ("code_channels", code_channels, 1),
+                                ("downsample", downsample, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"lgc: {key} must be an integer >= {low}; got {value!r}")
+        for key, value in (("lr", lr), ("similarity", similarity), ("max_error", max_error)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (
+                    key == "lr" and not value):
+                raise ValueError(f"lgc: {key} must be a {'positive' if key == 'lr' else 'non-negative'} number; "
+                                 f"got {value!r}")
+        if not isinstance(dense_edges, bool):
+            raise ValueError(f"lgc: dense_edges must be true or false; got {dense_edges!r}")
+        self.variant = variant
+        self.ratio, self.innovation_ratio = float(ratio), float(innovation_ratio)
+        self.dense_steps, self.train_steps = dense_steps, train_steps
+        self.channels, self.code_channels, self.downsample = channels, code_channels, downsample
+        self.lr, self.similarity, self.max_error = float(lr), float(similarity), float(max_error)
+        self.dense_edges = dense_edges
+
+    # ------------------------------------------------------------------------------------------ sizes
+
+    def k(self, numel: int) -> int:
+        """Top-k's k for a tensor of ``numel`` entries."""
+        return min(numel, max(1, math.ceil(self.ratio * numel)))
+
+    def innovation_k(self, k: int) -> int:
+        return max(1, math.ceil(self.innovation_ratio * k))
+
+    @property
+    def min_k(self) -> int:
+        """The smallest k the encoder takes: 4 code positions."""
+        return 4 << self.downsample
+
+    def compresses(self, shape: torch.Size) -> bool:
+        """Tensors whose k reaches :attr:`min_k`; the optimizer logs the others, which stay dense."""
+        return self.k(math.prod(shape)) >= self.min_k
+
+    def why_dense(self, shape: torch.Size) -> str:
+        k = self.k(math.prod(shape))
+        return (f"lgc: a tensor of shape {tuple(shape)} has {k} top-k values (ratio {self.ratio:g}), fewer than the "
+                f"encoder's minimum of {self.min_k} (4 x 2^downsample)")
+
+    def length(self, k: int) -> int:
+        """The autoencoder's input length: k padded to a multiple of 2^downsample."""
+        step = 1 << self.downsample
+        return -(-k // step) * step
+
+    def stage(self, state: State, step: int) -> int:
+        if step < self.dense_steps:
+            return 1
+        if step < self.dense_steps + self.train_steps or step < state["retrain_until"]:
+            return 2
+        return 3
+
+    # ---------------------------------------------------------------------------------- autoencoder
+
+    def init_weights(self, ranks: int, seed: int) -> Weights:
+        """The autoencoder's weights, drawn on the CPU from ``seed`` (the same on every rank and device)."""
+        generator = torch.Generator().manual_seed(seed)
+        weights: Weights = {}
+        c, q, d = self.channels, self.code_channels, self.downsample
+        for i in range(d):
+            cin, cout = 1 if i == 0 else c, q if i == d - 1 else c
+            _layer(weights, generator, f"encoder.{i}", (cout, cin, _KERNEL), cin * _KERNEL)
+        decoders = ["decoder"] if self.variant == "ring" else [f"decoder.{r}" for r in range(ranks)]
+        for prefix in decoders:
+            for i in range(d):
+                cin = q if i == 0 else c
+                cout = 1 if self.variant == "ring" and i == d - 1 else c
+                _layer(weights, generator, f"{prefix}.{i}", (cin, cout, _KERNEL), cout * _KERNEL)
+            if self.variant == "ps":  # features and the rank's innovation, mixed by a 1x1 convolution
+                output = prefix.replace("decoder", "output")
+                _layer(weights, generator, output, (1, c + 1, 1), c + 1)
+        return weights
+
+    def encode(self, weights: Weights, x: torch.Tensor) -> torch.Tensor:
+        """Codes (B, code_channels, L / 2^downsample) of inputs x (B, 1, L)."""
+        for i in range(self.downsample):
+            x = F.conv1d(x, weights[f"encoder.{i}.weight"], weights[f"encoder.{i}.bias"], stride=2, padding=1)
+            if i < self.downsample - 1:
+                x = F.leaky_relu(x, _SLOPE)
+        return x
+
+    def decode(self, weights: Weights, code: torch.Tensor, rank: int = 0,
+               innovation: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, 1, L) from codes: the ring decoder, or rank ``rank``'s ps decoder with its innovation (B, 1, L)."""
+        prefix = "decoder" if self.variant == "ring" else f"decoder.{rank}"
+        x = code
+        for i in range(self.downsample):
+            x = F.conv_transpose1d(x, weights[f"{prefix}.{i}.weight"], weights[f"{prefix}.{i}.bias"], stride=2,
+                                   padding=1)
+            if self.variant == "ps" or i < self.downsample - 1:
+                x = F.leaky_relu(x, _SLOPE)
+        if self.variant == "ring":
+            return x
+        output = f"output.{rank}"
+        return F.conv1d(torch.cat([x, innovation], dim=1), weights[f"{output}.weight"], weights[f"{output}.bias"])
+
+    def innovation(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's top-k' of x (B, k): values and positions (int32)."""
+        positions = x.abs().topk(self.innovation_k(x.shape[1]), dim=1, sorted=False).indices
+        return x.gather(1, positions), positions.to(torch.int32)
+
+    def scatter(self, values: torch.Tensor, positions: torch.Tensor, length: int) -> torch.Tensor:
+        """Innovations (B, k') placed in zeros (B, 1, length)."""
+        out = values.new_zeros(values.shape[0], length)
+        return out.scatter_(1, positions.long(), values).unsqueeze(1)
+
+    def pad(self, x: torch.Tensor) -> torch.Tensor:
+        """Values (B, k) as the autoencoder's input (B, 1, L), zero-padded."""
+        return F.pad(x, (0, self.length(x.shape[1]) - x.shape[1])).unsqueeze(1)
+
+    def train_step(self, state: State, batch: torch.Tensor, leader: int) -> None:
+        """One Adam step of the autoencoder on every rank's normalized values ``batch`` (N, k) (module docstring's
+        loss); the losses are kept, as tensors, in ``state["last"]``."""
+        k = batch.shape[1]
+        with torch.enable_grad():
+            weights = {key: value.detach().requires_grad_() for key, value in state["ae"].items()}
+            x = self.pad(batch)
+            codes = self.encode(weights, x)
+            mean_code = codes.mean(0, keepdim=True)
+            similarity = (codes - mean_code).square().mean()
+            if self.variant == "ring":
+                reconstruction = F.mse_loss(self.decode(weights, mean_code)[..., :k], x.mean(0, keepdim=True)[..., :k])
+            else:
+                values, positions = self.innovation(batch)
+                innovations = self.scatter(values, positions, x.shape[-1])
+                leader_code = codes[leader:leader + 1]
+                reconstruction = torch.stack([
+                    F.mse_loss(self.decode(weights, leader_code, r, innovations[r:r + 1])[..., :k], x[r:r + 1, :, :k])
+                    for r in range(batch.shape[0])]).mean()
+            loss = reconstruction + self.similarity * similarity
+            grads = torch.autograd.grad(loss, list(weights.values()))
+        self._adam(state, grads)
+        state["last"]["loss"] = torch.stack([reconstruction.detach(), similarity.detach()])
+
+    def _adam(self, state: State, grads: tuple[torch.Tensor, ...]) -> None:
+        adam = state["adam"]
+        adam["t"] += 1
+        t = adam["t"]
+        b1, b2 = _BETAS
+        for (key, weight), grad in zip(state["ae"].items(), grads, strict=True):
+            m, v = adam["m"][key], adam["v"][key]
+            m.mul_(b1).add_(grad, alpha=1 - b1)
+            v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
+            denominator = (v / (1 - b2 ** t)).sqrt_().add_(_EPS)
+            weight.addcdiv_(m, denominator, value=-self.lr / (1 - b1 ** t))
+
+    # ---------------------------------------------------------------------------------------- state
+
+    def init_state(self, tensor: torch.Tensor, ctx: Context) -> State:
+        weights = {key: value.to(ctx.device) for key, value in self.init_weights(ctx.size, ctx.shared_seed).items()}
+        return {"residual": torch.zeros(tensor.numel(), dtype=torch.float32, device=tensor.device),
+                "ae": weights,
+                "adam": {"t": 0, "m": {key: torch.zeros_like(w) for key, w in weights.items()},
+                         "v": {key: torch.zeros_like(w) for key, w in weights.items()}},
+                "retrain_until": 0, "fallbacks": 0, "synced": False,
+                "error": torch.zeros(2, dtype=torch.float32, device=tensor.device),
+                "last": {}}
+
+    def plan(self, state: State) -> str:
+        return f"{self.variant} retrain_until {state['retrain_until']} fallbacks {state['fallbacks']}"
+
+    def select(self, p: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The leader's part: its top-k indices, sorted (neighbouring parameters side by side in the
+        autoencoder's input), and its scale, RMS(p[I]) (1 where that is 0)."""
+        indices = largest(p, k).sort().values.to(torch.int32)
+        scale = p[indices.long()].square().mean().sqrt().reshape(1)
+        return indices, torch.where(scale > 0, scale, torch.ones_like(scale))
+
+    # ---------------------------------------------------------------------- one rank (bench, profile)
+
+    def compress(self, tensor: torch.Tensor, state: State, ctx: Context,
+                 agreed: torch.Tensor | None = None) -> tuple[Payload, Any]:
+        """One rank on its own, as the leader in stage 3 (no collectives: benchmarks and profiles): ring, the
+        payload is (I, s, code); ps, (I, s and code, innovation values, innovation positions)."""
+        p = state["residual"].add_(tensor.detach().reshape(-1))
+        k = self.k(p.numel())
+        indices, scale = self.select(p, k)
+        values = p[indices.long()] / scale
+        with torch.no_grad():
+            code = self.encode(state["ae"], self.pad(values.unsqueeze(0)))
+        meta = (tensor.shape, k, state["ae"])
+        if self.variant == "ring":
+            payload = [indices, scale, code.reshape(-1)]
+        else:
+            inno_values, positions = self.innovation(values.unsqueeze(0))
+            payload = [indices, torch.cat([scale, code.reshape(-1)]), inno_values.reshape(-1), positions.reshape(-1)]
+        state["residual"].index_copy_(0, indices.long(), p[indices.long()] - self.decompress(payload, meta).reshape(-1)
+                                      [indices.long()])
+        return payload, meta
+
+    def decompress(self, payload: Payload, meta: Any) -> torch.Tensor:
+        shape, k, weights = meta
+        indices = payload[0].long()
+        with torch.no_grad():
+            if self.variant == "ring":
+                scale, code = payload[1], payload[2]
+                values = self.decode(weights, code.view(1, self.code_channels, -1))[0, 0, :k] * scale
+            else:
+                scale, code = payload[1][:1], payload[1][1:]
+                innovation = self.scatter(payload[2].view(1, -1), payload[3].view(1, -1), self.length(k))
+                values = self.decode(weights, code.view(1, self.code_channels, -1), 0, innovation)[0, 0, :k] * scale
+        out = torch.zeros(math.prod(shape), dtype=torch.float32, device=indices.device)
+        return out.index_copy_(0, indices, values).view(shape)
+
+
+class LGCReduction(ReductionMethod):
+    """LGC's step in its stage: dense allreduce; the leader's indices, every rank's values gathered and the
+    autoencoder trained; or the ring's summed codes, or the ps leader's code and every rank's innovation.
+    Returns the sum over ranks (the optimizer averages)."""
+
+    name = "lgc"
+
+    @classmethod
+    def rejects(cls, traits: Any) -> str | None:
+        return None if traits.reduction == cls.name else f"{traits!r} is not LGC"
+
+    # Costs for the performance model, in stage 3 (the steady state), from the leader's profiled payload: the
+    # broadcast is priced as the allgather of an N-th of it per rank (the same ring volume), then the ring's codes
+    # (allreduce) or the ps innovations (allgather). The vote that carries the guard is not modeled.
+
+    @classmethod
+    def phases(cls, e: Encoded, workers: int) -> list[Phase]:
+        parts = e.part_bytes
+        if len(parts) == 3:  # ring: (I, s) broadcast, code allreduced
+            return [Phase("allgather", (parts[0] + parts[1]) / workers), Phase("allreduce", parts[2])]
+        if len(parts) == 4:  # ps: (I, s and code) broadcast, innovation gathered
+            return [Phase("allgather", (parts[0] + parts[1]) / workers), Phase("allgather", parts[2] + parts[3])]
+        return [Phase("allgather", e.wire_bytes)]
+
+    def reduce(self, tensor: torch.Tensor, state: State, ctx: Context) -> Reduction:
+        method: LGC = self.compressor.unwrapped()  # type: ignore[assignment]
+        stage = method.stage(state, ctx.step)
+        state["last"] = {"stage": stage}
+        if stage == 1:
+            (summed,) = yield Allreduce([tensor.detach().float().reshape(-1).clone()])
+            return summed.view(tensor.shape)
+        if stage == 3:
+            errors = yield Agree(state["error"].clone(), "sum")
+            squared, norm = errors.tolist()  # one host read, of the vote: every rank decides alike
+            if norm > 0 and squared > method.max_error ** 2 * norm:  # the guard: back to stage 2
+                state["retrain_until"] = ctx.step + method.train_steps
+                state["fallbacks"] += 1
+                stage = state["last"]["stage"] = 2
+        p = state["residual"].add_(tensor.detach().reshape(-1))
+        k, leader = method.k(p.numel()), ctx.step % ctx.size
+        if stage == 2:
+            state["synced"] = False
+            state["error"].zero_()
+            indices, scale = yield from self._leader(method, p, k, leader, ctx)
+            values = p[indices.long()]
+            gathered = yield Allgather([values], fixed_size=True)
+            total = gathered[0][0].clone()
+            for (other,) in gathered[1:]:  # rank order: the same bits on every rank
+                total += other
+            p.index_fill_(0, indices.long(), 0)
+            method.train_step(state, torch.stack([v for (v,) in gathered]) / scale, leader)
+            return self._placed(total, indices, p, tensor.shape)
+        if not state["synced"]:  # entering stage 3: every rank decodes with rank 0's weights
+            names = list(state["ae"])
+            flat = torch.cat([state["ae"][name].reshape(-1) for name in names])
+            (flat,) = yield Broadcast([flat], root=0)
+            for name, part in zip(names, flat.split([state["ae"][n].numel() for n in names]), strict=True):
+                state["ae"][name].copy_(part.view_as(state["ae"][name]))
+            state["synced"] = True
+        weights = state["ae"]
+        if method.variant == "ring":
+            indices, scale = yield from self._leader(method, p, k, leader, ctx)
+            x = method.pad((p[indices.long()] / scale).unsqueeze(0))
+            code = method.encode(weights, x)
+            (summed,) = yield Allreduce([code.clone()])
+            reconstruction = method.decode(weights, summed / ctx.size)[0, 0, :k] * scale  # the mean's estimate
+            error = (method.decode(weights, code) - x)[..., :k]  # this rank's own values through the autoencoder
+            total = reconstruction * ctx.size
+        else:
+            indices, scale, code = yield from self._leader(method, p, k, leader, ctx, weights)
+            x = method.pad((p[indices.long()] / scale).unsqueeze(0))
+            values, positions = method.innovation(x[0, :, :k])
+            gathered = yield Allgather([values.reshape(-1), positions.reshape(-1)], fixed_size=True)
+            total = torch.zeros(k, dtype=torch.float32, device=p.device)
+            for r, (inno_values, inno_positions) in enumerate(gathered):  # rank order: the same bits everywhere
+                innovation = method.scatter(inno_values.view(1, -1), inno_positions.view(1, -1), x.shape[-1])
+                decoded = method.decode(weights, code, r, innovation)[0, 0, :k]
+                if r == ctx.rank:
+                    error = decoded - x[0, 0, :k]
+                    reconstruction = decoded * scale
+                total += decoded * scale
+        state["error"].copy_(torch.stack([error.square().sum(), x.square().sum()]))
+        state["last"]["error"] = state["error"].clone()
+        p.index_copy_(0, indices.long(), p[indices.long()] - reconstruction)
+        return self._placed(total, indices, p, tensor.shape)
+
+    def _leader(self, method: LGC, p: torch.Tensor, k: int, leader: int, ctx: Context,
+                weights: Weights | None = None) -> Reduction:
+        """Generator: the leader's indices and scale on every rank, by one broadcast; given the autoencoder's
+        ``weights`` (ps), the leader's code too."""
+        code_numel = 0 if weights is None else method.code_channels * (method.length(k) >> method.downsample)
+        if ctx.rank == leader:
+            indices, head = method.select(p, k)
+            if weights is not None:
+                code = method.encode(weights, method.pad((p[indices.long()] / head).unsqueeze(0)))
+                head = torch.cat([head, code.reshape(-1)])
+        else:
+            indices = torch.zeros(k, dtype=torch.int32, device=p.device)
+            head = torch.zeros(1 + code_numel, dtype=torch.float32, device=p.device)
+        indices, head = yield Broadcast([indices, head], root=leader)
+        if weights is None:
+            return indices, head
+        return indices, head[:1], head[1:].view(1, method.code_channels, -1)
+
+    @staticmethod
+    def _placed(values: torch.Tensor, indices: torch.Tensor, like: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+        out = torch.zeros_like(like)
+        return out.index_copy_(0, indices.long(), values).view(shape)
