@@ -201,6 +201,11 @@ class Compressor(ABC):
         agreed values or the step counter."""
         return ""
 
+    def decisions(self, state: State) -> list[Any] | None:
+        """What the last step decided for this tensor (GraVAC's CF, LGC's stage), as JSON values for ``hvdcomp
+        train``'s per-step trace; None for methods that decide nothing. It may read the device (not a hot path)."""
+        return None
+
     def unwrapped(self) -> Compressor:
         """The compressor without wrappers such as error feedback."""
         return self

@@ -90,6 +90,9 @@ class ErrorFeedback(Compressor):
     def plan(self, state: State) -> str:
         return self.inner.plan(state["inner"])
 
+    def decisions(self, state: State) -> list[Any] | None:
+        return self.inner.decisions(state["inner"])
+
     def unwrapped(self) -> Compressor:
         return self.inner
 

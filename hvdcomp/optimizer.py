@@ -486,6 +486,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         parameter name, for the compressed parameters; the live objects: read, do not modify."""
         return {slot.name: slot.state for slot in self._slots if slot.choice.reduction is not None}
 
+    def decisions(self) -> dict[str, list[Any]]:
+        """What each compressed parameter's method decided in the last step (:meth:`Compressor.decisions`: GraVAC's
+        CF, LGC's stage), by name, for the methods that decide something."""
+        found = {slot.name: slot.choice.compressor.decisions(slot.state) for slot in self._slots
+                 if slot.choice.reduction is not None}
+        return {name: decided for name, decided in found.items() if decided is not None}
+
     @property
     def bytes_sent(self) -> int:
         """Payload bytes this rank has handed to collectives so far (dense gradients, compressed payloads,

@@ -20,7 +20,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out=${1:-perf/results/gpu}
 mkdir -p "$out"
-methods=(bingrad dgc efsignsgd fp16 gravac onebit orq powersgd qsgd randomk signsgd sketch terngrad threshold topk)
+methods=(bingrad dgc efsignsgd fp16 gravac lgc onebit orq powersgd qsgd randomk signsgd sketch terngrad threshold topk)
 
 command -v nvidia-smi >/dev/null && nvidia-smi -L || { echo "gpu_check: no NVIDIA GPU here (nvidia-smi)" >&2; exit 1; }
 if [[ -d .whl ]]; then

@@ -724,7 +724,8 @@ def scenario_digits() -> None:
 
     dense = accuracy("none")
     assert dense > 0.9, dense
-    for method in ("bingrad", "orq", "qsgd", "signsgd", "efsignsgd", "onebit", "dgc", "threshold", "gravac"):
+    for method in ("bingrad", "orq", "qsgd", "signsgd", "efsignsgd", "onebit", "dgc", "threshold", "gravac", "lgc",
+                   {"method": "lgc", "options": {"variant": "ps"}}):
         mean = accuracy(method)
         assert abs(mean - dense) <= 0.01, f"{method}: mean test accuracy {mean:.4f}, dense {dense:.4f}"
 

@@ -14,7 +14,8 @@ from conftest import BIN, CONTROLLERS, REPO, run_ranks
 
 pytestmark = pytest.mark.multirank
 
-SCENARIOS = ["collectives", "requests", "plans", "train", "resume", "stock", "nograd", "majority", "gravac", "sketch"]
+SCENARIOS = ["collectives", "requests", "plans", "train", "resume", "stock", "nograd", "majority", "gravac", "sketch",
+             "lgc"]
 #: scenario -> what each rank prints, as "<what> (on every rank) rank R", once it caught the expected error
 EXPECTED_FAILURES = {
     "nonfinite_raise": "raised FloatingPointError",
@@ -28,6 +29,9 @@ EXPECTED_FAILURES = {
 def test_scenario(scenario: str, controller: str, np: int) -> None:
     result = run_ranks([str(REPO / "tests" / "ranks.py"), scenario], np, controller)
     assert result.returncode == 0, result.output[-5000:]
+    if scenario == "lgc":  # a layer too small for the encoder is kept dense, with a line that says why
+        assert "parameter '4.weight' stays dense: lgc: a tensor of shape (10, 64) has 32 top-k values" \
+            in result.output, result.output[-5000:]
     assert result.ranks_saying(f"{scenario} OK") == set(range(np)), result.output[-5000:]
 
 

@@ -187,6 +187,11 @@ class GraVAC(Compressor):
 
     # -------------------------------------------------------------------------------------- decisions
 
+    def decisions(self, state: State) -> list[Any] | None:
+        """[CF, what was sent (a CF or "dense"), gain] of the last step."""
+        last = state["last"]
+        return None if last is None else [last["cf"], last["sent"], round(last["gain"], 5)]
+
     def decide(self, state: State, step: int, sums: Sequence[float], size: int) -> int:
         """Returns what this step sends (the current candidate's index, 0 for the least aggressive, or DENSE)
         from the agreed sums (||p||^2, ||C_c(p)||^2, ||C_min(p)||^2, step time), and updates the controller for

@@ -52,7 +52,7 @@ holds it.
 
 Knobs: ``variant`` (ring | ps), ``ratio`` (k / d, top-k's fraction: 0.01), ``innovation_ratio`` (k' / k, ps: 0.1),
 ``dense_steps`` and ``train_steps`` (stage lengths; the paper counts epochs, and ``hvdcomp train`` sets both to one
-epoch unless given), ``channels`` (8), ``code_channels`` (2), ``downsample`` (4 halvings), ``lr`` (Adam, 1e-3),
+epoch unless given), ``channels`` (16), ``code_channels`` (2), ``downsample`` (4 halvings), ``lr`` (Adam, 0.01),
 ``similarity`` (0.1), ``max_error`` (the guard's bound on the relative error, 0.95), ``dense_edges`` (true: the
 model's first and last layers stay dense, as the paper keeps them). A tensor whose k is under 4 x 2^downsample is
 kept dense (with a log line), as is a model's first or last layer.
@@ -106,8 +106,8 @@ class LGC(Compressor):
     epoch_options = ("dense_steps", "train_steps")
 
     def __init__(self, variant: str = "ring", ratio: float = 0.01, innovation_ratio: float = 0.1,
-                 dense_steps: int = 100, train_steps: int = 100, channels: int = 8, code_channels: int = 2,
-                 downsample: int = 4, lr: float = 1e-3, similarity: float = 0.1, max_error: float = 0.95,
+                 dense_steps: int = 100, train_steps: int = 100, channels: int = 16, code_channels: int = 2,
+                 downsample: int = 4, lr: float = 1e-2, similarity: float = 0.1, max_error: float = 0.95,
                  dense_edges: bool = True) -> None:
         if variant not in VARIANTS:
             raise ValueError(f"lgc: variant must be one of {', '.join(VARIANTS)}; got {variant!r}")
@@ -276,6 +276,14 @@ class LGC(Compressor):
 
     def plan(self, state: State) -> str:
         return f"{self.variant} retrain_until {state['retrain_until']} fallbacks {state['fallbacks']}"
+
+    def decisions(self, state: State) -> list[Any] | None:
+        """[stage, relative reconstruction error (stage 3; else None), fallbacks so far] of the last step."""
+        if not state["last"]:
+            return None
+        error = state["last"].get("error")
+        relative = None if error is None else round(math.sqrt(error[0].item() / max(error[1].item(), 1e-30)), 5)
+        return [state["last"]["stage"], relative, state["fallbacks"]]
 
     def select(self, p: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The leader's part: its top-k indices, sorted (neighbouring parameters side by side in the

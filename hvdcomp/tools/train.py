@@ -205,7 +205,7 @@ def run(workload_name: str, compression: Any, epochs: int | None, batch_size: in
                 last_step["end"] = time.perf_counter()
                 losses[0] = loss
                 progress.update(step + 1, loss.item())
-                record_decisions(optimizer, epoch * per_epoch + step, trace)
+                record_decisions(optimizer, epoch * per_epoch + step, step_times[-1], trace)
                 if elastic and (step + 1) % COMMIT_EVERY == 0:
                     state.batch = step + 1
                     state.commit()
@@ -278,13 +278,11 @@ def sgd(model: nn.Module, compression: Any, lr: float, size: int) -> torch.optim
                             for own, params in groups.items() if params], lr=lr)
 
 
-def record_decisions(optimizer: Any, step: int, trace: list[dict[str, Any]]) -> None:
-    """Appends this step's decisions to ``trace``, where some tensor's method records them (``last``: GraVAC)."""
-    decisions = {name: state["last"] for name, state in optimizer.method_states().items()
-                 if isinstance(state.get("last"), dict)}
-    if decisions:
-        step_time = next(iter(decisions.values()))["step_time"]
-        tensors = {name: [last["cf"], last["sent"], round(last["gain"], 5)] for name, last in decisions.items()}
+def record_decisions(optimizer: Any, step: int, step_time: float, trace: list[dict[str, Any]]) -> None:
+    """Appends this step's decisions (GraVAC's CF, LGC's stage: ``optimizer.decisions()``) and this rank's step time
+    to ``trace``, where some tensor's method decides something."""
+    tensors = optimizer.decisions()
+    if tensors:
         trace.append({"step": step, "step_time": step_time, "tensors": tensors})
 
 
