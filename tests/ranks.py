@@ -603,7 +603,7 @@ def scenario_lgc() -> None:
         gathered = hvd.allgather(weights.unsqueeze(0), name=f"lgc.{variant}.ae")
         assert all(torch.equal(gathered[0], g) for g in gathered), f"{variant}: autoencoders differ across ranks"
         errors = [s["last"]["error"] for s in states.values()]
-        assert all(e[0] > 0 and e[1] > 0 for e in errors), errors
+        assert all(0 < e < 10 for e in errors), errors
 
         # the guard: a bound no reconstruction meets sends every tensor back to stage 2 in the step after its
         # first stage-3 step, for train_steps steps, then into stage 3 again

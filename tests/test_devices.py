@@ -121,7 +121,7 @@ cases = {{"fp16": "allreduce", "terngrad": "allgather", "topk": "allgather", "ra
          "powersgd": "powersgd", "bingrad": "allgather", "onebit": "allgather", "orq": "allgather",
          "qsgd": "allgather", "signsgd": "allgather", "efsignsgd": "allgather", "threshold": "allgather",
          "dgc": "allgather", "gravac": "gravac", "sketch": "sketch", "lgc": "lgc"}}
-host_decisions = ["gravac", "sketch", "lgc"]  # decide from the agreed values on the host, after the vote (docstrings)
+host_decisions = ["gravac", "sketch"]  # decide from the agreed values on the host, after the vote (docstrings)
 two_phase = ["terngrad", "bingrad", "onebit", "orq", "qsgd", "signsgd", "efsignsgd"]
 for method, reduction_name in [*cases.items(), *((name, "two_phase") for name in two_phase)]:
     compressor = make_compressor(method, {CASES!r}[method], error_feedback=False)

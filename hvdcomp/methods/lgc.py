@@ -3,8 +3,8 @@ Distributed Deep Learning", IEEE TNNLS 2021, arXiv:2103.08870).
 
 The gradients of different ranks share a common part. A small autoencoder, trained online during training, learns
 it, so that each rank sends a short code (or a small innovation) where top-k would send every value. Training goes
-through three stages, switched from the step counter (and from agreed values, below), so every rank switches in the
-same step:
+through three stages, switched from the step counter (and by the guard, below), so every rank switches in the same
+step:
 
 1. ``dense_steps`` steps of dense allreduce.
 2. ``train_steps`` steps of top-k with error feedback while the autoencoder trains. The top-k indices I are those of
@@ -32,10 +32,11 @@ The autoencoder (one per compressed tensor; the paper's is one per model) is a f
 4) with LeakyReLU between them, from 1 to ``channels`` channels and down to ``code_channels`` at 1 / 2^``downsample``
 of the length: the code has code_channels / 2^downsample of the k values (1/8 at the defaults). The decoders are
 transposed convolutions back; the ps decoders (one per rank, as in the paper) end in a 1x1 convolution over their
-features and the rank's innovation. Its weights live in the parameter's state (checkpointed with it) and are drawn
-from the parameter's shared seed, so they start identical on every rank. Training, one Adam step (``lr``) per stage-2
-step on the gathered batch, minimizes the reconstruction error plus the term that pulls the ranks' codes together
-(weight ``similarity``), mean squared errors over the k values:
+features and the rank's innovation, and keep the innovation's values where the rank sent them. The weights live in
+the parameter's state (checkpointed with it) and are drawn from the parameter's shared seed, so they start
+identical on every rank. Training, one Adam step (``lr``) per stage-2 step on the gathered batch, minimizes the
+reconstruction error plus the term that pulls the ranks' codes together (weight ``similarity``), mean squared errors
+over the k values:
 
     ring:  MSE(D(mean_r E(x_r)), mean_r x_r) + similarity * mean_r MSE(E(x_r), mean_q E(x_q))
     ps:    mean_r MSE(D_r(E(x_l), u_r), x_r) + similarity * mean_r MSE(E(x_r), mean_q E(x_q))
@@ -44,23 +45,26 @@ with x_r = v_r / s. Every rank trains on the same batch with the same arithmetic
 communication; at each entry into stage 3 rank 0 broadcasts its weights anyway (a few thousand values, once), so that
 ranks whose hardware rounds differently cannot decode differently. The autoencoder is frozen in stage 3.
 
-Guard: in stage 3 each rank measures its relative reconstruction error (ps: of its own v_hat_r; ring: of D(E(x_r))
-against x_r, since the true mean is not known), and the sums over ranks are agreed in the next step's vote. Where the
-agreed error exceeds ``max_error``, that tensor goes back to stage 2 for ``train_steps`` steps (from that step on:
-the autoencoder trains on the new gradients), then into stage 3 again. Nothing of a bad step is lost: the residual
-holds it.
+Guard: in stage 3 every rank also sends S x_r, a projection of its normalized values onto GUARD_BUCKETS (64) signed
+sums (random signs from the shared seed and the step; E ||S x||^2 = ||x||^2), with its code (ring: summed in the same
+allreduce) or its innovation (ps: gathered). Every rank then knows the exact S of what was to be reconstructed (ring:
+of the mean; ps: of each rank's values) and computes the relative error ||S(x - x_hat)|| / ||S x|| of the
+reconstruction it applied: the same bits on every rank, without a vote. Where the moving average of these errors
+(weight 0.25 on the newest) passes ``max_error``, that tensor goes back to stage 2 for ``train_steps`` steps (the
+autoencoder trains on the new gradients), then into stage 3 again. Nothing of a bad step is lost: the residual holds
+it.
 
 Knobs: ``variant`` (ring | ps), ``ratio`` (k / d, top-k's fraction: 0.01), ``innovation_ratio`` (k' / k, ps: 0.1),
 ``dense_steps`` and ``train_steps`` (stage lengths; the paper counts epochs, and ``hvdcomp train`` sets both to one
 epoch unless given), ``channels`` (16), ``code_channels`` (2), ``downsample`` (4 halvings), ``lr`` (Adam, 0.01),
-``similarity`` (0.1), ``max_error`` (the guard's bound on the relative error, 0.95), ``dense_edges`` (true: the
+``similarity`` (0.1), ``max_error`` (the guard's bound on the relative error, 0.9), ``dense_edges`` (true: the
 model's first and last layers stay dense, as the paper keeps them). A tensor whose k is under 4 x 2^downsample is
 kept dense (with a log line), as is a model's first or last layer.
 
 Costs: stage 3 sends per rank, ring, an allreduce of k code_channels / 2^downsample floats plus the leader's
-broadcast of k int32 indices; ps, 8 k' bytes of innovation plus the leader's broadcast of the indices and code. The
-decision reads the agreed error on the host once per step and tensor (as GraVAC's). The autoencoder's compute runs
-on the tensor's device.
+broadcast of k int32 indices; ps, 8 k' bytes of innovation plus the leader's broadcast of the indices and code; both,
+the guard's 256 bytes. The guard reads its two sums on the host once per step and tensor, after the step's last
+collective. The autoencoder's compute runs on the tensor's device.
 """
 
 from __future__ import annotations
@@ -71,8 +75,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
-from hvdcomp.collectives import Agree, Allgather, Allreduce, Broadcast, Reduction
-from hvdcomp.compressor import Compressor, Context, Payload, State
+from hvdcomp.collectives import Allgather, Allreduce, Broadcast, Reduction
+from hvdcomp.compressor import Compressor, Context, Payload, State, derive_seed
 from hvdcomp.methods.topk import largest
 from hvdcomp.reductions import Phase, ReductionMethod
 
@@ -80,12 +84,17 @@ if TYPE_CHECKING:
     from hvdcomp.perfmodel.schema import Encoded
 
 VARIANTS = ("ring", "ps")
+#: the guard's projection of the k values (LGC.sketch): 64 signed sums, 256 bytes more per rank and step
+GUARD_BUCKETS = 64
+#: the guard's smoothing: an exponentially weighted moving average of the stage-3 errors, this weight on the newest
+GUARD_ALPHA = 0.25
 _KERNEL = 4  # stride 2, padding 1: each convolution halves the length, each transposed one doubles it
 _SLOPE = 0.2  # LeakyReLU's
 _BETAS = (0.9, 0.999)
 _EPS = 1e-8
 
 Weights = dict[str, torch.Tensor]
+_generators: dict[torch.device, torch.Generator] = {}
 
 
 def _layer(weights: Weights, generator: torch.Generator, name: str, shape: tuple[int, int, int], fan_in: int) -> None:
@@ -107,7 +116,7 @@ class LGC(Compressor):
 
     def __init__(self, variant: str = "ring", ratio: float = 0.01, innovation_ratio: float = 0.1,
                  dense_steps: int = 100, train_steps: int = 100, channels: int = 16, code_channels: int = 2,
-                 downsample: int = 4, lr: float = 1e-2, similarity: float = 0.1, max_error: float = 0.95,
+                 downsample: int = 4, lr: float = 1e-2, similarity: float = 0.1, max_error: float = 0.9,
                  dense_edges: bool = True) -> None:
         if variant not in VARIANTS:
             raise ValueError(f"lgc: variant must be one of {', '.join(VARIANTS)}; got {variant!r}")
@@ -210,7 +219,8 @@ class LGC(Compressor):
         if self.variant == "ring":
             return x
         output = f"output.{rank}"
-        return F.conv1d(torch.cat([x, innovation], dim=1), weights[f"{output}.weight"], weights[f"{output}.bias"])
+        mixed = F.conv1d(torch.cat([x, innovation], dim=1), weights[f"{output}.weight"], weights[f"{output}.bias"])
+        return torch.where(innovation != 0, innovation, mixed)  # the rank's own values where it sent them
 
     def innovation(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each row's top-k' of x (B, k): values and positions (int32)."""
@@ -270,20 +280,49 @@ class LGC(Compressor):
                 "ae": weights,
                 "adam": {"t": 0, "m": {key: torch.zeros_like(w) for key, w in weights.items()},
                          "v": {key: torch.zeros_like(w) for key, w in weights.items()}},
-                "retrain_until": 0, "fallbacks": 0, "synced": False,
-                "error": torch.zeros(2, dtype=torch.float32, device=tensor.device),
-                "last": {}}
+                "retrain_until": 0, "fallbacks": 0, "synced": False, "smoothed_error": None, "last": {}}
 
     def plan(self, state: State) -> str:
         return f"{self.variant} retrain_until {state['retrain_until']} fallbacks {state['fallbacks']}"
 
     def decisions(self, state: State) -> list[Any] | None:
-        """[stage, relative reconstruction error (stage 3; else None), fallbacks so far] of the last step."""
+        """[stage, the guard's relative reconstruction error (stage 3; else None), fallbacks so far] of the last
+        step."""
         if not state["last"]:
             return None
         error = state["last"].get("error")
-        relative = None if error is None else round(math.sqrt(error[0].item() / max(error[1].item(), 1e-30)), 5)
-        return [state["last"]["stage"], relative, state["fallbacks"]]
+        return [state["last"]["stage"], None if error is None else round(error, 5), state["fallbacks"]]
+
+    def signs(self, k: int, device: torch.device, seed: int) -> torch.Tensor:
+        """The guard's random signs for k values padded to a multiple of GUARD_BUCKETS, drawn on ``device`` from
+        ``seed`` (the same on every rank)."""
+        generator = _generators.get(device)
+        if generator is None:
+            generator = _generators[device] = torch.Generator(device=device)
+        length = -(-k // GUARD_BUCKETS) * GUARD_BUCKETS
+        draw = torch.randint(0, 2, (length,), generator=generator.manual_seed(seed), device=device)
+        return draw.mul_(2).sub_(1).float()
+
+    @staticmethod
+    def sketch(x: torch.Tensor, signs: torch.Tensor) -> torch.Tensor:
+        """S x: GUARD_BUCKETS sums of consecutive signed values, a linear projection with E ||S x||^2 = ||x||^2
+        (summed over ranks by the same collective as the payload; a deterministic reduction on every device)."""
+        return (F.pad(x, (0, signs.numel() - x.numel())) * signs).view(GUARD_BUCKETS, -1).sum(1)
+
+    def guard(self, state: State, step: int, error: torch.Tensor) -> None:
+        """Stage 3's check, from (||S(exact - reconstructed)||^2, ||S exact||^2) summed over the tensor's values:
+        the same bits on every rank (they come from the collective's result), read on the host once. Where the
+        moving average of the relative errors since stage 3 began (GUARD_ALPHA) passes ``max_error``, the next
+        ``train_steps`` steps are stage 2 again."""
+        squared, norm = error.tolist()
+        relative = state["last"]["error"] = math.sqrt(squared / norm) if norm > 0 else 0.0
+        smoothed = state["smoothed_error"]
+        smoothed = relative if smoothed is None else (1 - GUARD_ALPHA) * smoothed + GUARD_ALPHA * relative
+        state["smoothed_error"] = smoothed
+        if smoothed > self.max_error:
+            state["retrain_until"] = step + 1 + self.train_steps
+            state["fallbacks"] += 1
+            state["smoothed_error"] = None
 
     def select(self, p: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The leader's part: its top-k indices, sorted (neighbouring parameters side by side in the
@@ -296,34 +335,38 @@ class LGC(Compressor):
 
     def compress(self, tensor: torch.Tensor, state: State, ctx: Context,
                  agreed: torch.Tensor | None = None) -> tuple[Payload, Any]:
-        """One rank on its own, as the leader in stage 3 (no collectives: benchmarks and profiles): ring, the
-        payload is (I, s, code); ps, (I, s and code, innovation values, innovation positions)."""
+        """One rank on its own, as the leader in stage 3 (no collectives: benchmarks and profiles), with what the
+        reduction sends: ring, (I, s, code and the guard's S x); ps, (I, s and code, innovation values and S x,
+        innovation positions)."""
         p = state["residual"].add_(tensor.detach().reshape(-1))
         k = self.k(p.numel())
         indices, scale = self.select(p, k)
-        values = p[indices.long()] / scale
+        x = p[indices.long()] / scale
         with torch.no_grad():
-            code = self.encode(state["ae"], self.pad(values.unsqueeze(0)))
+            code = self.encode(state["ae"], self.pad(x.unsqueeze(0))).reshape(-1)
+        check = self.sketch(x, self.signs(k, x.device, derive_seed(ctx.shared_seed, "guard", ctx.step)))
         meta = (tensor.shape, k, state["ae"])
         if self.variant == "ring":
-            payload = [indices, scale, code.reshape(-1)]
+            payload = [indices, scale, torch.cat([code, check])]
         else:
-            inno_values, positions = self.innovation(values.unsqueeze(0))
-            payload = [indices, torch.cat([scale, code.reshape(-1)]), inno_values.reshape(-1), positions.reshape(-1)]
-        state["residual"].index_copy_(0, indices.long(), p[indices.long()] - self.decompress(payload, meta).reshape(-1)
-                                      [indices.long()])
+            values, positions = self.innovation(x.unsqueeze(0))
+            payload = [indices, torch.cat([scale, code]), torch.cat([values.reshape(-1), check]), positions.reshape(-1)]
+        decoded = self.decompress(payload, meta).reshape(-1)[indices.long()]
+        state["residual"].index_copy_(0, indices.long(), p[indices.long()] - decoded)
         return payload, meta
 
     def decompress(self, payload: Payload, meta: Any) -> torch.Tensor:
         shape, k, weights = meta
         indices = payload[0].long()
+        code_numel = self.code_channels * (self.length(k) >> self.downsample)
         with torch.no_grad():
             if self.variant == "ring":
-                scale, code = payload[1], payload[2]
+                scale, code = payload[1], payload[2][:code_numel]
                 values = self.decode(weights, code.view(1, self.code_channels, -1))[0, 0, :k] * scale
             else:
                 scale, code = payload[1][:1], payload[1][1:]
-                innovation = self.scatter(payload[2].view(1, -1), payload[3].view(1, -1), self.length(k))
+                kept = payload[3].numel()
+                innovation = self.scatter(payload[2][:kept].view(1, -1), payload[3].view(1, -1), self.length(k))
                 values = self.decode(weights, code.view(1, self.code_channels, -1), 0, innovation)[0, 0, :k] * scale
         out = torch.zeros(math.prod(shape), dtype=torch.float32, device=indices.device)
         return out.index_copy_(0, indices, values).view(shape)
@@ -342,7 +385,7 @@ class LGCReduction(ReductionMethod):
 
     # Costs for the performance model, in stage 3 (the steady state), from the leader's profiled payload: the
     # broadcast is priced as the allgather of an N-th of it per rank (the same ring volume), then the ring's codes
-    # (allreduce) or the ps innovations (allgather). The vote that carries the guard is not modeled.
+    # (allreduce) or the ps innovations (allgather); the guard's S x travels with them.
 
     @classmethod
     def phases(cls, e: Encoded, workers: int) -> list[Phase]:
@@ -360,18 +403,10 @@ class LGCReduction(ReductionMethod):
         if stage == 1:
             (summed,) = yield Allreduce([tensor.detach().float().reshape(-1).clone()])
             return summed.view(tensor.shape)
-        if stage == 3:
-            errors = yield Agree(state["error"].clone(), "sum")
-            squared, norm = errors.tolist()  # one host read, of the vote: every rank decides alike
-            if norm > 0 and squared > method.max_error ** 2 * norm:  # the guard: back to stage 2
-                state["retrain_until"] = ctx.step + method.train_steps
-                state["fallbacks"] += 1
-                stage = state["last"]["stage"] = 2
         p = state["residual"].add_(tensor.detach().reshape(-1))
         k, leader = method.k(p.numel()), ctx.step % ctx.size
         if stage == 2:
             state["synced"] = False
-            state["error"].zero_()
             indices, scale = yield from self._leader(method, p, k, leader, ctx)
             values = p[indices.long()]
             gathered = yield Allgather([values], fixed_size=True)
@@ -389,30 +424,37 @@ class LGCReduction(ReductionMethod):
                 state["ae"][name].copy_(part.view_as(state["ae"][name]))
             state["synced"] = True
         weights = state["ae"]
+        signs = method.signs(k, p.device, derive_seed(ctx.shared_seed, "guard", ctx.step))
         if method.variant == "ring":
             indices, scale = yield from self._leader(method, p, k, leader, ctx)
-            x = method.pad((p[indices.long()] / scale).unsqueeze(0))
-            code = method.encode(weights, x)
-            (summed,) = yield Allreduce([code.clone()])
-            reconstruction = method.decode(weights, summed / ctx.size)[0, 0, :k] * scale  # the mean's estimate
-            error = (method.decode(weights, code) - x)[..., :k]  # this rank's own values through the autoencoder
+            x = p[indices.long()] / scale
+            code = method.encode(weights, method.pad(x.unsqueeze(0)))
+            (summed,) = yield Allreduce([torch.cat([code.reshape(-1), method.sketch(x, signs)])])
+            mean = method.decode(weights, summed[:code.numel()].view_as(code) / ctx.size)[0, 0, :k]
+            reconstruction = mean * scale  # the estimate of the mean of the ranks' values, this rank's share
             total = reconstruction * ctx.size
+            exact = summed[code.numel():] / ctx.size  # S of the exact mean: the guard's reference
+            error = torch.stack([(exact - method.sketch(mean, signs)).square().sum(), exact.square().sum()])
         else:
             indices, scale, code = yield from self._leader(method, p, k, leader, ctx, weights)
-            x = method.pad((p[indices.long()] / scale).unsqueeze(0))
-            values, positions = method.innovation(x[0, :, :k])
-            gathered = yield Allgather([values.reshape(-1), positions.reshape(-1)], fixed_size=True)
+            x = p[indices.long()] / scale
+            values, positions = method.innovation(x.unsqueeze(0))
+            gathered = yield Allgather([torch.cat([values.reshape(-1), method.sketch(x, signs)]),
+                                        positions.reshape(-1)], fixed_size=True)
+            kept = values.numel()
+            length = method.length(k)
             total = torch.zeros(k, dtype=torch.float32, device=p.device)
-            for r, (inno_values, inno_positions) in enumerate(gathered):  # rank order: the same bits everywhere
-                innovation = method.scatter(inno_values.view(1, -1), inno_positions.view(1, -1), x.shape[-1])
+            error = torch.zeros(2, dtype=torch.float32, device=p.device)
+            for r, (head, inno_positions) in enumerate(gathered):  # rank order: the same bits everywhere
+                innovation = method.scatter(head[:kept].view(1, -1), inno_positions.view(1, -1), length)
                 decoded = method.decode(weights, code, r, innovation)[0, 0, :k]
                 if r == ctx.rank:
-                    error = decoded - x[0, 0, :k]
                     reconstruction = decoded * scale
                 total += decoded * scale
-        state["error"].copy_(torch.stack([error.square().sum(), x.square().sum()]))
-        state["last"]["error"] = state["error"].clone()
+                exact = head[kept:]
+                error += torch.stack([(exact - method.sketch(decoded, signs)).square().sum(), exact.square().sum()])
         p.index_copy_(0, indices.long(), p[indices.long()] - reconstruction)
+        method.guard(state, ctx.step, error)
         return self._placed(total, indices, p, tensor.shape)
 
     def _leader(self, method: LGC, p: torch.Tensor, k: int, leader: int, ctx: Context,
