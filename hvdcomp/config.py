@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import fnmatch
 import inspect
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,6 +65,13 @@ def make_compressor(method: str, options: Mapping[str, Any] | None = None,
         if key not in valid:
             raise _unknown(f"option for {method}", key, valid or ["(none)"])
     return with_memory(cls(**options), error_feedback)
+
+
+def edges(names: Sequence[str]) -> set[str]:
+    """The parameters of a model's first and last layers, from its parameter names in the model's order
+    (``named_parameters()``; a layer is a name up to its last dot): what methods with ``dense_edges`` leave dense."""
+    layers = [name.rpartition(".")[0] for name in names]
+    return {name for name, layer in zip(names, layers, strict=True) if layer in (layers[0], layers[-1])}
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,7 @@ import torch
 
 from hvdcomp.collectives import Agree, Beacon, Pending, Reduction, answering, start, start_vote, synchronize
 from hvdcomp.compressor import Compressor, Context, State, derive_seed
-from hvdcomp.config import Choice, CompressionConfig
+from hvdcomp.config import Choice, CompressionConfig, edges
 
 log = logging.getLogger(__name__)
 
@@ -226,13 +226,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise ValueError(f"named_parameters was given, but {len(unnamed)} optimized parameter(s) are not named")
         size = self.process_set.size() or 1
         rank = self.process_set.rank() or 0
-        layers = [name.rpartition(".")[0] for name, p in named if id(p) in optimized and p.requires_grad]
-        edges = {layers[0], layers[-1]} if layers else set()  # the first and last layers, in the model's order
+        edge = edges([name for name, p in named if id(p) in optimized and p.requires_grad])
         slots = []
         for name, param in sorted(named, key=lambda item: item[0]):
             if id(param) not in optimized or not param.requires_grad:
                 continue
-            choice = self.config.choose(name, param.shape, size, edge=name.rpartition(".")[0] in edges)
+            choice = self.config.choose(name, param.shape, size, edge=name in edge)
             if choice.declined and rank == 0:
                 log.warning("hvdcomp: parameter %r stays dense: %s", name, choice.declined)
             ctx = Context(name, rank, size, param.device, derive_seed(self.config.seed, name, rank),

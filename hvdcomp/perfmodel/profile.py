@@ -34,7 +34,7 @@ from torch import nn
 
 from hvdcomp import wire
 from hvdcomp.compressor import STEADY_STEP, Compressor, Context
-from hvdcomp.config import CompressionConfig
+from hvdcomp.config import CompressionConfig, edges
 from hvdcomp.methods import METHODS
 from hvdcomp.optimizer import nonfinite
 from hvdcomp.perfmodel.schema import dump
@@ -160,8 +160,9 @@ def measure_compressor(method: str, named: list[tuple[str, torch.Tensor]], repea
     config = CompressionConfig.parse(method)
     entry: dict[str, Any] = {}
     summary: dict[str, Any] = {}
+    edge = edges([name for name, _ in named])
     for name, grad in named:
-        compressor = config.choose(name, grad.shape, PROBE_WORLD).compressor
+        compressor = config.choose(name, grad.shape, PROBE_WORLD, edge=name in edge).compressor
         if compressor is None:
             continue
         entry[name] = measure_encoded(compressor, grad, repeats, ranks)
