@@ -155,13 +155,10 @@ def report(rows: list[dict]) -> str:
     lines += ["", "| hosts | rate | method | median step [IQR] | 2 epochs | bytes handed/step | to 80% | to 85% | "
               "final accuracy |", "| --- " * 9 + "|"]
     for r in training:
-        def reached(target: float, r: dict = r) -> str:
-            time_s = next((c[0] for c in r["curve"] if c[2] >= target), None)
-            return "-" if time_s is None else f"{time_s:.1f} s"
         lines.append(f"| {r['hosts']} | {r['rate']} | {r['method']} | {r['median_step_s'] * 1e3:.0f} ms "
                      f"[{r['step_iqr_s'][0] * 1e3:.0f}-{r['step_iqr_s'][1] * 1e3:.0f}] | {r['train_time_s']:.1f} s | "
-                     f"{r['bytes_per_step'] / 1e3:.0f} kB | {reached(0.8)} | {reached(0.85)} | "
-                     f"{r['final_accuracy'] * 100:.2f}% |")
+                     f"{r['bytes_per_step'] / 1e3:.0f} kB | {clusterbench.reached(r, 0.8)} | "
+                     f"{clusterbench.reached(r, 0.85)} | {r['final_accuracy'] * 100:.2f}% |")
     return "\n".join(lines)
 
 

@@ -123,6 +123,12 @@ def run_settings(script: str, worker_args: Iterable[str], hosts: Iterable[int], 
     return rows
 
 
+def reached(row: dict[str, Any], target: float) -> str:
+    """When a training row's accuracy curve ([[seconds, step, accuracy], ...]) first reached ``target``, as text."""
+    time_s = next((point[0] for point in row["curve"] if point[2] >= target), None)
+    return "-" if time_s is None else f"{time_s:.1f} s"
+
+
 def load(results: str, since: str | None = None) -> list[dict[str, Any]]:
     """The rows of a results file, only those of runs at or after ``since`` (an ISO time) if given. Rows of the
     first runs did not record the controller: they ran over MPI."""

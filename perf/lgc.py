@@ -161,11 +161,6 @@ def cluster_worker() -> None:
                                "fallbacks": sum(d[2] for d in optimizer.decisions().values())})
 
 
-def reached(row: dict, target: float) -> str:
-    time_s = next((c[0] for c in row["curve"] if c[2] >= target), None)
-    return "-" if time_s is None else f"{time_s:.1f} s"
-
-
 def report() -> str:
     lines = ["| variant | ranks | k | training step (stage 2) | stage-3 work | autoencoder weights |",
              "| --- " * 6 + "|"]
@@ -186,8 +181,9 @@ def report() -> str:
         error = stages.get("3", {}).get("median_error")
         lines.append(f"| {r['hosts']} | {r['rate']} | {r['method']} | {per_stage('median_step_s', 1e3, '.1f')} ms | "
                      f"{per_stage('bytes_per_step', 1e-3, '.0f')} kB | {stages.get('3', {}).get('steps', 0)} | "
-                     f"{'-' if error is None else f'{error:.2f}'} | {r['fallbacks']} | {reached(r, 0.9)} | "
-                     f"{reached(r, 0.95)} | {r['final_accuracy'] * 100:.2f}% |")
+                     f"{'-' if error is None else f'{error:.2f}'} | {r['fallbacks']} | "
+                     f"{clusterbench.reached(r, 0.9)} | {clusterbench.reached(r, 0.95)} | "
+                     f"{r['final_accuracy'] * 100:.2f}% |")
     return "\n".join(lines)
 
 
