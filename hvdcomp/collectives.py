@@ -90,7 +90,8 @@ class Alltoall:
 
 @dataclass(frozen=True)
 class Broadcast:
-    """Rank ``root``'s ``payload`` on every rank; every rank passes tensors of the same layout."""
+    """Rank ``root``'s ``payload`` on every rank; every rank passes tensors of the same layout. ``root`` is a rank
+    within the process set (as ``process_set.rank()``)."""
 
     payload: Payload
     root: int = 0
@@ -341,7 +342,9 @@ def start(request: Request, name: str, process_set: hvd.ProcessSet = hvd.global_
     if isinstance(request, Broadcast):
         layout = wire.layout_of(request.payload)
         buffer = wire.pack(request.payload)
-        handle = hvd.broadcast_async_(buffer, root_rank=request.root, name=name, process_set=process_set)
+        ranks = process_set.ranks  # Horovod's root_rank is a global rank, also within a process set
+        root = ranks[request.root] if ranks else request.root
+        handle = hvd.broadcast_async_(buffer, root_rank=root, name=name, process_set=process_set)
         return Pending([handle], lambda outputs: wire.unpack(outputs[0], layout),
                        buffer.numel() if rank == request.root else 0, name)
     if isinstance(request, Agree):

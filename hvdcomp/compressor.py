@@ -157,7 +157,7 @@ class Compressor(ABC):
         return True
 
     def why_dense(self, shape: torch.Size) -> str:
-        """Why :meth:`compresses` declines ``shape`` (the optimizer logs it once)."""
+        """Why :meth:`compresses` declines ``shape`` (the optimizer logs it on rank 0 when it plans the parameters)."""
         return f"{self.name} does not compress a tensor of shape {tuple(shape)}"
 
     def init_state(self, tensor: torch.Tensor, ctx: Context) -> State:

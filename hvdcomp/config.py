@@ -71,6 +71,8 @@ def edges(names: Sequence[str]) -> set[str]:
     """The parameters of a model's first and last layers, from its parameter names in the model's order
     (``named_parameters()``; a layer is a name up to its last dot): what methods with ``dense_edges`` leave dense."""
     layers = [name.rpartition(".")[0] for name in names]
+    if not layers:
+        return set()
     return {name for name, layer in zip(names, layers, strict=True) if layer in (layers[0], layers[-1])}
 
 

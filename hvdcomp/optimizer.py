@@ -226,7 +226,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise ValueError(f"named_parameters was given, but {len(unnamed)} optimized parameter(s) are not named")
         size = self.process_set.size() or 1
         rank = self.process_set.rank() or 0
-        edge = edges([name for name, p in named if id(p) in optimized and p.requires_grad])
+        trained = [name for name, p in named if id(p) in optimized and p.requires_grad]
+        # the model's first and last layers, by name; without names, its first two and last two parameters (a first
+        # and a last layer's weight and bias)
+        edge = edges(trained) if named_parameters is not None else set(trained[:2] + trained[-2:])
         slots = []
         for name, param in sorted(named, key=lambda item: item[0]):
             if id(param) not in optimized or not param.requires_grad:
@@ -488,7 +491,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def decisions(self) -> dict[str, list[Any]]:
         """What each compressed parameter's method decided in the last step (:meth:`Compressor.decisions`: GraVAC's
         CF, LGC's stage), by name, for the methods that decide something."""
-        found = {slot.name: slot.choice.compressor.decisions(slot.state) for slot in self._slots
+        found = {slot.name: slot.choice.reduction.decisions(slot.state) for slot in self._slots
                  if slot.choice.reduction is not None}
         return {name: decided for name, decided in found.items() if decided is not None}
 

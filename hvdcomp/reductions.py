@@ -99,6 +99,10 @@ class ReductionMethod(ABC):
         """The changing part of the plan (:meth:`Compressor.plan`) of the state this reduction made."""
         return self.compressor.plan(state)
 
+    def decisions(self, state: State) -> list[Any] | None:
+        """The last step's decisions (:meth:`Compressor.decisions`) of the state this reduction made."""
+        return self.compressor.decisions(state)
+
     @abstractmethod
     def reduce(self, tensor: torch.Tensor, state: State, ctx: Context) -> Reduction:
         """Generator returning the sum over ranks of ``tensor``."""
@@ -214,6 +218,9 @@ class TwoPhaseReduction(ReductionMethod):
 
     def plan(self, state: State) -> str:
         return ";".join(self.compressor.plan(chunk) for chunk in state["chunks"])
+
+    def decisions(self, state: State) -> list[Any] | None:
+        return None  # the chunks' methods (quantizers) decide nothing
 
     def init_state(self, tensor: torch.Tensor, ctx: Context) -> State:
         chunks = self._chunks(tensor, ctx.size)

@@ -3,7 +3,7 @@
     mpirun -np 2 .venv/bin/hvdcomp train --workload digits --compression gravac --json perf/results/gravac_trace.json
     .venv/bin/python perf/gravac_trace.py perf/results/gravac_trace.json     # writes perf/results/gravac_trace.png
 
-Reads the JSON summary of ``hvdcomp train`` (its ``trace``: per step the agreed step time and, per tensor, the CF
+Reads the JSON summary of ``hvdcomp train`` (its ``trace``: per step rank 0's step time and, per tensor, the CF
 in force, what was sent and the gain) and plots, per tensor, the CF in force and the CF sent (dense as 1x), the
 gain with GraVAC's epsilon, and the step time. Prints the phases: the steps at each CF.
 """

@@ -6,8 +6,8 @@
 
 ``autoencoder``: the autoencoder's work per step and tensor, on one CPU thread (a rank's share of this machine), at the
 defaults (16 channels, 2 code channels, 4 halvings), for k top-k values from N ranks: a stage-2 training step (one
-Adam step on the N x k batch) and the stage-3 work of a rank (ring: encode, decode the summed code, decode its own
-code for the guard; ps: the leader's encode and the N decoders). k = 492 is digits' compressed layer at ratio 0.01;
+Adam step on the N x k batch) and the stage-3 work of a rank (ring: encode, decode the summed code; ps: the leader's
+encode and the N decoders; both, the guard's projections). k = 492 is digits' compressed layer at ratio 0.01;
 16,777 and 167,773 a 4096 x 4096 layer at 0.001 and 0.01. Median of ``--repeats`` after two warm-ups, with the
 range. Rows go to perf/results/lgc_autoencoder.jsonl.
 
@@ -16,10 +16,11 @@ range. Rows go to perf/results/lgc_autoencoder.jsonl.
 ring and ps variants at their defaults (stage lengths one epoch each, as ``hvdcomp train`` sets them); then the same
 with the first layer compressed too (``-all``: ``dense_edges: false``; the last layer, 960 values, is under
 ``min_numel`` and stays dense). Per step: the stage of the middle layer (compressed in every setting), the step
-time, the bytes handed to collectives, the middle layer's relative reconstruction error (fallbacks are counted over
-every layer); every 8 steps each rank evaluates the test set (outside the timed training time). A row holds, per
-stage, the steps, median step time and bytes per step, and the median error in stage 3; the time to 90% and 95%
-accuracy; the final accuracy. Rows go to perf/results/lgc_cluster.jsonl. ``report`` prints both as markdown tables.
+time, the bytes rank 0 handed to collectives (a broadcast counts at its root: the leader, every N-th step), the
+middle layer's relative reconstruction error (fallbacks are counted over every layer); every 8 steps each rank
+evaluates the test set (outside the timed training time). A row holds, per stage, the steps, median step time and
+mean bytes per step, and the median error in stage 3; the time to 90% and 95% accuracy; the final accuracy. Rows go
+to perf/results/lgc_cluster.jsonl. ``report`` prints both as markdown tables.
 """
 
 from __future__ import annotations
@@ -70,16 +71,18 @@ def autoencoder_costs(variant: str, ranks: int, k: int, repeats: int) -> dict:
     train_ms, train_range = median_ms(lambda: method.train_step(state, batch, 0), repeats)
     x = method.pad(batch[:1])
 
+    signs = method.signs(k, batch.device, 0)
+
     def stage3() -> None:
         code = method.encode(weights, x)
-        if variant == "ring":  # the summed code, and this rank's own (the guard's error)
-            method.decode(weights, code)
-            method.decode(weights, code)
+        method.sketch(batch[0], signs)  # the guard's projection of this rank's values
+        if variant == "ring":  # the summed code, and the guard's projection of what it decodes to
+            method.sketch(method.decode(weights, code)[0, 0, :k], signs)
             return
         values, positions = method.innovation(batch)
         innovations = method.scatter(values, positions, x.shape[-1])
         for r in range(ranks):
-            method.decode(weights, code, r, innovations[r:r + 1])
+            method.sketch(method.decode(weights, code, r, innovations[r:r + 1])[0, 0, :k], signs)
 
     with torch.no_grad():
         use_ms, use_range = median_ms(stage3, repeats)
@@ -151,7 +154,7 @@ def cluster_worker() -> None:
                 errors = [s[3] for s in mine if s[3] is not None]
                 stages[stage] = {"steps": sum(s[0] == stage for s in steps), "median_step_s": statistics.median(times),
                                       "step_range_s": [min(times), max(times)],
-                                      "bytes_per_step": statistics.median(s[2] for s in mine),
+                                      "bytes_per_step": statistics.mean(s[2] for s in mine),
                                       "median_error": statistics.median(errors) if errors else None}
             clusterbench.emit({"kind": "training", "method": label, "ranks": size, "steps": len(steps),
                                "train_time_s": slowest, "stages": stages,

@@ -373,6 +373,8 @@ def scenario_train() -> None:
         train(model, optimizer, batches(6, seed=hvd.rank()))
         assert not torch.equal(before, flat_params(model)), f"{label}: parameters did not change"
         assert optimizer.bytes_sent > 0
+        decided = optimizer.decisions()  # what hvdcomp train's trace records each step
+        assert bool(decided) == ("gravac" in label), (label, decided)
         assert_identical_across_ranks(model, label)
 
 
@@ -577,6 +579,60 @@ def lgc_config(variant: str, dense_steps: int, train_steps: int, **options: obje
                         "dense_edges": False, **options}}
 
 
+#: the process sets scenario_process_sets runs in (hvd.init makes them, on 4 ranks)
+PROCESS_SETS = ([0, 2], [1, 3])
+
+
+def scenario_process_sets() -> None:
+    """Within a process set (ranks 0, 2 and 1, 3 of 4), a Broadcast's root is a rank of the set: Horovod's own
+    root_rank is a global rank. LGC, whose leader (the broadcast's root) rotates, trains each set's replicas
+    identically through every stage, and the two sets apart."""
+    process_set = next(s for s in process_sets if s.included())
+    members = process_set.ranks
+    for root in range(len(members)):
+        (value,) = run_alone(broadcast_one(root), f"ps.broadcast.{root}", process_set)
+        assert value.item() == members[root], (root, value, members)
+    model = mlp()
+    optimizer = hvdcomp.DistributedOptimizer(sgd(model, "lgc"), named_parameters=model.named_parameters(),
+                                             compression=lgc_config("ps", 1, 2, max_error=1e9),
+                                             process_set=process_set)
+    train(model, optimizer, batches(6, seed=hvd.rank()))
+    assert [s["last"]["stage"] for s in optimizer.method_states().values()] == [3, 3]
+    gathered = hvd.allgather(flat_params(model).unsqueeze(0), name="ps.identical", process_set=process_set)
+    assert torch.equal(gathered[0], gathered[1]), "replicas in a process set differ"
+    hvd.allreduce(torch.zeros(1), name="ps.done")  # no rank exits (shutting Horovod down) while the other set works
+
+
+def broadcast_one(root: int) -> Reduction:
+    """A reduction that broadcasts this rank's global rank from ``root`` and returns what arrived."""
+    (value,) = yield Broadcast([torch.full((1,), float(hvd.rank()))], root)
+    return value
+
+
+def lgc_bookkeeping(variant: str) -> None:
+    """LGC's reduction alone, in stages 1, 2, 3, 3: it returns a sum over ranks (stage 1: the exact sum), and memory
+    plus what it applied conserves the gradients, sum_r e_r' + result = sum_r (g_r + e_r), in every stage: what the
+    autoencoder got wrong is kept, nothing is lost or counted twice."""
+    from hvdcomp.methods.lgc import LGC
+
+    reduction = reductions.make("lgc", LGC(variant=variant, ratio=0.05, dense_steps=1, train_steps=1, max_error=1e9))
+    shape = (96, 64)
+    ctx = context(f"lgc.bookkeeping.{variant}")
+    state = reduction.init_state(torch.zeros(shape), ctx)
+    for step in range(4):
+        grad = torch.randn(shape, generator=torch.Generator().manual_seed(100 * step + hvd.rank()))
+        before = state["residual"].clone()
+        result = run_alone(reduction.reduce(grad, state, replace(ctx, step=step)), f"lgc.bk.{variant}.{step}")
+        assert state["last"]["stage"] == min(step + 1, 3), (step, state["last"])
+        kept = hvd.allreduce(state["residual"] - before, op=hvd.Sum, name=f"lgc.bk.{variant}.kept.{step}")
+        exact = hvd.allreduce(grad.reshape(-1), op=hvd.Sum, name=f"lgc.bk.{variant}.exact.{step}")
+        torch.testing.assert_close(kept + result.reshape(-1), exact, rtol=1e-5, atol=1e-5)
+        if step == 0:
+            torch.testing.assert_close(result.reshape(-1), exact, rtol=1e-6, atol=1e-6)
+        else:  # the top-k entries of the leader only
+            assert int(result.count_nonzero()) <= reduction.compressor.k(grad.numel())
+
+
 def scenario_lgc() -> None:
     """LGC, both variants: every rank switches stage in the same step (dense, top-k while the autoencoder trains,
     compressed), replicas stay bitwise identical after every step of every stage and so do the autoencoders in
@@ -619,6 +675,29 @@ def scenario_lgc() -> None:
         assert [row[0] for row in stages] == [1, 2, 2, 3, 2, 2, 3, 2], stages
         assert all(s["fallbacks"] == 2 for s in optimizer.method_states().values())
         assert_identical_across_ranks(model, f"lgc.{variant}.guard")
+
+        # a step skipped for a NaN gradient (nonfinite: skip) makes the states afresh, past stage 2: the next step
+        # trains the untrained autoencoder (stage 2) before it is used, on every rank
+        model = mlp()
+        config = {**lgc_config(variant, 1, 2, max_error=1e9), "nonfinite": "skip"}
+        optimizer = hvdcomp.DistributedOptimizer(sgd(model, "lgc"), named_parameters=model.named_parameters(),
+                                                 compression=config)
+        stages = []
+        for step, (x, y) in enumerate(batches(8, seed=hvd.rank())):
+            handle = None
+            if step == 4 and hvd.rank() == 0:
+                handle = model[2].weight.register_hook(lambda grad: grad * float("nan"))
+            optimizer.zero_grad()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                nn.functional.cross_entropy(model(x), y).backward()
+                optimizer.step()
+            if handle is not None:
+                handle.remove()
+            stages.append([s["last"].get("stage") for _, s in sorted(optimizer.method_states().items())])
+        assert [row[1] for row in stages] == [1, 2, 2, 3, None, 2, 2, 3], stages  # step 4: skipped, states afresh
+        assert_identical_across_ranks(model, f"lgc.{variant}.skip")
+        lgc_bookkeeping(variant)
 
         # resume with the checkpoint in stage 1, 2 and 3 (half of 12 steps: after step 5)
         for dense_steps, train_steps in ((8, 2), (3, 6), (1, 2)):
@@ -882,7 +961,8 @@ RUN_TO_RUN_EXACT = ("stock", "resume", "sketch", "lgc")
 if __name__ == "__main__":
     if sys.argv[1] in RUN_TO_RUN_EXACT:
         os.environ["HOROVOD_FUSION_THRESHOLD"] = "0"
-    hvd.init()
+    process_sets = [hvd.ProcessSet(ranks) for ranks in PROCESS_SETS] if sys.argv[1] == "process_sets" else []
+    hvd.init(process_sets=process_sets or None)
     name = sys.argv[1]
     SCENARIOS[name]()
     print(f"{name} OK rank {hvd.rank()}", flush=True)

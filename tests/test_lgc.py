@@ -99,3 +99,31 @@ def test_one_rank_keeps_what_it_did_not_send(variant: str) -> None:
     outside[indices] = False
     assert bool((decoded[outside] == 0).all())
     torch.testing.assert_close(state["residual"] + decoded, grad.reshape(-1), rtol=0, atol=1e-6)
+
+
+def test_the_guard_acts_on_the_moving_average_of_the_errors() -> None:
+    """One bad step does not send a tensor back to stage 2; errors that stay above the bound do, for train_steps
+    steps, and the average starts afresh in the next stage 3."""
+    method = LGC(max_error=0.9, train_steps=5)
+    state = {"retrain_until": 0, "fallbacks": 0, "smoothed_error": None, "last": {}}
+
+    def step(number: int, relative: float) -> None:
+        method.guard(state, number, torch.tensor([relative ** 2 * 4.0, 4.0]))
+
+    step(10, 0.5)
+    step(11, 1.5)  # average 0.75
+    assert state["fallbacks"] == 0 and state["last"]["error"] == pytest.approx(1.5)
+    for number in range(12, 20):
+        step(number, 1.5)
+        if state["fallbacks"]:
+            break
+    assert number == 12 and state["retrain_until"] == 18  # 0.75 -> 0.94: past 0.9 at step 12
+    assert state["smoothed_error"] is None
+
+
+def test_edges_are_the_first_and_last_layers() -> None:
+    from hvdcomp.config import edges
+
+    names = ["conv1.weight", "conv1.bias", "layer1.0.conv.weight", "fc.weight", "fc.bias"]
+    assert edges(names) == {"conv1.weight", "conv1.bias", "fc.weight", "fc.bias"}
+    assert edges(["w"]) == {"w"} and edges([]) == set()

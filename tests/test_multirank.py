@@ -36,6 +36,13 @@ def test_scenario(scenario: str, controller: str, np: int) -> None:
 
 
 @pytest.mark.parametrize("controller", CONTROLLERS)
+def test_process_sets(controller: str) -> None:
+    result = run_ranks([str(REPO / "tests" / "ranks.py"), "process_sets"], 4, controller)
+    assert result.returncode == 0, result.output[-5000:]
+    assert result.ranks_saying("process_sets OK") == set(range(4)), result.output[-5000:]
+
+
+@pytest.mark.parametrize("controller", CONTROLLERS)
 @pytest.mark.parametrize("scenario", [*EXPECTED_FAILURES, "nonfinite_skip"])
 def test_bad_input_fails_cleanly_on_every_rank(scenario: str, controller: str) -> None:
     np = 2

@@ -19,6 +19,7 @@ from hvdcomp import (
     TernGrad,
     TopK,
     make_compressor,
+    reductions,
     wire,
 )
 from hvdcomp.methods.topk import candidate_threshold, largest, sample_stride
@@ -235,6 +236,21 @@ def test_memory_policy_is_the_same_for_names_configs_and_objects() -> None:
 def test_bad_config_is_rejected_with_the_valid_choices(config: object, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         CompressionConfig.parse(config)
+
+
+def test_decisions_come_through_every_reduction() -> None:
+    """``optimizer.decisions()`` asks each parameter's reduction: two-phase's chunked state has none to give, a
+    method that decides (GraVAC) answers through its own reduction."""
+    grad = torch.randn(64, 64)
+    ctx = Context.local(grad)
+    for method in ("onebit", "terngrad"):
+        reduction = reductions.make("two_phase", make_compressor(method))
+        assert reduction.decisions(reduction.init_state(grad, ctx)) is None
+    reduction = reductions.make("gravac", make_compressor("gravac"))
+    state = reduction.init_state(grad, ctx)
+    assert reduction.decisions(state) is None  # no step yet
+    state["last"] = {"cf": 10.0, "sent": 10.0, "gain": 0.812345678}
+    assert reduction.decisions(state) == [10.0, 10.0, 0.81235]
 
 
 def test_every_registered_method_builds_with_defaults() -> None:

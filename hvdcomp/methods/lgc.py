@@ -43,16 +43,18 @@ over the k values:
 
 with x_r = v_r / s. Every rank trains on the same batch with the same arithmetic, so the copies stay equal without
 communication; at each entry into stage 3 rank 0 broadcasts its weights anyway (a few thousand values, once), so that
-ranks whose hardware rounds differently cannot decode differently. The autoencoder is frozen in stage 3.
+every rank decodes with the same weights even where training rounded differently. The autoencoder is frozen in stage
+3. Its convolutions run with cuDNN's deterministic algorithms (no benchmark mode, whatever the job sets), so ranks of
+the same kind decode to the same bits, as every method's decoding assumes.
 
 Guard: in stage 3 every rank also sends S x_r, a projection of its normalized values onto GUARD_BUCKETS (64) signed
 sums (random signs from the shared seed and the step; E ||S x||^2 = ||x||^2), with its code (ring: summed in the same
 allreduce) or its innovation (ps: gathered). Every rank then knows the exact S of what was to be reconstructed (ring:
 of the mean; ps: of each rank's values) and computes the relative error ||S(x - x_hat)|| / ||S x|| of the
-reconstruction it applied: the same bits on every rank, without a vote. Where the moving average of these errors
-(weight 0.25 on the newest) passes ``max_error``, that tensor goes back to stage 2 for ``train_steps`` steps (the
-autoencoder trains on the new gradients), then into stage 3 again. Nothing of a bad step is lost: the residual holds
-it.
+reconstruction it applied: the same bits on every rank (they come from the collective's result), without a vote.
+Where the moving average of these errors (weight 0.25 on the newest) passes ``max_error``, that tensor goes back to
+stage 2 for ``train_steps`` steps (the autoencoder trains on the new gradients), then into stage 3 again. Nothing of
+a bad step is lost: the residual holds it.
 
 Knobs: ``variant`` (ring | ps), ``ratio`` (k / d, top-k's fraction: 0.01), ``innovation_ratio`` (k' / k, ps: 0.1),
 ``dense_steps`` and ``train_steps`` (stage lengths; the paper counts epochs, and ``hvdcomp train`` sets both to one
@@ -63,19 +65,25 @@ kept dense (with a log line), as is a model's first or last layer.
 
 Costs: stage 3 sends per rank, ring, an allreduce of k code_channels / 2^downsample floats plus the leader's
 broadcast of k int32 indices; ps, 8 k' bytes of innovation plus the leader's broadcast of the indices and code; both,
-the guard's 256 bytes. The guard reads its two sums on the host once per step and tensor, after the step's last
-collective. The autoencoder's compute runs on the tensor's device.
+the guard's 256 bytes. The guard reads its two sums on the host once per step and tensor, after the tensor's last
+collective (in ``synchronize()``). The autoencoder's compute runs on the tensor's device.
+
+A state made afresh (an elastic reset, a step skipped for a non-finite gradient) starts from the step counter: after
+an elastic reset, whose counters start at 0, that is stage 1 again; where the counter is past stage 2 but the
+autoencoder has never trained, the tensor goes through stage 2 first.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 
-from hvdcomp.collectives import Allgather, Allreduce, Broadcast, Reduction
+from hvdcomp.collectives import Allgather, Allreduce, Broadcast, Reduction, Request
 from hvdcomp.compressor import Compressor, Context, Payload, State, derive_seed
 from hvdcomp.methods.topk import largest
 from hvdcomp.reductions import Phase, ReductionMethod
@@ -95,6 +103,11 @@ _EPS = 1e-8
 
 Weights = dict[str, torch.Tensor]
 _generators: dict[torch.device, torch.Generator] = {}
+
+
+def _deterministic() -> contextlib.AbstractContextManager[None]:
+    """cuDNN's deterministic convolution algorithms, chosen without benchmarking (a no-op on CPU)."""
+    return torch.backends.cudnn.flags(enabled=torch.backends.cudnn.enabled, benchmark=False, deterministic=True)
 
 
 def _layer(weights: Weights, generator: torch.Generator, name: str, shape: tuple[int, int, int], fan_in: int) -> None:
@@ -149,6 +162,7 @@ class LGC(Compressor):
         return min(numel, max(1, math.ceil(self.ratio * numel)))
 
     def innovation_k(self, k: int) -> int:
+        """k', the values of a ps innovation."""
         return max(1, math.ceil(self.innovation_ratio * k))
 
     @property
@@ -171,6 +185,7 @@ class LGC(Compressor):
         return -(-k // step) * step
 
     def stage(self, state: State, step: int) -> int:
+        """1, 2 or 3 at ``step``, from the stage lengths and the guard's ``retrain_until``."""
         if step < self.dense_steps:
             return 1
         if step < self.dense_steps + self.train_steps or step < state["retrain_until"]:
@@ -200,10 +215,11 @@ class LGC(Compressor):
 
     def encode(self, weights: Weights, x: torch.Tensor) -> torch.Tensor:
         """Codes (B, code_channels, L / 2^downsample) of inputs x (B, 1, L)."""
-        for i in range(self.downsample):
-            x = F.conv1d(x, weights[f"encoder.{i}.weight"], weights[f"encoder.{i}.bias"], stride=2, padding=1)
-            if i < self.downsample - 1:
-                x = F.leaky_relu(x, _SLOPE)
+        with _deterministic():
+            for i in range(self.downsample):
+                x = F.conv1d(x, weights[f"encoder.{i}.weight"], weights[f"encoder.{i}.bias"], stride=2, padding=1)
+                if i < self.downsample - 1:
+                    x = F.leaky_relu(x, _SLOPE)
         return x
 
     def decode(self, weights: Weights, code: torch.Tensor, rank: int = 0,
@@ -211,15 +227,16 @@ class LGC(Compressor):
         """(B, 1, L) from codes: the ring decoder, or rank ``rank``'s ps decoder with its innovation (B, 1, L)."""
         prefix = "decoder" if self.variant == "ring" else f"decoder.{rank}"
         x = code
-        for i in range(self.downsample):
-            x = F.conv_transpose1d(x, weights[f"{prefix}.{i}.weight"], weights[f"{prefix}.{i}.bias"], stride=2,
-                                   padding=1)
-            if self.variant == "ps" or i < self.downsample - 1:
-                x = F.leaky_relu(x, _SLOPE)
-        if self.variant == "ring":
-            return x
-        output = f"output.{rank}"
-        mixed = F.conv1d(torch.cat([x, innovation], dim=1), weights[f"{output}.weight"], weights[f"{output}.bias"])
+        with _deterministic():
+            for i in range(self.downsample):
+                x = F.conv_transpose1d(x, weights[f"{prefix}.{i}.weight"], weights[f"{prefix}.{i}.bias"], stride=2,
+                                       padding=1)
+                if self.variant == "ps" or i < self.downsample - 1:
+                    x = F.leaky_relu(x, _SLOPE)
+            if self.variant == "ring":
+                return x
+            output = f"output.{rank}"
+            mixed = F.conv1d(torch.cat([x, innovation], dim=1), weights[f"{output}.weight"], weights[f"{output}.bias"])
         return torch.where(innovation != 0, innovation, mixed)  # the rank's own values where it sent them
 
     def innovation(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -389,19 +406,21 @@ class LGCReduction(ReductionMethod):
 
     @classmethod
     def phases(cls, e: Encoded, workers: int) -> list[Phase]:
-        parts = e.part_bytes
-        if len(parts) == 3:  # ring: (I, s) broadcast, code allreduced
-            return [Phase("allgather", (parts[0] + parts[1]) / workers), Phase("allreduce", parts[2])]
-        if len(parts) == 4:  # ps: (I, s and code) broadcast, innovation gathered
-            return [Phase("allgather", (parts[0] + parts[1]) / workers), Phase("allgather", parts[2] + parts[3])]
-        return [Phase("allgather", e.wire_bytes)]
+        parts = e.part_bytes  # LGC.compress's payload: ring (I, s, code), ps (I, s and code, innovation, positions)
+        broadcast = Phase("allgather", (parts[0] + parts[1]) / workers)
+        if len(parts) == 3:  # ring: the code and the guard's sums allreduced
+            return [broadcast, Phase("allreduce", parts[2])]
+        return [broadcast, Phase("allgather", parts[2] + parts[3])]  # ps: the innovation and the sums gathered
 
     def reduce(self, tensor: torch.Tensor, state: State, ctx: Context) -> Reduction:
         method: LGC = self.compressor.unwrapped()  # type: ignore[assignment]
         stage = method.stage(state, ctx.step)
+        if stage == 3 and state["adam"]["t"] == 0:  # a state made afresh past stage 2: train the autoencoder first
+            state["retrain_until"] = ctx.step + method.train_steps
+            stage = 2
         state["last"] = {"stage": stage}
         if stage == 1:
-            (summed,) = yield Allreduce([tensor.detach().float().reshape(-1).clone()])
+            (summed,) = yield Allreduce([tensor.detach().reshape(-1).to(torch.float32, copy=True)])
             return summed.view(tensor.shape)
         p = state["residual"].add_(tensor.detach().reshape(-1))
         k, leader = method.k(p.numel()), ctx.step % ctx.size
@@ -445,20 +464,20 @@ class LGCReduction(ReductionMethod):
             length = method.length(k)
             total = torch.zeros(k, dtype=torch.float32, device=p.device)
             error = torch.zeros(2, dtype=torch.float32, device=p.device)
+            decoded = []
             for r, (head, inno_positions) in enumerate(gathered):  # rank order: the same bits everywhere
                 innovation = method.scatter(head[:kept].view(1, -1), inno_positions.view(1, -1), length)
-                decoded = method.decode(weights, code, r, innovation)[0, 0, :k]
-                if r == ctx.rank:
-                    reconstruction = decoded * scale
-                total += decoded * scale
+                decoded.append(method.decode(weights, code, r, innovation)[0, 0, :k])
+                total += decoded[r] * scale
                 exact = head[kept:]
-                error += torch.stack([(exact - method.sketch(decoded, signs)).square().sum(), exact.square().sum()])
+                error += torch.stack([(exact - method.sketch(decoded[r], signs)).square().sum(), exact.square().sum()])
+            reconstruction = decoded[ctx.rank] * scale
         p.index_copy_(0, indices.long(), p[indices.long()] - reconstruction)
         method.guard(state, ctx.step, error)
         return self._placed(total, indices, p, tensor.shape)
 
     def _leader(self, method: LGC, p: torch.Tensor, k: int, leader: int, ctx: Context,
-                weights: Weights | None = None) -> Reduction:
+                weights: Weights | None = None) -> Generator[Request, Any, tuple[torch.Tensor, ...]]:
         """Generator: the leader's indices and scale on every rank, by one broadcast; given the autoencoder's
         ``weights`` (ps), the leader's code too."""
         code_numel = 0 if weights is None else method.code_channels * (method.length(k) >> method.downsample)

@@ -119,6 +119,10 @@ class PowerSGD(Compressor):
         n, m = self._dims(shape)
         return (n + m) * self._rank(shape) * self.min_compression_rate < n * m
 
+    def why_dense(self, shape: torch.Size) -> str:
+        return (f"powersgd compresses matrices where (n + m) x rank x min_compression_rate < n x m (as PyTorch's "
+                f"hook); a tensor of shape {tuple(shape)} goes through the dense allreduce")
+
     def _q(self, shape: torch.Size, device: torch.device, seed: int) -> torch.Tensor:
         """A Gaussian m x r matrix from ``seed``, drawn on ``device`` (no host copy inside backward)."""
         generator = _generators.get(device)
