@@ -211,4 +211,7 @@ def test_train_sets_epoch_counted_options_where_not_given() -> None:
     config = with_epochs({"method": "gravac", "overrides": [{"match": "a", "options": {"epsilon": 0.5}}]}, 22)
     assert config["overrides"][0]["options"] == {"interval": 22, "epsilon": 0.5}
     assert with_epochs("topk", 22) == {"method": "topk"}
+    assert with_epochs({"method": "lgc", "options": {"train_epochs": 2, "dense_steps": 5}}, 22)["options"] == {
+        "dense_steps": 5, "train_steps": 44}
+    assert with_epochs({"method": "gravac", "options": {"interval_epochs": 0.5}}, 22)["options"] == {"interval": 11}
     assert with_epochs({"method": "dgc", "options": [1]}, 22) == {"method": "dgc", "options": [1]}, "left to the config"

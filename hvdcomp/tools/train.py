@@ -235,8 +235,10 @@ def run(workload_name: str, compression: Any, epochs: int | None, batch_size: in
 def with_epochs(compression: Any, steps_per_epoch: int) -> Any:
     """The compression setting with the options its methods' papers count in epochs (``epoch_options``) set to
     ``steps_per_epoch`` where the setting does not give them, at the top level and in each override (which
-    inherits the method and options as :mod:`hvdcomp.config` reads them). Anything malformed is left as it is,
-    for ``DistributedOptimizer`` to reject with its message."""
+    inherits the method and options as :mod:`hvdcomp.config` reads them). Such an option may also be given in
+    epochs, as its name with ``_epochs`` in place of ``_steps`` (or added: LGC's ``train_epochs: 2``, GraVAC's
+    ``interval_epochs: 1``). Anything malformed is left as it is, for ``DistributedOptimizer`` to reject with its
+    message."""
     setting = {"method": compression} if isinstance(compression, str) else compression
     if not isinstance(setting, Mapping):
         return compression  # a Compressor object
@@ -245,7 +247,15 @@ def with_epochs(compression: Any, steps_per_epoch: int) -> Any:
         keys = METHODS[method].epoch_options if isinstance(method, str) and method in METHODS else ()
         if not keys or not (options is None or isinstance(options, Mapping)):
             return options
-        return {key: steps_per_epoch for key in keys} | dict(options or {})
+        given = dict(options or {})
+        for key in keys:
+            in_epochs = f"{key.removesuffix('_steps')}_epochs"
+            epochs = given.pop(in_epochs, None)
+            if isinstance(epochs, (int, float)) and not isinstance(epochs, bool) and epochs >= 0:
+                given.setdefault(key, round(epochs * steps_per_epoch))
+            elif epochs is not None:
+                given[in_epochs] = epochs  # for the method to reject by name
+        return {key: steps_per_epoch for key in keys} | given
 
     top_method = setting.get("method", "none")
     result = dict(setting)
