@@ -58,10 +58,10 @@ a bad step is lost: the residual holds it.
 
 Knobs: ``variant`` (ring | ps), ``ratio`` (k / d, top-k's fraction: 0.01), ``innovation_ratio`` (k' / k, ps: 0.1),
 ``dense_steps`` and ``train_steps`` (stage lengths; the paper counts epochs, and ``hvdcomp train`` sets both to one
-epoch unless given), ``channels`` (16), ``code_channels`` (2), ``downsample`` (4 halvings), ``lr`` (Adam, 0.01),
-``similarity`` (0.1), ``max_error`` (the guard's bound on the relative error, 0.9), ``dense_edges`` (true: the
-model's first and last layers stay dense, as the paper keeps them). A tensor whose k is under 4 x 2^downsample is
-kept dense (with a log line), as is a model's first or last layer.
+epoch unless given, or takes ``dense_epochs`` and ``train_epochs``), ``channels`` (16), ``code_channels`` (2),
+``downsample`` (4 halvings), ``lr`` (Adam, 0.01), ``similarity`` (0.1), ``max_error`` (the guard's bound on the
+relative error, 0.9), ``dense_edges`` (true: the model's first and last layers stay dense, as the paper keeps them).
+A tensor whose k is under 4 x 2^downsample is kept dense (with a log line), as is a model's first or last layer.
 
 Costs: stage 3 sends per rank, ring, an allreduce of k code_channels / 2^downsample floats plus the leader's
 broadcast of k int32 indices; ps, 8 k' bytes of innovation plus the leader's broadcast of the indices and code; both,
