@@ -7,7 +7,8 @@
 # 2. tests/test_devices.py: every method on cuda against the CPU reference, determinism, no host syncs in
 #    compression (torch.cuda.set_sync_debug_mode("error")), every reduction through Horovod on one rank (NCCL);
 # 3. `hvdcomp bench compress --device cuda` for every method (JSON lines, bench-cuda.jsonl);
-# 4. `hvdcomp probe`: real NVML readings of the GPU (probe-gpu.yaml);
+# 4. `hvdcomp probe --device cuda`: real NVML readings of the GPU (probe-gpu.yaml; its collectives need 2 ranks on
+#    2 GPUs: NCCL takes one rank per GPU), and `hvdcomp profile --device cuda` (CUDA-timed profiles);
 # 5. a 1-rank `hvdcomp train --device cuda` for every method (train-<method>.json): the training loop on CUDA,
 #    and the sparse workload (bow, an embedding with sparse gradients; train-bow.json).
 #    One rank reduces nothing (as in Horovod), so compression through NCCL is step 2's test_reductions_on_one_rank.
@@ -48,7 +49,11 @@ for method in "${methods[@]}"; do
         >>"$out/bench-cuda.jsonl" || status=1
 done
 
-.venv/bin/hvdcomp probe --out "$out/probe-gpu.yaml" || status=1
+.venv/bin/hvdcomp probe --device cuda --out "$out/probe-gpu.yaml" || status=1
+# a model profiled on the GPU (CUDA events for each gradient's readiness), and the synthetic workload
+.venv/bin/hvdcomp profile --model hvdcomp.tools.models:resnet18 --batch hvdcomp.tools.models:resnet18_batch \
+    --device cuda --out "$out/profile-resnet18-cuda.yaml" || status=1
+.venv/bin/hvdcomp profile --model synthetic --device cuda --out "$out/profile-synthetic-cuda.yaml" || status=1
 
 for method in "${methods[@]}"; do
     .venv/bin/hvdcomp train --workload synthetic --device cuda --compression "$method" --epochs 1 --no-progress \

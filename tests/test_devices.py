@@ -213,3 +213,17 @@ def test_sketch_decodes_on_cuda_as_on_cpu(monkeypatch: pytest.MonkeyPatch) -> No
     for key, (found, result, resolved) in decoded.items():
         assert torch.equal(found, reference[0]) and resolved == reference[2] == found.numel(), key
         assert torch.equal(result, reference[1]), key
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
+def test_profile_times_cuda_kernels() -> None:
+    """``hvdcomp.perfmodel.profile.profile`` on the GPU: every timed region ends with a device synchronization and
+    each gradient's readiness comes from a CUDA event, so the last gradient is ready within backward's time."""
+    from hvdcomp.perfmodel.profile import profile
+    from hvdcomp.tools.models import resnet18, resnet18_batch
+
+    x, y = resnet18_batch(16)
+    document = profile(resnet18().cuda(), (x.cuda(), y.cuda()), methods=["topk", "fp16"], repeats=3)
+    assert document["device"].startswith("cuda") and set(document["compressors"]) == {"topk", "fp16"}
+    ready = [g["ready_ms"] for g in document["gradients"]]
+    assert 0 < ready[0] <= ready[-1] <= 1.1 * document["backward_ms"], (ready[0], ready[-1], document["backward_ms"])

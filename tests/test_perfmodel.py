@@ -432,3 +432,69 @@ def test_predict_rejects_bad_arguments(tmp_path: Path) -> None:
     assert done.returncode == 2 and "workers must be positive integers" in done.stderr
     done = _hvdcomp("predict", "--cluster", "gtx1080-pcie-1gbe", "--profile", str(profile), "--workers", "1,4,16")
     assert done.returncode == 0 and "(nominal)" in done.stdout
+
+
+def test_profile_any_model_from_python() -> None:
+    """``hvdcomp.perfmodel.profile.profile(model, batch, loss_fn)``: a user's model with its own loss (a regression
+    here) and inputs of two tensors; gradients listed in the order backward makes them ready, the compressors
+    measured on them."""
+    import torch
+    from torch import nn
+
+    from hvdcomp.perfmodel.profile import profile
+
+    class TwoInputs(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.left, self.right, self.out = nn.Linear(16, 64), nn.Linear(16, 64), nn.Linear(64, 1)
+
+        def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            return self.out(torch.relu(self.left(a) + self.right(b))).squeeze(1)
+
+    torch.manual_seed(0)
+    batch = ((torch.randn(8, 16), torch.randn(8, 16)), torch.randn(8))
+    document = profile(TwoInputs(), batch, nn.functional.mse_loss, methods=["topk", "fp16"], repeats=2, name="two")
+    assert document["model"] == "two" and document["batch_size"] == 8 and document["device"].startswith("cpu")
+    names = [g["name"] for g in document["gradients"]]
+    assert names[0] in ("out.weight", "out.bias") and set(names) == {
+        f"{layer}.{kind}" for layer in ("left", "right", "out") for kind in ("weight", "bias")}
+    assert set(document["compressors"]) == {"topk", "fp16"}
+    assert set(document["compressors"]["topk"]["gradients"]) == {"left.weight", "right.weight"}  # min_numel 1024
+    assert document["forward_ms"] > 0 and document["backward_ms"] > 0
+
+
+def test_profile_a_factory_model_from_the_command_line(tmp_path: Path) -> None:
+    """``hvdcomp profile --model package.module:factory`` with an input shape, and with a batch function; bad
+    specifications name what is wrong."""
+    out = tmp_path / "resnet.yaml"
+    done = _hvdcomp("profile", "--model", "hvdcomp.tools.models:resnet18", "--input-shape", "3,32,32", "--classes",
+                    "10", "--batch-size", "2", "--repeats", "1", "--methods", "topk", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    profile = schema.load(out, "profile")
+    assert profile.model == "hvdcomp.tools.models:resnet18" and len(profile.gradients) == 62
+    assert profile.dense_bytes == 4 * 11_173_962 and "1.weight" not in profile.compressors["topk"].gradients
+    out = tmp_path / "transformer.yaml"
+    done = _hvdcomp("profile", "--model", "hvdcomp.tools.models:transformer", "--batch",
+                    "hvdcomp.tools.models:transformer_batch", "--batch-size", "2", "--repeats", "1", "--methods",
+                    "fp16", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    assert schema.load(out, "profile").batch_size == 2
+    for args, message in ((["--model", "nowhere.at.all:f", "--input-shape", "4"], "cannot import 'nowhere.at.all'"),
+                          (["--model", "hvdcomp.tools.models"], "must be package.module:callable"),
+                          (["--model", "hvdcomp.tools.models:missing"], "has no callable 'missing'"),
+                          (["--model", "hvdcomp.tools.models:resnet18"], "needs --input-shape or --batch"),
+                          (["--model", "hvdcomp.tools.models:resnet18_batch", "--input-shape", "3"],
+                           "must be callable without arguments"),
+                          (["--model", "builtins:dict", "--input-shape", "3"], "returned dict, not a torch.nn.Module"),
+                          (["--model", "hvdcomp.tools.models:resnet18", "--input-shape", "3,x"],
+                           "--input-shape must be comma-separated integers")):
+        done = _hvdcomp("profile", *args, "--out", str(tmp_path / "bad.yaml"))
+        assert done.returncode == 2 and message in done.stderr, (args, done.stderr)
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the message of a machine without CUDA")
+def test_cuda_device_is_refused_where_there_is_none(tmp_path: Path) -> None:
+    for command in ("profile", "probe"):
+        extra = ["--model", "digits"] if command == "profile" else []
+        done = _hvdcomp(command, *extra, "--device", "cuda", "--out", str(tmp_path / "x.yaml"))
+        assert done.returncode == 2 and "torch sees no CUDA device" in done.stderr, (command, done.stderr)

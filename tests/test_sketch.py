@@ -154,9 +154,10 @@ def test_bad_options_and_collectives_are_named() -> None:
 def test_profile_takes_the_sparse_workload() -> None:
     """``hvdcomp profile --model bow``: the embedding's sparse gradient is profiled densified, as the optimizer
     hands it to every method but the sketch."""
-    from hvdcomp.perfmodel.profile import profile
+    from hvdcomp.perfmodel.profile import profile, workload_batch
 
-    document = profile("bow", 8, 1, ["sketch", "topk"])
+    model, batch = workload_batch("bow", 8)
+    document = profile(model, batch, methods=["sketch", "topk"], repeats=1)
     assert set(document["compressors"]) == {"sketch", "topk"}
     assert document["compressors"]["sketch"]["reduction"] == "sketch"
     assert document["compressors"]["topk"]["sparse_payload"] is True

@@ -15,6 +15,8 @@
   (:func:`hvdcomp.perfmodel.costs.fit_line`): gradients are megabytes, and a shaped or congested link is
   faster for small bursts than sustained. Ranks on the same host (same hostname
   and network namespace) measure the ``intra_node`` tier, ranks on different hosts ``inter_node``.
+  ``--device cuda`` times Horovod's collectives on CUDA tensors, each rank on its local GPU: NCCL, the path
+  training's gradients take on GPUs (``collectives_device`` in the document says which ran).
 """
 
 from __future__ import annotations
@@ -247,21 +249,36 @@ def fit_tier(points: list[tuple[int, float]]) -> dict[str, float]:
     return {"latency_us": round(alpha * 1e6, 3), "bandwidth_gbps": round(8 / beta / 1e9, 4) if beta > 0 else 1e6}
 
 
-def horovod_collectives(comm: Any, sizes: list[int]) -> dict[str, dict[str, Any]]:
-    """Horovod's allreduce, allgather and alltoall, fitted per collective (every rank returns the same)."""
+def collectives_device(name: str) -> Any:
+    """The torch device the collectives are timed on: the CPU, or this rank's local GPU."""
+    import torch
+
+    if name == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ValueError("--device cuda: torch sees no CUDA device here")
+    local = int(os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cuda", local % torch.cuda.device_count())
+
+
+def horovod_collectives(comm: Any, sizes: list[int], device: Any = None) -> dict[str, dict[str, Any]]:
+    """Horovod's allreduce, allgather and alltoall on ``device``'s tensors (CPU: MPI or Gloo; CUDA: NCCL), fitted per
+    collective (every rank returns the same)."""
     import horovod.torch as hvd
     import torch
     from mpi4py import MPI
 
     hvd.init()
     p = hvd.size()
+    on = {"device": device or torch.device("cpu")}
     # (the input for n bytes, the collective on it); the input is made once per size, outside the timed calls
     # (at 64 MiB its allocation and fill took 40 to 50 ms, a third of the allreduce, on the emulated cluster)
     calls = {
-        "allreduce": (lambda n: torch.ones(n // 4), lambda x, n: hvd.allreduce(x, name=f"probe.ar.{n}", op=hvd.Sum)),
-        "allgather": (lambda n: torch.ones(n // p, dtype=torch.uint8),
+        "allreduce": (lambda n: torch.ones(n // 4, **on),
+                      lambda x, n: hvd.allreduce(x, name=f"probe.ar.{n}", op=hvd.Sum)),
+        "allgather": (lambda n: torch.ones(n // p, dtype=torch.uint8, **on),
                       lambda x, n: hvd.allgather(x, name=f"probe.ag.{n}")),
-        "alltoall": (lambda n: torch.ones(n // p * p, dtype=torch.uint8),
+        "alltoall": (lambda n: torch.ones(n // p * p, dtype=torch.uint8, **on),
                      lambda x, n: hvd.alltoall(x, name=f"probe.a2a.{n}")),
     }
     result = {}
@@ -287,8 +304,9 @@ def horovod_collectives(comm: Any, sizes: list[int]) -> dict[str, dict[str, Any]
     return result
 
 
-def probe(comm: Any = None) -> dict[str, Any]:
-    """The cluster document (rank 0's copy is complete; see the module docstring)."""
+def probe(comm: Any = None, device: str = "cpu") -> dict[str, Any]:
+    """The cluster document (rank 0's copy is complete; see the module docstring); Horovod's collectives are timed
+    on ``device``'s tensors (cpu, or cuda: each rank's local GPU)."""
     gpu_records, gpu_status = gpus()
     mine = {"host": host_id(), "gpus": gpu_records, "gpu_status": gpu_status, "nics": nics()}
     everyone = comm.allgather(mine) if comm is not None else [mine]
@@ -312,7 +330,9 @@ def probe(comm: Any = None) -> dict[str, Any]:
                 tiers[tier].append({"ranks": [0, peer], **fit_tier(points),
                                     "points": [{"bytes": n, "time_us": round(t * 1e6, 3)} for n, t in points]})
         tiers = comm.bcast(tiers, root=0)
-        measured = horovod_collectives(comm, COLLECTIVE_BYTES)
+        on = collectives_device(device)
+        measured = horovod_collectives(comm, COLLECTIVE_BYTES, on)
+        document["collectives_device"] = "cpu" if on.type == "cpu" else f"cuda ({_device_name(on)})"
         # the collectives cross the slowest tier the ranks span
         spans = "inter_node" if len(hosts) > 1 else "intra_node"
         for tier, pairs in tiers.items():
@@ -333,18 +353,31 @@ def probe(comm: Any = None) -> dict[str, Any]:
     return document
 
 
+def _device_name(device: Any) -> str:
+    import torch
+
+    return torch.cuda.get_device_name(device)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="hvdcomp probe", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="cluster.yaml")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="the tensors Horovod's collectives are timed on (cuda: NCCL, each rank's local GPU)")
     args = parser.parse_args(argv)
+    if args.device == "cuda":
+        try:
+            collectives_device("cuda")
+        except ValueError as error:
+            parser.error(str(error))
     comm = None
     if int(os.environ.get("OMPI_COMM_WORLD_SIZE", os.environ.get("PMI_SIZE", "1"))) > 1:
         from mpi4py import MPI
 
         comm = MPI.COMM_WORLD
     try:
-        document = probe(comm)
+        document = probe(comm, args.device)
     except Exception:
         if comm is None:
             raise

@@ -2,6 +2,15 @@
 
     hvdcomp profile --model synthetic --batch-size 128 --out profile.yaml
     launch/mpirun.sh -np 4 hvdcomp profile --model synthetic --out profile.yaml   # ranks sharing a host
+    hvdcomp profile --model mypackage.nets:build --input-shape 3,224,224 --classes 1000 --batch-size 32
+    hvdcomp profile --model mypackage.nets:build --batch mypackage.nets:sample --device cuda
+
+Any model: ``--model package.module:factory`` (a callable returning the model), with its input either as a shape
+(``--input-shape``, random normal values, or token ids below ``--vocab``; targets are classes below ``--classes``)
+or as ``--batch package.module:function`` (called with the batch size, returning ``(inputs, targets)``). From
+Python, :func:`profile` takes the model, a batch and a loss function. On ``--device cuda`` (the model and batch on
+the rank's GPU) every timed region is closed by a device synchronization, and the time each gradient becomes ready
+is read from CUDA events recorded in its hook (the hook runs when the host enqueues, not when the GPU is done).
 
 For one model and per-rank batch size it measures forward, backward and optimizer-step time, each
 gradient's size, the time it becomes ready in backward (a post-accumulate-grad hook per parameter, the
@@ -22,11 +31,13 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib
+import inspect
 import os
 import platform
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -69,45 +80,91 @@ class Ranks:
         return self.comm.allreduce(value, op=MPI.MAX)
 
 
-def _median_ms(fn: Callable[[], Any], repeats: int, ranks: Ranks, before: Callable[[], Any] | None = None) -> float:
+CPU = torch.device("cpu")
+
+
+def _sync(device: torch.device) -> None:
+    """Waits for the device's queued work (CUDA), so that a host clock times the kernels themselves."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _median_ms(fn: Callable[[], Any], repeats: int, ranks: Ranks, before: Callable[[], Any] | None = None,
+               device: torch.device = CPU) -> float:
     times = []
     for _ in range(repeats):
         if before is not None:
             before()
+        _sync(device)
         ranks.barrier()
         start = time.perf_counter()
         fn()
+        _sync(device)
         times.append(time.perf_counter() - start)
     return ranks.slowest(statistics.median(times) * 1e3)
 
 
-def measure_steps(model: nn.Module, x: torch.Tensor, y: torch.Tensor, repeats: int, ranks: Ranks) -> dict[str, Any]:
+#: a batch: the model's inputs (a tensor, or a tuple of them: ``model(*inputs)``) and the loss's targets
+Batch = tuple[Any, Any]
+LossFn = Callable[[Any, Any], torch.Tensor]
+
+
+def _forward(model: nn.Module, inputs: Any) -> Any:
+    return model(*inputs) if isinstance(inputs, (tuple, list)) else model(inputs)
+
+
+def measure_steps(model: nn.Module, batch: Batch, loss_fn: LossFn, repeats: int, ranks: Ranks) -> dict[str, Any]:
+    """Forward, backward and optimizer-step times, and each gradient's readiness in backward, on the device the
+    model's parameters are on."""
     named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    device = named[0][1].device
+    cuda = device.type == "cuda"
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    loss_fn = nn.CrossEntropyLoss()
-    ready: dict[str, list[float]] = {name: [] for name, _ in named}
-    clock = {"start": 0.0}
-    for name, p in named:
-        p.register_post_accumulate_grad_hook(
-            lambda _, name=name: ready[name].append(time.perf_counter() - clock["start"]))
+    inputs, targets = batch
+    # per parameter and step: the host clock's reading (CPU) or a CUDA event (read once the step is done)
+    ready: dict[str, list[Any]] = {name: [] for name, _ in named}
+    clock: dict[str, Any] = {"start": 0.0}
+
+    def mark(name: str) -> None:
+        if cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            ready[name].append(event)
+        else:
+            ready[name].append(time.perf_counter() - clock["start"])
+
+    handles = [p.register_post_accumulate_grad_hook(lambda _, name=name: mark(name)) for name, p in named]
     phases: dict[str, list[float]] = {"forward": [], "backward": [], "optimizer": []}
     for step in range(repeats + 2):
         optimizer.zero_grad()
+        _sync(device)
         ranks.barrier()
         t0 = time.perf_counter()
-        loss = loss_fn(model(x), y)
+        loss = loss_fn(_forward(model, inputs), targets)
+        _sync(device)
         t1 = clock["start"] = time.perf_counter()
+        if cuda:
+            clock["event"] = torch.cuda.Event(enable_timing=True)
+            clock["event"].record()
         loss.backward()
+        _sync(device)
         t2 = time.perf_counter()
         optimizer.step()
+        _sync(device)
         t3 = time.perf_counter()
+        if cuda:  # the events of this step, as ms since backward began
+            for times in ready.values():
+                if times and isinstance(times[-1], torch.cuda.Event):
+                    times[-1] = clock["event"].elapsed_time(times[-1]) / 1e3
         if step >= 2:  # two warm-up steps
             for key, value in zip(phases, (t1 - t0, t2 - t1, t3 - t2), strict=True):
                 phases[key].append(value)
+    for handle in handles:
+        handle.remove()
     gradients = [{"name": name, "numel": p.numel(), "bytes": p.numel() * p.element_size(),
                   "ready_ms": round(ranks.slowest(statistics.median(ready[name][2:]) * 1e3), 4),
                   "check_ms": round(_median_ms(lambda p=p: nonfinite(p.grad._values() if p.grad.is_sparse else p.grad),
-                                               repeats, ranks), 4)}
+                                               repeats, ranks, device=device), 4)}
                  for name, p in named]
     gradients.sort(key=lambda g: g["ready_ms"])
     result = {key: round(ranks.slowest(statistics.median(values) * 1e3), 4) for key, values in phases.items()}
@@ -131,23 +188,23 @@ def measure_encoded(compressor: Compressor, grad: torch.Tensor, repeats: int, ra
         payload = compressor.compress(grad, state, ctx, shared.get("value"))[0]
         return payload if inner.summable else wire.pack(payload)
 
-    shared_ms = _median_ms(statistics_, repeats, ranks) if gated else 0.0
-    encode_ms = _median_ms(encode, repeats, ranks, before=statistics_ if gated else None)
+    shared_ms = _median_ms(statistics_, repeats, ranks, device=grad.device) if gated else 0.0
+    encode_ms = _median_ms(encode, repeats, ranks, before=statistics_ if gated else None, device=grad.device)
     if gated:
         statistics_()
     payload, meta = compressor.compress(grad, state, ctx, shared.get("value"))
     summed = (inner.decompress(payload, meta) if inner.summable else inner.aggregate([payload], meta)).view_as(grad)
     target = grad.clone()
-    finish_ms = _median_ms(lambda: torch.div(summed, PROBE_WORLD, out=target), repeats, ranks)
+    finish_ms = _median_ms(lambda: torch.div(summed, PROBE_WORLD, out=target), repeats, ranks, device=grad.device)
     extra_ms = 0.0
     part_bytes = [part.numel() * part.element_size() for part in payload]
     if inner.summable or inner.reduction is not None:  # allreduced as they are
         wire_bytes = sum(part_bytes)
-        decode_ms = _median_ms(lambda: inner.decompress(payload, meta), repeats, ranks)
+        decode_ms = _median_ms(lambda: inner.decompress(payload, meta), repeats, ranks, device=grad.device)
     else:
         wire_bytes = wire.nbytes(wire.layout_of(payload)) + (0 if inner.fixed_size else 8 * len(payload))
-        decode_ms = _median_ms(lambda: inner.aggregate([payload], meta), repeats, ranks)
-        four_ms = _median_ms(lambda: inner.aggregate([payload] * 4, meta), repeats, ranks)
+        decode_ms = _median_ms(lambda: inner.aggregate([payload], meta), repeats, ranks, device=grad.device)
+        four_ms = _median_ms(lambda: inner.aggregate([payload] * 4, meta), repeats, ranks, device=grad.device)
         extra_ms = max(four_ms - decode_ms, 0.0) / 3
     return {"wire_bytes": int(wire_bytes), "part_bytes": part_bytes, "shared_ms": round(shared_ms, 4),
             "encode_ms": round(encode_ms, 4), "decode_ms": round(decode_ms, 4),
@@ -178,22 +235,33 @@ def measure_compressor(method: str, named: list[tuple[str, torch.Tensor]], repea
     return {**summary, "gradients": entry}
 
 
-def profile(model_name: str, batch_size: int | None, repeats: int, methods: list[str], seed: int = 0,
-            ranks: Ranks | None = None) -> dict[str, Any]:
-    """The profile document of ``model_name`` (see the module docstring)."""
+def profile(model: nn.Module, batch: Batch, loss_fn: LossFn | None = None, *, methods: Sequence[str] | None = None,
+            repeats: int = 10, ranks: Ranks | None = None, name: str = "model") -> dict[str, Any]:
+    """The profile document of ``model`` (see the module docstring), for ``hvdcomp predict``.
+
+    Args:
+        model: the model, on the device to profile it on (CPU or the rank's GPU).
+        batch: ``(inputs, targets)`` of one rank's batch, on that device; ``inputs`` is a tensor or a tuple of them.
+        loss_fn: ``loss_fn(model(inputs), targets)``; cross entropy by default.
+        methods: the compressors to measure on the model's own gradients (default: every registered one).
+        repeats: timed runs per measurement (the median is kept), after warm-up.
+        ranks: the mpirun job whose ranks measure at the same time (default: this process, or the job it runs in).
+        name: the model's name in the document.
+    """
     ranks = ranks or Ranks()
-    workload = WORKLOADS[model_name](seed)
-    batch_size = batch_size or workload.batch_size
-    index = torch.arange(batch_size) % len(workload.data.train_x)
-    x, y = workload.data.train_x[index], workload.data.train_y[index]
-    model = workload.model
-    document: dict[str, Any] = {"kind": "profile", "model": model_name, "batch_size": batch_size,
-                                "device": f"cpu ({platform.processor() or platform.machine()}, "
-                                          f"{torch.get_num_threads()} threads)"}
-    document.update(measure_steps(model, x, y, repeats, ranks))
+    loss_fn = loss_fn or nn.functional.cross_entropy
+    methods = [m for m in METHODS if m != "none"] if methods is None else list(methods)
+    inputs = batch[0]
+    first = inputs[0] if isinstance(inputs, (tuple, list)) else inputs
+    device = next(model.parameters()).device
+    described = (f"cuda ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else
+                 f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)")
+    document: dict[str, Any] = {"kind": "profile", "model": name, "batch_size": int(first.shape[0]),
+                                "device": described}
+    document.update(measure_steps(model, batch, loss_fn, repeats, ranks))
     # sparse gradients (bow's embedding) densified, as DistributedOptimizer hands them to every method but the sketch
-    named = [(name, p.grad.detach().to_dense() if p.grad.is_sparse else p.grad.detach().clone())
-             for name, p in model.named_parameters() if p.grad is not None]
+    named = [(key, p.grad.detach().to_dense() if p.grad.is_sparse else p.grad.detach().clone())
+             for key, p in model.named_parameters() if p.grad is not None]
     compressors = {}
     for method in methods:
         measured = measure_compressor(method, named, repeats, ranks)
@@ -205,11 +273,67 @@ def profile(model_name: str, batch_size: int | None, repeats: int, methods: list
     return document
 
 
+def workload_batch(model_name: str, batch_size: int | None, seed: int = 0) -> tuple[nn.Module, Batch]:
+    """A built-in workload's model and a batch of its training data (``batch_size`` per rank, default its own)."""
+    workload = WORKLOADS[model_name](seed)
+    index = torch.arange(batch_size or workload.batch_size) % len(workload.data.train_x)
+    return workload.model, (workload.data.train_x[index], workload.data.train_y[index])
+
+
+def load_callable(spec: str, what: str) -> Callable[..., Any]:
+    """``package.module:name`` -> the callable it names (an error that says what is wrong otherwise)."""
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise ValueError(f"{what} must be package.module:callable; got {spec!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ValueError(f"{what}: cannot import {module_name!r}: {error}") from error
+    found = getattr(module, attribute, None)
+    if not callable(found):
+        raise ValueError(f"{what}: {module_name} has no callable {attribute!r}")
+    return found
+
+
+def custom_batch(batch_size: int, input_shape: str | None, classes: int, vocab: int | None,
+                 batch_fn: str | None) -> Batch:
+    """The batch of a user's model: ``batch_fn(batch_size)``, or random inputs of ``input_shape`` (normal values,
+    or token ids below ``vocab``) with class targets below ``classes``."""
+    if batch_fn is not None:
+        made = load_callable(batch_fn, "--batch")(batch_size)
+        if not isinstance(made, (tuple, list)) or len(made) != 2:
+            raise ValueError(f"--batch {batch_fn} must return (inputs, targets); got {type(made).__name__}")
+        return made[0], made[1]
+    if input_shape is None:
+        raise ValueError("a --model given as package.module:factory needs --input-shape or --batch")
+    try:
+        shape = [int(n) for n in input_shape.split(",")]
+    except ValueError:
+        raise ValueError(f"--input-shape must be comma-separated integers; got {input_shape!r}") from None
+    generator = torch.Generator().manual_seed(0)
+    inputs = (torch.randint(0, vocab, (batch_size, *shape), generator=generator) if vocab else
+              torch.randn(batch_size, *shape, generator=generator))
+    return inputs, torch.randint(0, classes, (batch_size,), generator=generator)
+
+
+def _to(value: Any, device: torch.device) -> Any:
+    if isinstance(value, (tuple, list)):
+        return type(value)(_to(v, device) for v in value)
+    return value.to(device) if isinstance(value, torch.Tensor) else value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="hvdcomp profile", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, choices=sorted(WORKLOADS))
-    parser.add_argument("--batch-size", type=int, help="per rank (default: the workload's)")
+    parser.add_argument("--model", required=True,
+                        help=f"a built-in workload ({', '.join(sorted(WORKLOADS))}) or package.module:factory")
+    parser.add_argument("--batch-size", type=int, help="per rank (default: the workload's; 32 for a factory's model)")
+    parser.add_argument("--input-shape", help="a factory's model: one sample's input shape, e.g. 3,224,224")
+    parser.add_argument("--classes", type=int, default=10, help="a factory's model: targets below this (default 10)")
+    parser.add_argument("--vocab", type=int, help="a factory's model: integer inputs (token ids) below this")
+    parser.add_argument("--batch", help="a factory's model: package.module:function(batch_size) -> (inputs, targets)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="where to profile (cuda: the rank's GPU, LOCAL_RANK or OMPI_COMM_WORLD_LOCAL_RANK)")
     parser.add_argument("--repeats", type=int, default=10)
     compressed = sorted(m for m in METHODS if m != "none")
     parser.add_argument("--methods", default=",".join(compressed),
@@ -220,10 +344,35 @@ def main(argv: list[str] | None = None) -> int:
     for method in methods:
         if method not in compressed:
             parser.error(f"--methods: unknown compressor {method!r}; valid: {', '.join(compressed)}")
-    if args.repeats < 1 or (args.batch_size is not None and args.batch_size < 1):
-        parser.error("--repeats and --batch-size must be >= 1")
+    if args.repeats < 1 or (args.batch_size is not None and args.batch_size < 1) or args.classes < 1:
+        parser.error("--repeats, --batch-size and --classes must be >= 1")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device here")
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        local = os.environ.get("LOCAL_RANK", os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", "0"))
+        device = torch.device("cuda", int(local) % torch.cuda.device_count())
+    try:
+        if args.model in WORKLOADS:
+            model, batch = workload_batch(args.model, args.batch_size)
+        else:
+            torch.manual_seed(0)
+            factory = load_callable(args.model, "--model")
+            try:
+                inspect.signature(factory).bind()
+            except TypeError:
+                raise ValueError(f"--model {args.model} must be callable without arguments") from None
+            except ValueError:  # no signature to read (a builtin): call it and see
+                pass
+            model = factory()
+            if not isinstance(model, nn.Module):
+                raise ValueError(f"--model {args.model} returned {type(model).__name__}, not a torch.nn.Module")
+            batch = custom_batch(args.batch_size or 32, args.input_shape, args.classes, args.vocab, args.batch)
+    except ValueError as error:
+        parser.error(str(error))
     ranks = Ranks()
-    document = profile(args.model, args.batch_size, args.repeats, methods, ranks=ranks)
+    document = profile(model.to(device), _to(batch, device), methods=methods, repeats=args.repeats, ranks=ranks,
+                       name=args.model)
     if ranks.rank == 0:
         dump(document, args.out, f"hvdcomp profile of {args.model}, batch {document['batch_size']} per rank "
                                  f"(measured; times in ms are medians of the slowest rank)")

@@ -181,7 +181,7 @@ def parse_cluster(data: Any, where: str) -> Cluster:
         fusion = horovod.integer("fusion_threshold_bytes", 0, default=HOROVOD_FUSION_THRESHOLD_BYTES)
         horovod.done()
     cluster = Cluster(top.string("name"), top.boolean("nominal"), ranks_per_node, intra, inter, fusion)
-    top.informational("source", "gpus", "nics", "hosts", "network_status")
+    top.informational("source", "gpus", "nics", "hosts", "network_status", "collectives_device")
     top.done()
     return cluster
 
