@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 
 from hvdcomp.tools import cluster
 
@@ -106,6 +107,19 @@ def test_train_across_hosts(hosts: cluster.Cluster, controller: str, tmp_path: P
         received, transmitted = wire_bytes(host)
         assert transmitted - sent_before >= sent, (host.namespace, transmitted - sent_before, sent)
         assert received - received_before >= sent, (host.namespace, received - received_before, sent)
+
+
+@pytest.mark.multirank
+def test_the_main_job_runs_on_an_emulated_cluster(hosts: cluster.Cluster) -> None:
+    """launch/demo.sh (the README's main job) trains across 2 emulated hosts at 100 Mbit/s and prints dense's and
+    TernGrad's time to 95% side by side."""
+    done = subprocess.run(["bash", str(REPO / "launch" / "demo.sh")], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "2 emulated hosts (network namespaces), each linked at 100 Mbit/s" in done.stdout, done.stdout[-3000:]
+    rows = [line.split() for line in done.stdout.splitlines() if line.split()[:1] in (["none"], ["terngrad"])]
+    assert [row[0] for row in rows] == ["none", "terngrad"] and all("(ep." in " ".join(row) for row in rows), rows
+    assert re.search(r"speedup over dense: [0-9.]+x time to 95%", done.stdout), done.stdout[-3000:]
+    assert "hvdcdemo" not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
 
 
 def test_bad_settings_are_named() -> None:

@@ -84,9 +84,13 @@ def test_powersgd_matches_pytorch_hook(controller: str) -> None:
 def test_terngrad_digits_within_one_point_of_dense(tmp_path) -> None:
     summary = tmp_path / "summary.json"
     result = run_ranks([str(BIN / "hvdcomp"), "train", "--workload", "digits", "--compression", "terngrad",
-                        "--compare", "dense", "--seed", "0", "--no-progress", "--json", str(summary)], 2)
+                        "--compare", "dense", "--seed", "0", "--no-progress", "--json", str(summary), "--target",
+                        "0.95"], 2)
     assert result.returncode == 0, result.output[-5000:]
     dense, terngrad = json.loads(summary.read_text())
+    for run in (dense, terngrad):  # evaluated after every epoch: the first epoch at 95%, and the time to it
+        assert run["target_accuracy"] == 0.95 and 1 <= run["target_epoch"] <= 20 and run["time_to_target_s"] > 0
+    assert "time to 95%" in result.output and "to 95%" in result.output
     assert dense["method"] == "none" and terngrad["method"] == "terngrad"
     assert dense["test_accuracy"] > 0.9, dense
     assert abs(terngrad["test_accuracy"] - dense["test_accuracy"]) <= 0.01, (dense, terngrad)

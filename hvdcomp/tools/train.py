@@ -69,6 +69,11 @@ class Summary:
     #: --elastic: per reset, the world size after it and the seconds from the last step completed before the fault
     #: to the first step completed after it (detection, re-rendezvous, state sync, the steps redone)
     resets: list[dict[str, Any]] | None = None
+    #: --target: the test accuracy aimed at, and the training time (the slowest rank's steps, evaluation excluded)
+    #: and epoch at whose end the model first reached it (None if it did not)
+    target_accuracy: float | None = None
+    time_to_target_s: float | None = None
+    target_epoch: int | None = None
 
 
 class Progress:
@@ -137,7 +142,8 @@ def method_name(compression: Any) -> str:
 
 def run(workload_name: str, compression: Any, epochs: int | None, batch_size: int | None, lr: float | None,
         seed: int, show_progress: bool = True, device: str = "auto",
-        deadline: Deadline | float | None = DEFAULT_DEADLINE, elastic: bool = False) -> Summary:
+        deadline: Deadline | float | None = DEFAULT_DEADLINE, elastic: bool = False,
+        target_accuracy: float | None = None) -> Summary:
     """Trains one workload with one compression setting; every rank returns the same summary (under ``elastic``,
     every rank that ends the job: step counts and times are each rank's own).
 
@@ -147,6 +153,9 @@ def run(workload_name: str, compression: Any, epochs: int | None, batch_size: in
     is re-sharded for the new world, and training goes on from the last commit at the same step of the epoch (the
     new shards' steps: some samples of that epoch are seen twice or not at all). Steps redone after a reset count
     again in the summary's steps and times.
+
+    ``target_accuracy``: the test set is evaluated after every epoch (outside the timed steps; every rank holds the
+    same model) and the training time at which the accuracy first reached it is reported.
     """
     workload = WORKLOADS[workload_name](seed)
     epochs = workload.epochs if epochs is None else epochs
@@ -176,6 +185,7 @@ def run(workload_name: str, compression: Any, epochs: int | None, batch_size: in
     losses = [torch.zeros(())]
     resets: list[dict[str, Any]] = []
     last_step = {"end": time.perf_counter(), "after_reset": False}
+    reached: dict[str, float | int] = {}  # the training time and epoch the target was first reached at
 
     def train_epochs(state: Any) -> None:
         for epoch in range(state.epoch, epochs):
@@ -210,6 +220,8 @@ def run(workload_name: str, compression: Any, epochs: int | None, batch_size: in
                     state.batch = step + 1
                     state.commit()
             state.epoch, state.batch = epoch + 1, 0
+            if target_accuracy is not None and not reached and evaluate(model, data) >= target_accuracy:
+                reached.update(seconds=sum(step_times), epoch=epoch + 1)
             if elastic:
                 state.commit()
 
@@ -226,10 +238,15 @@ def run(workload_name: str, compression: Any, epochs: int | None, batch_size: in
     dense_bytes = 4 * sum(p.numel() for p in model.parameters() if p.requires_grad)
     final_loss = hvd.allreduce(losses[0].detach(), name=f"train.loss.{method_name(compression)}").item()
     size = hvd.size()
+    to_target = None
+    if reached:  # every rank reached it in the same epoch (the same model): the slowest rank's time counts
+        to_target = hvd.allreduce(torch.tensor([float(reached["seconds"])]), op=hvd.Max,
+                                  name=f"train.to_target.{method_name(compression)}").item()
     return Summary(method_name(compression), workload_name, size, epochs, steps, mean_step,
                    statistics.median(timed), batch_size * size / mean_step, per_step, dense_bytes,
                    dense_bytes / per_step if per_step else None, final_loss, evaluate(model, data),
-                   trace or None, resets if elastic else None)
+                   trace or None, resets if elastic else None, target_accuracy, to_target,
+                   int(reached["epoch"]) if reached else None)
 
 
 def with_epochs(compression: Any, steps_per_epoch: int) -> Any:
@@ -312,14 +329,20 @@ def deadline_arg(text: str) -> Deadline | float | None:
 
 
 def table(summaries: list[Summary]) -> str:
+    target = next((s.target_accuracy for s in summaries if s.target_accuracy is not None), None)
+    label = "" if target is None else f" {f'to {target * 100:g}%':>15}"
     header = (f"{'method':>10} {'ranks':>5} {'steps':>6} {'step ms':>9} {'samples/s':>10} "
-              f"{'MB/rank/step':>13} {'vs fp32':>8} {'test acc':>9}")
+              f"{'MB/rank/step':>13} {'vs fp32':>8} {'test acc':>9}{label}")
     rows = [header, "-" * len(header)]
     for s in summaries:
+        reached = ""
+        if target is not None:
+            reached = " " + (f"{s.time_to_target_s:.2f} s (ep. {s.target_epoch})" if s.time_to_target_s is not None
+                             else "not reached").rjust(15)
         rows.append(f"{s.method:>10} {s.ranks:>5} {s.steps:>6} {s.mean_step_s * 1e3:>9.1f} "
                     f"{s.samples_per_s:>10.1f} {s.bytes_per_rank_per_step / 1e6:>13.3f} "
                     f"{'-' if s.compression_ratio is None else f'{s.compression_ratio:.1f}x':>8} "
-                    f"{s.test_accuracy * 100:>8.2f}%")
+                    f"{s.test_accuracy * 100:>8.2f}%{reached}")
     return "\n".join(rows)
 
 
@@ -345,7 +368,11 @@ def main(argv: list[str] | None = None) -> int:
                              "auto deadline is then off (Gloo's timeout ends a blocked collective)")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                         help="auto: each rank's GPU (hvd.local_rank()) where CUDA is available, else the CPU")
+    parser.add_argument("--target", type=float, metavar="ACCURACY",
+                        help="evaluate after every epoch and report the training time to this test accuracy (0-1)")
     args = parser.parse_args(argv)
+    if args.target is not None and not 0 < args.target <= 1:
+        parser.error(f"--target must be an accuracy in (0, 1]; got {args.target}")
     job = load_job(args.config) if args.config else {}
     if args.compression is not None and "compression" in job:
         parser.error("give the compression either with --compression or in the --config file, not both")
@@ -358,13 +385,17 @@ def main(argv: list[str] | None = None) -> int:
     runs = ([("dense", "none")] if args.compare else []) + [("compressed", compression)]
     summaries = [run(settings["workload"] or "digits", setting, settings["epochs"], settings["batch_size"],
                      settings["lr"], settings["seed"] or 0, show_progress=not args.no_progress,
-                     device=args.device, elastic=args.elastic, deadline=args.deadline)
+                     device=args.device, elastic=args.elastic, deadline=args.deadline, target_accuracy=args.target)
                  for _, setting in runs]
     if hvd.rank() == 0:
         print(table(summaries))
         if args.compare:
             dense, compressed = summaries
-            print(f"speedup over dense: {dense.mean_step_s / compressed.mean_step_s:.2f}x step time; "
+            to_target = ""
+            if dense.time_to_target_s is not None and compressed.time_to_target_s is not None:
+                to_target = (f"{dense.time_to_target_s / compressed.time_to_target_s:.2f}x time to "
+                             f"{args.target * 100:g}%; ")
+            print(f"speedup over dense: {to_target}{dense.mean_step_s / compressed.mean_step_s:.2f}x step time; "
                   f"{compressed.compression_ratio:.1f}x fewer bytes; accuracy "
                   f"{(compressed.test_accuracy - dense.test_accuracy) * 100:+.2f} points")
         report = json.dumps([asdict(s) for s in summaries])
