@@ -5,7 +5,7 @@
 # Where this machine can host network namespaces (root, iproute2), the 2 ranks run on an emulated cluster of 2 hosts
 # linked at 100 Mbit/s (`hvdcomp cluster`): the slow network compression exists for. Elsewhere they run on this
 # machine over shared memory, where compression does not pay, and the demo says so. Extra arguments go to
-# `hvdcomp train` (e.g. --compression topk).
+# `hvdcomp train` (e.g. --compression topk). DEMO_CLUSTER names the emulated cluster (default hvdcdemo).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -13,14 +13,14 @@ bash launch/setup.sh
 export PATH="$PATH:/usr/sbin:/sbin"  # ip and tc, for the emulated cluster
 train=("$PWD/.venv/bin/hvdcomp" train --workload digits --compression terngrad --compare dense --target 0.95
        --no-progress "$@")
-name=hvdcdemo
+name=${DEMO_CLUSTER:-hvdcdemo}
+# the JSON summary line is for scripts (hvdcomp train --json); the demo shows the table
 if why=$(.venv/bin/hvdcomp cluster --name "$name" up --hosts 2 --rate 100mbit 2>&1); then
-    trap '.venv/bin/hvdcomp cluster --name "$name" down' EXIT
+    trap '.venv/bin/hvdcomp cluster --name "$name" down || true' EXIT
     echo "hvdcomp demo: 2 emulated hosts (network namespaces), each linked at 100 Mbit/s"
-    # the JSON summary line is for scripts (hvdcomp train --json); the demo shows the table
-    .venv/bin/hvdcomp cluster --name "$name" run -- "${train[@]}" | grep -v '^\[{'
+    .venv/bin/hvdcomp cluster --name "$name" run -- "${train[@]}" | sed '/^\[{/d'
 else
     echo "hvdcomp demo: no emulated cluster here (${why##*error: }); 2 ranks on this machine instead, over shared"
     echo "memory, where compression does not pay (perf/RESULTS.md): see the 100 Mbit/s figures there"
-    launch/mpirun.sh -np 2 "${train[@]}" | grep -v '^\[{'
+    launch/mpirun.sh -np 2 "${train[@]}" | sed '/^\[{/d'
 fi

@@ -434,10 +434,10 @@ def test_predict_rejects_bad_arguments(tmp_path: Path) -> None:
     assert done.returncode == 0 and "(nominal)" in done.stdout
 
 
-def test_profile_any_model_from_python() -> None:
+def test_profile_any_model_from_python(capsys: pytest.CaptureFixture[str]) -> None:
     """``hvdcomp.perfmodel.profile.profile(model, batch, loss_fn)``: a user's model with its own loss (a regression
     here) and inputs of two tensors; gradients listed in the order backward makes them ready, the compressors
-    measured on them."""
+    measured on them; a parameter that gets no gradient is left out, and named."""
     import torch
     from torch import nn
 
@@ -447,6 +447,7 @@ def test_profile_any_model_from_python() -> None:
         def __init__(self) -> None:
             super().__init__()
             self.left, self.right, self.out = nn.Linear(16, 64), nn.Linear(16, 64), nn.Linear(64, 1)
+            self.spare = nn.Linear(4, 4)  # unused in forward
 
         def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
             return self.out(torch.relu(self.left(a) + self.right(b))).squeeze(1)
@@ -458,6 +459,7 @@ def test_profile_any_model_from_python() -> None:
     names = [g["name"] for g in document["gradients"]]
     assert names[0] in ("out.weight", "out.bias") and set(names) == {
         f"{layer}.{kind}" for layer in ("left", "right", "out") for kind in ("weight", "bias")}
+    assert "left out (as if frozen): spare.bias, spare.weight" in capsys.readouterr().err
     assert set(document["compressors"]) == {"topk", "fp16"}
     assert set(document["compressors"]["topk"]["gradients"]) == {"left.weight", "right.weight"}  # min_numel 1024
     assert document["forward_ms"] > 0 and document["backward_ms"] > 0

@@ -15,8 +15,9 @@
   (:func:`hvdcomp.perfmodel.costs.fit_line`): gradients are megabytes, and a shaped or congested link is
   faster for small bursts than sustained. Ranks on the same host (same hostname
   and network namespace) measure the ``intra_node`` tier, ranks on different hosts ``inter_node``.
-  ``--device cuda`` times Horovod's collectives on CUDA tensors, each rank on its local GPU: NCCL, the path
-  training's gradients take on GPUs (``collectives_device`` in the document says which ran).
+  ``--device cuda`` times Horovod's collectives on CUDA tensors, each rank on its local GPU: NCCL where Horovod was
+  built with it, the path training's gradients take on GPUs (``collectives_device`` in the document says which
+  ran). NCCL takes one rank per GPU: on one GPU there is nothing to time.
 """
 
 from __future__ import annotations
@@ -249,18 +250,6 @@ def fit_tier(points: list[tuple[int, float]]) -> dict[str, float]:
     return {"latency_us": round(alpha * 1e6, 3), "bandwidth_gbps": round(8 / beta / 1e9, 4) if beta > 0 else 1e6}
 
 
-def collectives_device(name: str) -> Any:
-    """The torch device the collectives are timed on: the CPU, or this rank's local GPU."""
-    import torch
-
-    if name == "cpu":
-        return torch.device("cpu")
-    if not torch.cuda.is_available():
-        raise ValueError("--device cuda: torch sees no CUDA device here")
-    local = int(os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", os.environ.get("LOCAL_RANK", "0")))
-    return torch.device("cuda", local % torch.cuda.device_count())
-
-
 def horovod_collectives(comm: Any, sizes: list[int], device: Any = None) -> dict[str, dict[str, Any]]:
     """Horovod's allreduce, allgather and alltoall on ``device``'s tensors (CPU: MPI or Gloo; CUDA: NCCL), fitted per
     collective (every rank returns the same)."""
@@ -273,13 +262,18 @@ def horovod_collectives(comm: Any, sizes: list[int], device: Any = None) -> dict
     on = {"device": device or torch.device("cpu")}
     # (the input for n bytes, the collective on it); the input is made once per size, outside the timed calls
     # (at 64 MiB its allocation and fill took 40 to 50 ms, a third of the allreduce, on the emulated cluster)
+    def done(result: Any) -> Any:  # the device's work finished (Horovod's completion may be asynchronous on GPUs)
+        if on["device"].type == "cuda":
+            torch.cuda.synchronize(on["device"])
+        return result
+
     calls = {
-        "allreduce": (lambda n: torch.ones(n // 4, **on),
-                      lambda x, n: hvd.allreduce(x, name=f"probe.ar.{n}", op=hvd.Sum)),
-        "allgather": (lambda n: torch.ones(n // p, dtype=torch.uint8, **on),
-                      lambda x, n: hvd.allgather(x, name=f"probe.ag.{n}")),
-        "alltoall": (lambda n: torch.ones(n // p * p, dtype=torch.uint8, **on),
-                     lambda x, n: hvd.alltoall(x, name=f"probe.a2a.{n}")),
+        "allreduce": (lambda n: done(torch.ones(n // 4, **on)),
+                      lambda x, n: done(hvd.allreduce(x, name=f"probe.ar.{n}", op=hvd.Sum))),
+        "allgather": (lambda n: done(torch.ones(n // p, dtype=torch.uint8, **on)),
+                      lambda x, n: done(hvd.allgather(x, name=f"probe.ag.{n}"))),
+        "alltoall": (lambda n: done(torch.ones(n // p * p, dtype=torch.uint8, **on)),
+                     lambda x, n: done(hvd.alltoall(x, name=f"probe.a2a.{n}"))),
     }
     result = {}
     for collective, (make, call) in calls.items():
@@ -330,9 +324,17 @@ def probe(comm: Any = None, device: str = "cpu") -> dict[str, Any]:
                 tiers[tier].append({"ranks": [0, peer], **fit_tier(points),
                                     "points": [{"bytes": n, "time_us": round(t * 1e6, 3)} for n, t in points]})
         tiers = comm.bcast(tiers, root=0)
-        on = collectives_device(device)
+        import horovod.torch as hvd
+        import torch
+
+        from hvdcomp.perfmodel.profile import local_device
+
+        on = local_device(device)
         measured = horovod_collectives(comm, COLLECTIVE_BYTES, on)
-        document["collectives_device"] = "cpu" if on.type == "cpu" else f"cuda ({_device_name(on)})"
+        # CUDA tensors go through NCCL only where Horovod was built with it; otherwise through host memory
+        document["collectives_device"] = "cpu" if on.type == "cpu" else (
+            f"cuda ({torch.cuda.get_device_name(on)}), "
+            f"{'NCCL' if hvd.nccl_built() else 'staged through host memory: Horovod was built without NCCL'}")
         # the collectives cross the slowest tier the ranks span
         spans = "inter_node" if len(hosts) > 1 else "intra_node"
         for tier, pairs in tiers.items():
@@ -353,12 +355,6 @@ def probe(comm: Any = None, device: str = "cpu") -> dict[str, Any]:
     return document
 
 
-def _device_name(device: Any) -> str:
-    import torch
-
-    return torch.cuda.get_device_name(device)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="hvdcomp probe", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -367,8 +363,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="the tensors Horovod's collectives are timed on (cuda: NCCL, each rank's local GPU)")
     args = parser.parse_args(argv)
     if args.device == "cuda":
+        from hvdcomp.perfmodel.profile import local_device
+
         try:
-            collectives_device("cuda")
+            local_device("cuda")
         except ValueError as error:
             parser.error(str(error))
     comm = None

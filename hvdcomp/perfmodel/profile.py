@@ -7,8 +7,9 @@
 
 Any model: ``--model package.module:factory`` (a callable returning the model), with its input either as a shape
 (``--input-shape``, random normal values, or token ids below ``--vocab``; targets are classes below ``--classes``)
-or as ``--batch package.module:function`` (called with the batch size, returning ``(inputs, targets)``). From
-Python, :func:`profile` takes the model, a batch and a loss function. On ``--device cuda`` (the model and batch on
+or as ``--batch package.module:function`` (called with the batch size, returning ``(inputs, targets)``); the
+command line's loss is cross entropy (a classifier's logits). From Python, :func:`profile` takes the model, a batch
+and any loss function. On ``--device cuda`` (the model and batch on
 the rank's GPU) every timed region is closed by a device synchronization, and the time each gradient becomes ready
 is read from CUDA events recorded in its hook (the hook runs when the host enqueues, not when the GPU is done).
 
@@ -36,6 +37,7 @@ import inspect
 import os
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -109,6 +111,25 @@ Batch = tuple[Any, Any]
 LossFn = Callable[[Any, Any], torch.Tensor]
 
 
+def _device_of(model: nn.Module) -> torch.device:
+    parameter = next(model.parameters(), None)
+    if parameter is None:
+        raise ValueError("the model has no parameters: nothing to profile")
+    return parameter.device
+
+
+def local_device(name: str) -> torch.device:
+    """``cpu``, or ``cuda``: this rank's GPU by its local rank (horovodrun's HOROVOD_LOCAL_RANK, Open MPI's, or
+    LOCAL_RANK), the one ``hvdcomp train`` and ``hvdcomp probe`` use too."""
+    if name == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: torch sees no CUDA device here")
+    local = next((os.environ[key] for key in ("HOROVOD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "LOCAL_RANK")
+                  if key in os.environ), "0")
+    return torch.device("cuda", int(local) % torch.cuda.device_count())
+
+
 def _forward(model: nn.Module, inputs: Any) -> Any:
     return model(*inputs) if isinstance(inputs, (tuple, list)) else model(inputs)
 
@@ -117,55 +138,62 @@ def measure_steps(model: nn.Module, batch: Batch, loss_fn: LossFn, repeats: int,
     """Forward, backward and optimizer-step times, and each gradient's readiness in backward, on the device the
     model's parameters are on."""
     named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
-    device = named[0][1].device
+    device = _device_of(model)
     cuda = device.type == "cuda"
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     inputs, targets = batch
-    # per parameter and step: the host clock's reading (CPU) or a CUDA event (read once the step is done)
-    ready: dict[str, list[Any]] = {name: [] for name, _ in named}
+    # per step, parameter -> when its gradient was ready: the host clock (CPU), or a CUDA event read after the step
+    ready: list[dict[str, Any]] = []
     clock: dict[str, Any] = {"start": 0.0}
 
     def mark(name: str) -> None:
         if cuda:
             event = torch.cuda.Event(enable_timing=True)
             event.record()
-            ready[name].append(event)
+            ready[-1][name] = event
         else:
-            ready[name].append(time.perf_counter() - clock["start"])
+            ready[-1][name] = time.perf_counter() - clock["start"]
 
     handles = [p.register_post_accumulate_grad_hook(lambda _, name=name: mark(name)) for name, p in named]
     phases: dict[str, list[float]] = {"forward": [], "backward": [], "optimizer": []}
-    for step in range(repeats + 2):
-        optimizer.zero_grad()
-        _sync(device)
-        ranks.barrier()
-        t0 = time.perf_counter()
-        loss = loss_fn(_forward(model, inputs), targets)
-        _sync(device)
-        t1 = clock["start"] = time.perf_counter()
-        if cuda:
-            clock["event"] = torch.cuda.Event(enable_timing=True)
-            clock["event"].record()
-        loss.backward()
-        _sync(device)
-        t2 = time.perf_counter()
-        optimizer.step()
-        _sync(device)
-        t3 = time.perf_counter()
-        if cuda:  # the events of this step, as ms since backward began
-            for times in ready.values():
-                if times and isinstance(times[-1], torch.cuda.Event):
-                    times[-1] = clock["event"].elapsed_time(times[-1]) / 1e3
-        if step >= 2:  # two warm-up steps
-            for key, value in zip(phases, (t1 - t0, t2 - t1, t3 - t2), strict=True):
-                phases[key].append(value)
-    for handle in handles:
-        handle.remove()
+    try:
+        for step in range(repeats + 2):
+            ready.append({})
+            optimizer.zero_grad()
+            _sync(device)
+            ranks.barrier()
+            t0 = time.perf_counter()
+            loss = loss_fn(_forward(model, inputs), targets)
+            _sync(device)
+            t1 = clock["start"] = time.perf_counter()
+            if cuda:
+                clock["event"] = torch.cuda.Event(enable_timing=True)
+                clock["event"].record()
+            loss.backward()
+            _sync(device)
+            t2 = time.perf_counter()
+            optimizer.step()
+            _sync(device)
+            t3 = time.perf_counter()
+            if cuda:  # this step's events, as seconds since backward began
+                ready[-1] = {name: clock["event"].elapsed_time(event) / 1e3 for name, event in ready[-1].items()}
+            if step >= 2:  # two warm-up steps
+                for key, value in zip(phases, (t1 - t0, t2 - t1, t3 - t2), strict=True):
+                    phases[key].append(value)
+    finally:
+        for handle in handles:
+            handle.remove()
+    timed = ready[2:]
+    used = [(name, p) for name, p in named if p.grad is not None and all(name in step for step in timed)]
+    unused = sorted({name for name, _ in named} - {name for name, _ in used})
+    if unused and ranks.rank == 0:
+        print(f"hvdcomp profile: parameters without a gradient in every step are left out (as if frozen): "
+              f"{', '.join(unused)}", file=sys.stderr)
     gradients = [{"name": name, "numel": p.numel(), "bytes": p.numel() * p.element_size(),
-                  "ready_ms": round(ranks.slowest(statistics.median(ready[name][2:]) * 1e3), 4),
+                  "ready_ms": round(ranks.slowest(statistics.median(step[name] for step in timed) * 1e3), 4),
                   "check_ms": round(_median_ms(lambda p=p: nonfinite(p.grad._values() if p.grad.is_sparse else p.grad),
                                                repeats, ranks, device=device), 4)}
-                 for name, p in named]
+                 for name, p in used]
     gradients.sort(key=lambda g: g["ready_ms"])
     result = {key: round(ranks.slowest(statistics.median(values) * 1e3), 4) for key, values in phases.items()}
     return {"forward_ms": result["forward"], "backward_ms": result["backward"], "optimizer_ms": result["optimizer"],
@@ -236,8 +264,13 @@ def measure_compressor(method: str, named: list[tuple[str, torch.Tensor]], repea
 
 
 def profile(model: nn.Module, batch: Batch, loss_fn: LossFn | None = None, *, methods: Sequence[str] | None = None,
-            repeats: int = 10, ranks: Ranks | None = None, name: str = "model") -> dict[str, Any]:
+            repeats: int = 10, ranks: Ranks | None = None, name: str = "model",
+            batch_size: int | None = None) -> dict[str, Any]:
     """The profile document of ``model`` (see the module docstring), for ``hvdcomp predict``.
+
+    It trains ``model`` for ``repeats + 2`` steps of SGD with momentum (the timed steps; batch norm's statistics move
+    too): profile a copy of a model that is to go on training. Parameters that get no gradient in every step are left
+    out, as frozen ones are, and named on stderr.
 
     Args:
         model: the model, on the device to profile it on (CPU or the rank's GPU).
@@ -247,16 +280,20 @@ def profile(model: nn.Module, batch: Batch, loss_fn: LossFn | None = None, *, me
         repeats: timed runs per measurement (the median is kept), after warm-up.
         ranks: the mpirun job whose ranks measure at the same time (default: this process, or the job it runs in).
         name: the model's name in the document.
+        batch_size: samples per batch (default: the targets' first dimension).
     """
     ranks = ranks or Ranks()
     loss_fn = loss_fn or nn.functional.cross_entropy
     methods = [m for m in METHODS if m != "none"] if methods is None else list(methods)
-    inputs = batch[0]
-    first = inputs[0] if isinstance(inputs, (tuple, list)) else inputs
-    device = next(model.parameters()).device
+    targets = batch[1]
+    if batch_size is None:
+        if not isinstance(targets, torch.Tensor) or targets.dim() == 0:
+            raise ValueError("profile: give batch_size where the targets are not a tensor with a batch dimension")
+        batch_size = int(targets.shape[0])
+    device = _device_of(model)
     described = (f"cuda ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else
                  f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)")
-    document: dict[str, Any] = {"kind": "profile", "model": name, "batch_size": int(first.shape[0]),
+    document: dict[str, Any] = {"kind": "profile", "model": name, "batch_size": batch_size,
                                 "device": described}
     document.update(measure_steps(model, batch, loss_fn, repeats, ranks))
     # sparse gradients (bow's embedding) densified, as DistributedOptimizer hands them to every method but the sketch
@@ -333,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vocab", type=int, help="a factory's model: integer inputs (token ids) below this")
     parser.add_argument("--batch", help="a factory's model: package.module:function(batch_size) -> (inputs, targets)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
-                        help="where to profile (cuda: the rank's GPU, LOCAL_RANK or OMPI_COMM_WORLD_LOCAL_RANK)")
+                        help="where to profile (cuda: the rank's GPU, by its local rank)")
     parser.add_argument("--repeats", type=int, default=10)
     compressed = sorted(m for m in METHODS if m != "none")
     parser.add_argument("--methods", default=",".join(compressed),
@@ -346,13 +383,10 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--methods: unknown compressor {method!r}; valid: {', '.join(compressed)}")
     if args.repeats < 1 or (args.batch_size is not None and args.batch_size < 1) or args.classes < 1:
         parser.error("--repeats, --batch-size and --classes must be >= 1")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: torch sees no CUDA device here")
-    device = torch.device("cpu")
-    if args.device == "cuda":
-        local = os.environ.get("LOCAL_RANK", os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", "0"))
-        device = torch.device("cuda", int(local) % torch.cuda.device_count())
+    if args.vocab is not None and args.vocab < 1:
+        parser.error("--vocab must be >= 1")
     try:
+        device = local_device(args.device)
         if args.model in WORKLOADS:
             model, batch = workload_batch(args.model, args.batch_size)
         else:

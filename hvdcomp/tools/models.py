@@ -4,7 +4,7 @@ gradient-compression papers measure, defined here in plain PyTorch.
 
 * :func:`resnet18`: ResNet-18 (He et al., CVPR 2016) as it is trained on CIFAR-10 (a 3x3 stem, no max-pool): four
   stages of two basic blocks, 64 to 512 channels, 11.2 M parameters; input 3 x 32 x 32, 10 classes.
-* :func:`transformer`: a Transformer encoder classifier (Vaswani et al., NeurIPS 2017; BERT-like, pre-norm): a
+* :func:`transformer`: a Transformer encoder classifier (Vaswani et al., NeurIPS 2017; pre-norm, ReLU): a
   30,000-token embedding of width 512, 6 layers of 8 heads and a 2,048-wide feed-forward, mean-pooled into 2
   classes, 34.3 M parameters; input 128 token ids.
 """
@@ -70,7 +70,7 @@ class TransformerClassifier(nn.Module):
 
 
 def transformer() -> nn.Module:
-    """The BERT-like encoder classifier of the module docstring."""
+    """The Transformer encoder classifier of the module docstring."""
     return TransformerClassifier()
 
 

@@ -185,7 +185,8 @@ def run(workload_name: str, compression: Any, epochs: int | None, batch_size: in
     losses = [torch.zeros(())]
     resets: list[dict[str, Any]] = []
     last_step = {"end": time.perf_counter(), "after_reset": False}
-    reached: dict[str, float | int] = {}  # the training time and epoch the target was first reached at
+    epoch_ends: list[float] = []  # this rank's training time (its steps' times) at the end of each epoch
+    reached: dict[str, int] = {}  # the epoch at whose end the target was first reached (rank 0's evaluation)
 
     def train_epochs(state: Any) -> None:
         for epoch in range(state.epoch, epochs):
@@ -220,8 +221,9 @@ def run(workload_name: str, compression: Any, epochs: int | None, batch_size: in
                     state.batch = step + 1
                     state.commit()
             state.epoch, state.batch = epoch + 1, 0
+            epoch_ends.append(sum(step_times))
             if target_accuracy is not None and not reached and evaluate(model, data) >= target_accuracy:
-                reached.update(seconds=sum(step_times), epoch=epoch + 1)
+                reached["epoch"] = epoch + 1
             if elastic:
                 state.commit()
 
@@ -238,15 +240,18 @@ def run(workload_name: str, compression: Any, epochs: int | None, batch_size: in
     dense_bytes = 4 * sum(p.numel() for p in model.parameters() if p.requires_grad)
     final_loss = hvd.allreduce(losses[0].detach(), name=f"train.loss.{method_name(compression)}").item()
     size = hvd.size()
-    to_target = None
-    if reached:  # every rank reached it in the same epoch (the same model): the slowest rank's time counts
-        to_target = hvd.allreduce(torch.tensor([float(reached["seconds"])]), op=hvd.Max,
-                                  name=f"train.to_target.{method_name(compression)}").item()
+    to_target, target_epoch = None, None
+    if target_accuracy is not None:  # rank 0's evaluation decides (every rank holds the same model); the slowest
+        # rank's training time to the end of that epoch counts: every step's time, the first one's included
+        target_epoch = hvd.broadcast_object(reached.get("epoch"), root_rank=0,
+                                            name=f"train.target_epoch.{method_name(compression)}")
+        mine = epoch_ends[target_epoch - 1] if target_epoch is not None else 0.0
+        slowest = hvd.allreduce(torch.tensor([mine]), op=hvd.Max, name=f"train.to_target.{method_name(compression)}")
+        to_target = slowest.item() if target_epoch is not None else None
     return Summary(method_name(compression), workload_name, size, epochs, steps, mean_step,
                    statistics.median(timed), batch_size * size / mean_step, per_step, dense_bytes,
                    dense_bytes / per_step if per_step else None, final_loss, evaluate(model, data),
-                   trace or None, resets if elastic else None, target_accuracy, to_target,
-                   int(reached["epoch"]) if reached else None)
+                   trace or None, resets if elastic else None, target_accuracy, to_target, target_epoch)
 
 
 def with_epochs(compression: Any, steps_per_epoch: int) -> Any:
@@ -369,10 +374,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                         help="auto: each rank's GPU (hvd.local_rank()) where CUDA is available, else the CPU")
     parser.add_argument("--target", type=float, metavar="ACCURACY",
-                        help="evaluate after every epoch and report the training time to this test accuracy (0-1)")
+                        help="evaluate after every epoch and report the training time to this test accuracy (0-1): "
+                             "the slowest rank's steps up to the end of the first epoch that reached it, the first "
+                             "(warm-up) step included, evaluation excluded")
     args = parser.parse_args(argv)
     if args.target is not None and not 0 < args.target <= 1:
         parser.error(f"--target must be an accuracy in (0, 1]; got {args.target}")
+    if args.target is not None and args.elastic:
+        parser.error("--target is not kept across elastic resets: give it without --elastic")
     job = load_job(args.config) if args.config else {}
     if args.compression is not None and "compression" in job:
         parser.error("give the compression either with --compression or in the --config file, not both")
