@@ -500,3 +500,40 @@ def test_cuda_device_is_refused_where_there_is_none(tmp_path: Path) -> None:
         extra = ["--model", "digits"] if command == "profile" else []
         done = _hvdcomp(command, *extra, "--device", "cuda", "--out", str(tmp_path / "x.yaml"))
         assert done.returncode == 2 and "torch sees no CUDA device" in done.stderr, (command, done.stderr)
+
+
+def test_per_tensor_plan_picks_dense_on_fast_links_and_compressors_on_slow_ones() -> None:
+    """The per-tensor chooser on scripted costs: a 1 MB gradient a compressor sends in 62.5 kB at 2.5 ms of compute
+    goes compressed on a 0.16 Gbit/s link and dense on a 100 Gbit/s one; the 4-byte gradient stays dense; a method
+    held back for accuracy (random-k) is chosen only when allowed, even where it is cheapest."""
+    def compressor(name: str, wire: int, summable: bool) -> schema.CompressorProfile:
+        encoded = schema.Encoded(wire, shared_ms=0, encode_ms=1, decode_ms=1, decode_extra_payload_ms=0.5)
+        return schema.CompressorProfile(name, summable=summable, fixed_size=True, shared_before_encode=False,
+                                        gradients={"a": encoded})
+
+    profile = _profile(10, {"onebit": compressor("onebit", 62_500, False), "randomk": compressor("randomk", 20_000,
+                                                                                                 True)})
+    slow = {c.name: c for c in predict.per_tensor_plan(_cluster(0.16, latency_us=10), profile, 2)}
+    assert (slow["a"].method, slow["a"].collective) == ("onebit", "allgather") and slow["a"].predicted_ms < \
+        slow["a"].dense_ms / 5  # 3.1 ms on the wire + 2.5 ms of compute against 50 ms dense
+    assert (slow["b"].method, slow["b"].collective) == ("none", "allreduce")
+    fast = {c.name: c for c in predict.per_tensor_plan(_cluster(100, latency_us=10), profile, 2)}
+    assert fast["a"].method == "none" and fast["a"].predicted_ms == fast["a"].dense_ms
+    allowed = {c.name: c for c in predict.per_tensor_plan(_cluster(0.16, latency_us=10), profile, 2, ("randomk",))}
+    assert (allowed["a"].method, allowed["a"].collective) == ("randomk", "allreduce")
+    assert "randomk" in predict.ACCURACY_GUARD and "8 more epochs" in predict.ACCURACY_GUARD["randomk"]
+
+
+def test_predict_per_tensor_from_the_command_line(tmp_path: Path) -> None:
+    profile = "perf/results/perfmodel/workloads/profile-synthetic.yaml"
+    report = tmp_path / "plan.json"
+    done = _hvdcomp("predict", "--cluster", "gtx1080-pcie-1gbe", "--profile", profile, "--per-tensor", "8",
+                    "--json", str(report))
+    assert done.returncode == 0 and "per-tensor plan at 8 workers" in done.stdout, done.stderr
+    plan = {c["name"]: c for c in json.loads(report.read_text())}
+    assert plan["2.weight"]["method"] != "none" and plan["6.bias"]["method"] == "none"
+    done = _hvdcomp("predict", "--cluster", "h100-nvlink-ib400", "--profile", profile, "--per-tensor", "8")
+    assert done.returncode == 0 and all(line.split()[2] == "none" for line in done.stdout.splitlines()[3:-1])
+    done = _hvdcomp("predict", "--cluster", "h100-nvlink-ib400", "--profile", profile, "--per-tensor", "8",
+                    "--allow", "topk")
+    assert done.returncode == 2 and "'topk' is not held back" in done.stderr

@@ -12,6 +12,12 @@ accuracy (TernGrad and top-k change the gradients: check convergence with ``hvdc
 
 From Python, :func:`predict` returns a :class:`Prediction`, and :func:`tensor_costs` the isolated cost of
 each option for each gradient, what a per-tensor choice needs.
+
+``--per-tensor N`` chooses per gradient, at N workers, the cheapest (method, collective) that hvdcomp can run
+(:func:`per_tensor_plan`): its isolated cost (encode, collectives, decode; no overlap with backward) against dense's,
+kept only where it is predicted at least 5% cheaper than dense. Methods whose defaults lost accuracy on the shipped
+tasks (ACCURACY_GUARD, with the reasons) are not candidates unless ``--allow`` names them. It prints the plan as a
+table (tensor, size, method, collective, predicted ms, dense ms) and, with ``--json``, writes it.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from hvdcomp import reductions
 from hvdcomp.perfmodel import schema, timeline
 from hvdcomp.perfmodel.schema import Cluster, Profile
 from hvdcomp.perfmodel.timeline import Network, StepTime
@@ -29,6 +36,15 @@ from hvdcomp.perfmodel.timeline import Network, StepTime
 PRESETS = Path(__file__).parent / "presets"
 #: a compressor is recommended only if predicted this much faster than dense
 MARGIN = 1.05
+#: methods a per-tensor plan leaves out unless allowed, and why (perf/RESULTS.md, digits on the emulated cluster)
+ACCURACY_GUARD = {
+    "signsgd": "without error feedback it ended 1.4 points under dense on 2 hosts and did not reach 95% on 4",
+    "randomk": "needed 8 more epochs than dense to reach 95% on 2 hosts and did not reach it on 4",
+    "dgc": "applies momentum itself: the optimizer's momentum must be 0 for its parameters",
+    "gravac": "adapts its own compression factor: its profile is one moment of it",
+    "lgc": "its stages and autoencoder are not in a profile (the steady state only)",
+    "sketch": "sums sparse rows: for embeddings' gradients, chosen by configuration",
+}
 
 
 @dataclass(frozen=True)
@@ -177,6 +193,52 @@ def tensor_costs(cluster: Cluster, profile: Profile, workers: int) -> dict[str, 
     return result
 
 
+@dataclass(frozen=True)
+class TensorChoice:
+    """One gradient's choice in a per-tensor plan: its method and collective, with their predicted cost and dense's."""
+
+    name: str
+    numel: int
+    method: str
+    collective: str
+    predicted_ms: float
+    dense_ms: float
+
+
+def per_tensor_plan(cluster: Cluster, profile: Profile, workers: int,
+                    allow: tuple[str, ...] = ()) -> list[TensorChoice]:
+    """Per gradient (in the order backward makes them ready), the cheapest option hvdcomp runs (not the model-only
+    plans, not the sketch: the collectives ``collective: auto`` may pick) among the profile's compressors but those
+    in ACCURACY_GUARD (unless in ``allow``), kept where its isolated cost (:func:`tensor_costs`) is below dense's by
+    the margin the recommendation uses (MARGIN); dense otherwise."""
+    costs = tensor_costs(cluster, profile, workers)
+    plan = []
+    for gradient in profile.gradients:
+        dense = costs[gradient.name]["none/allreduce"]
+        best, best_cost = ("none", "allreduce"), dense
+        for key, cost in costs[gradient.name].items():
+            method, collective = key.split("/")
+            compressor = profile.compressors.get(method)
+            if compressor is None or (method in ACCURACY_GUARD and method not in allow):
+                continue
+            if collective in reductions.automatic(compressor) and cost * MARGIN < dense and cost < best_cost:
+                best, best_cost = (method, collective), cost
+        plan.append(TensorChoice(gradient.name, gradient.numel, *best, round(best_cost * 1e3, 4),
+                                 round(dense * 1e3, 4)))
+    return plan
+
+
+def plan_table(plan: list[TensorChoice], workers: int) -> str:
+    header = f"{'tensor':>28} {'size':>11} {'method':>9} {'collective':>10} {'predicted ms':>12} {'dense ms':>9}"
+    lines = [f"per-tensor plan at {workers} workers (isolated costs, no overlap with backward)", header,
+             "-" * len(header)]
+    lines += [f"{c.name:>28} {c.numel:>11,} {c.method:>9} {c.collective:>10} {c.predicted_ms:>12.3f} "
+              f"{c.dense_ms:>9.3f}" for c in plan]
+    chosen, dense = sum(c.predicted_ms for c in plan), sum(c.dense_ms for c in plan)
+    lines.append(f"{'total':>28} {sum(c.numel for c in plan):>11,} {'':>9} {'':>10} {chosen:>12.3f} {dense:>9.3f}")
+    return "\n".join(lines)
+
+
 def load_cluster(name_or_path: str) -> Cluster:
     """A cluster YAML file, or a preset's name (see ``hvdcomp predict --help``)."""
     path = Path(name_or_path)
@@ -246,8 +308,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", default="1,2,4,8,16,32,64,128,256,512,1024",
                         help="comma-separated worker counts")
     parser.add_argument("--plot", metavar="PNG", help="write throughput and speedup vs workers")
-    parser.add_argument("--json", metavar="PATH", help="write the prediction as JSON")
+    parser.add_argument("--json", metavar="PATH", help="write the prediction (or the --per-tensor plan) as JSON")
+    parser.add_argument("--per-tensor", type=int, metavar="N",
+                        help="print the per-tensor plan at N workers instead (method and collective per gradient)")
+    parser.add_argument("--allow", default="",
+                        help=f"comma-separated methods the per-tensor plan may use despite the accuracy guard: "
+                             f"{', '.join(sorted(ACCURACY_GUARD))}")
     args = parser.parse_args(argv)
+    allow = tuple(m for m in args.allow.split(",") if m)
+    for method in allow:
+        if method not in ACCURACY_GUARD:
+            parser.error(f"--allow: {method!r} is not held back; held back: {', '.join(sorted(ACCURACY_GUARD))}")
+    if args.per_tensor is not None:
+        if args.per_tensor < 1:
+            parser.error("--per-tensor must be >= 1")
+        cluster, profile = load_cluster(args.cluster), schema.load(args.profile, "profile")
+        try:
+            plan = per_tensor_plan(cluster, profile, args.per_tensor, allow)
+        except ValueError as error:
+            parser.error(str(error))
+        print(plan_table(plan, args.per_tensor))
+        if args.json:
+            Path(args.json).write_text(json.dumps([asdict(c) for c in plan], indent=1) + "\n")
+        return 0
     try:
         workers = [int(w) for w in args.workers.split(",") if w.strip()]
     except ValueError:
