@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import BIN, run_ranks
+from conftest import BIN, REPO, run_ranks
 
 from hvdcomp import METHODS
 from hvdcomp.perfmodel import costs, predict, probe, schema, timeline
@@ -525,7 +525,7 @@ def test_per_tensor_plan_picks_dense_on_fast_links_and_compressors_on_slow_ones(
 
 
 def test_predict_per_tensor_from_the_command_line(tmp_path: Path) -> None:
-    profile = "perf/results/perfmodel/workloads/profile-synthetic.yaml"
+    profile = str(REPO / "perf" / "results" / "perfmodel" / "workloads" / "profile-synthetic.yaml")
     report = tmp_path / "plan.json"
     done = _hvdcomp("predict", "--cluster", "gtx1080-pcie-1gbe", "--profile", profile, "--per-tensor", "8",
                     "--json", str(report))
