@@ -184,6 +184,10 @@ class LGC(Compressor):
         step = 1 << self.downsample
         return -(-k // step) * step
 
+    def code_numel(self, k: int) -> int:
+        """The values in one code of k inputs."""
+        return self.code_channels * (self.length(k) >> self.downsample)
+
     def stage(self, state: State, step: int) -> int:
         """1, 2 or 3 at ``step``, from the stage lengths and the guard's ``retrain_until``."""
         if step < self.dense_steps:
@@ -368,25 +372,25 @@ class LGC(Compressor):
         else:
             values, positions = self.innovation(x.unsqueeze(0))
             payload = [indices, torch.cat([scale, code]), torch.cat([values.reshape(-1), check]), positions.reshape(-1)]
-        decoded = self.decompress(payload, meta).reshape(-1)[indices.long()]
-        state["residual"].index_copy_(0, indices.long(), p[indices.long()] - decoded)
+        index = indices.long()
+        state["residual"].index_copy_(0, index, p[index] - self.decoded_values(payload, k, state["ae"]))
         return payload, meta
+
+    def decoded_values(self, payload: Payload, k: int, weights: Weights) -> torch.Tensor:
+        """The k values a one-rank payload (:meth:`compress`) decodes to, at its indices."""
+        with torch.no_grad():
+            if self.variant == "ring":
+                scale, code = payload[1], payload[2][:self.code_numel(k)]
+                return self.decode(weights, code.view(1, self.code_channels, -1))[0, 0, :k] * scale
+            scale, code = payload[1][:1], payload[1][1:]
+            kept = payload[3].numel()
+            innovation = self.scatter(payload[2][:kept].view(1, -1), payload[3].view(1, -1), self.length(k))
+            return self.decode(weights, code.view(1, self.code_channels, -1), 0, innovation)[0, 0, :k] * scale
 
     def decompress(self, payload: Payload, meta: Any) -> torch.Tensor:
         shape, k, weights = meta
-        indices = payload[0].long()
-        code_numel = self.code_channels * (self.length(k) >> self.downsample)
-        with torch.no_grad():
-            if self.variant == "ring":
-                scale, code = payload[1], payload[2][:code_numel]
-                values = self.decode(weights, code.view(1, self.code_channels, -1))[0, 0, :k] * scale
-            else:
-                scale, code = payload[1][:1], payload[1][1:]
-                kept = payload[3].numel()
-                innovation = self.scatter(payload[2][:kept].view(1, -1), payload[3].view(1, -1), self.length(k))
-                values = self.decode(weights, code.view(1, self.code_channels, -1), 0, innovation)[0, 0, :k] * scale
-        out = torch.zeros(math.prod(shape), dtype=torch.float32, device=indices.device)
-        return out.index_copy_(0, indices, values).view(shape)
+        out = torch.zeros(math.prod(shape), dtype=torch.float32, device=payload[0].device)
+        return out.index_copy_(0, payload[0].long(), self.decoded_values(payload, k, weights)).view(shape)
 
 
 class LGCReduction(ReductionMethod):
@@ -427,12 +431,13 @@ class LGCReduction(ReductionMethod):
         if stage == 2:
             state["synced"] = False
             indices, scale = yield from self._leader(method, p, k, leader, ctx)
-            values = p[indices.long()]
+            index = indices.long()
+            values = p[index]
             gathered = yield Allgather([values], fixed_size=True)
             total = gathered[0][0].clone()
             for (other,) in gathered[1:]:  # rank order: the same bits on every rank
                 total += other
-            p.index_fill_(0, indices.long(), 0)
+            p.index_fill_(0, index, 0)
             method.train_step(state, torch.stack([v for (v,) in gathered]) / scale, leader)
             return self._placed(total, indices, p, tensor.shape)
         if not state["synced"]:  # entering stage 3: every rank decodes with rank 0's weights
@@ -472,7 +477,8 @@ class LGCReduction(ReductionMethod):
                 exact = head[kept:]
                 error += torch.stack([(exact - method.sketch(decoded[r], signs)).square().sum(), exact.square().sum()])
             reconstruction = decoded[ctx.rank] * scale
-        p.index_copy_(0, indices.long(), p[indices.long()] - reconstruction)
+        index = indices.long()
+        p.index_copy_(0, index, p[index] - reconstruction)
         method.guard(state, ctx.step, error)
         return self._placed(total, indices, p, tensor.shape)
 
@@ -480,7 +486,7 @@ class LGCReduction(ReductionMethod):
                 weights: Weights | None = None) -> Generator[Request, Any, tuple[torch.Tensor, ...]]:
         """Generator: the leader's indices and scale on every rank, by one broadcast; given the autoencoder's
         ``weights`` (ps), the leader's code too."""
-        code_numel = 0 if weights is None else method.code_channels * (method.length(k) >> method.downsample)
+        code_numel = 0 if weights is None else method.code_numel(k)
         if ctx.rank == leader:
             indices, head = method.select(p, k)
             if weights is not None:
