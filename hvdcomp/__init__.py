@@ -11,10 +11,12 @@ Layout: :mod:`hvdcomp.compressor` (the interface), :mod:`hvdcomp.collectives` (t
 yields and how Horovod runs them), :mod:`hvdcomp.reductions` (how payloads travel: allreduce, allgather,
 two-phase, and the registry methods add to), :mod:`hvdcomp.error_feedback` (memory), :mod:`hvdcomp.methods`
 (one module per method), :mod:`hvdcomp.optimizer` (the Horovod drop-in), :mod:`hvdcomp.config`
-(per-parameter configuration), :mod:`hvdcomp.elastic` (Elastic Horovod's state); the tools live in
+(per-parameter configuration), :mod:`hvdcomp.auto` (``compression: auto``: the per-tensor choice made
+on the running job), :mod:`hvdcomp.elastic` (Elastic Horovod's state); the tools live in
 :mod:`hvdcomp.tools` (train, bench, cluster), :mod:`hvdcomp.perfmodel` and :mod:`hvdcomp.k8s`.
 """
 
+from hvdcomp.auto import ACCURACY_GUARD, AutoSettings
 from hvdcomp.collectives import Agree, Allgather, Allreduce, Alltoall, Broadcast
 from hvdcomp.compressor import Compressor, Context, HorovodCompression, NoneCompressor
 from hvdcomp.config import CompressionConfig, make_compressor
@@ -41,6 +43,7 @@ from hvdcomp.optimizer import Deadline, DistributedOptimizer
 from hvdcomp.reductions import REDUCTIONS, ReductionMethod
 
 __all__ = [
+    "ACCURACY_GUARD",
     "DGC",
     "METHODS",
     "ORQ",
@@ -50,6 +53,7 @@ __all__ = [
     "Allgather",
     "Allreduce",
     "Alltoall",
+    "AutoSettings",
     "BinGrad",
     "Broadcast",
     "CompressionConfig",

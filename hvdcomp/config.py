@@ -19,6 +19,10 @@
     seed: 0                     # base seed of the stochastic methods' draws
     nonfinite: raise            # raise | skip: what a NaN/Inf gradient does (see DistributedOptimizer)
 
+``method: auto`` (or ``compression="auto"``) chooses each parameter's method and collective from measurements on the
+running job (:mod:`hvdcomp.auto`, whose settings its ``options`` are); ``min_numel``, ``dense``, ``seed`` and
+``nonfinite`` apply as above, and the keys that choose a method or collective are not taken with it.
+
 Every key and value is checked: unknown names are rejected with the list of valid ones.
 """
 
@@ -27,12 +31,13 @@ from __future__ import annotations
 import fnmatch
 import inspect
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
 from hvdcomp import reductions
+from hvdcomp.auto import AutoSettings
 from hvdcomp.compressor import Compressor, with_memory
 from hvdcomp.methods import METHODS
 
@@ -41,6 +46,8 @@ NONFINITE_CHOICES = ("raise", "skip")
 _METHOD_KEYS = ("method", "options", "error_feedback", "collective", "collective_options")
 _TOP_KEYS = (*_METHOD_KEYS, "min_numel", "dense", "overrides", "seed", "nonfinite")
 _OVERRIDE_KEYS = ("match", *_METHOD_KEYS)
+#: what auto chooses itself
+_NOT_WITH_AUTO = ("error_feedback", "collective", "collective_options", "overrides")
 
 
 def _unknown(kind: str, key: object, valid: tuple[str, ...] | list[str]) -> ValueError:
@@ -57,7 +64,8 @@ def make_compressor(method: str, options: Mapping[str, Any] | None = None,
                     error_feedback: bool | None = None) -> Compressor:
     """Builds the named method with its memory policy (:func:`hvdcomp.compressor.with_memory`)."""
     if method not in METHODS:
-        raise _unknown("compression method", method, sorted(METHODS))
+        raise _unknown("compression method", method, [*sorted(METHODS), "auto"] if method != "auto" else
+                       sorted(METHODS))
     cls = METHODS[method]
     options = dict(options or {})
     valid = [name for name in inspect.signature(cls).parameters if name != "self"]
@@ -133,6 +141,7 @@ class CompressionConfig:
     seed: int = 0
     nonfinite: str = "raise"
     source: Mapping[str, Any] = field(default_factory=dict)
+    auto: AutoSettings | None = None  # method: auto (every parameter dense until the optimizer's tuner applies a plan)
 
     @classmethod
     def parse(cls, compression: Compressor | str | Mapping[str, Any] | None) -> CompressionConfig:
@@ -146,6 +155,14 @@ class CompressionConfig:
             raise ValueError(f"compression must be a Compressor, a method name or a config mapping; "
                              f"got {type(compression).__name__}")
         _check_keys("compression config", compression, _TOP_KEYS)
+        if compression.get("method") == "auto":
+            for key in _NOT_WITH_AUTO:
+                if key in compression:
+                    raise ValueError(f"{key} does not go with method auto, which chooses every parameter's method and "
+                                     "collective; keep parameters uncompressed with dense: [patterns]")
+            settings = AutoSettings.parse(compression.get("options"))
+            rest = {key: value for key, value in compression.items() if key not in ("method", "options")}
+            return replace(cls.parse({**rest, "method": "none"}), auto=settings, source=dict(compression))
         defaults = {key: compression[key] for key in _METHOD_KEYS if key in compression}
         default = _rule("compression config", defaults, "*", {})
         overrides = []

@@ -53,6 +53,7 @@ from typing import Any
 import horovod.torch as hvd
 import torch
 
+from hvdcomp.auto import Tuner
 from hvdcomp.collectives import Agree, Beacon, Pending, Reduction, answering, start, start_vote, synchronize
 from hvdcomp.compressor import Compressor, Context, State, derive_seed
 from hvdcomp.config import Choice, CompressionConfig, edges
@@ -150,6 +151,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
             raise ValueError(f"backward_passes_per_step must be a positive integer; got {backward_passes_per_step!r}")
         self.config = CompressionConfig.parse(compression)
+        self._auto = None if self.config.auto is None else Tuner(self.config.auto, self.config)
         self.op = op
         self.process_set = process_set
         self.backward_passes_per_step = backward_passes_per_step
@@ -176,7 +178,37 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         with the elastic state.
         """
         self._work.clear()
+        if self._auto is not None:  # the world changed: measure and choose again, from dense
+            self.config = self._auto.base
+            self._auto.restart()
         self._build_world(check_now=False)
+
+    def retune(self) -> None:
+        """``compression: auto``: measures and chooses again, from dense, starting with the next step (call it on every
+        rank in the same step: the measurements are collectives). The plan in force so far goes on meanwhile."""
+        if self._auto is None:
+            raise ValueError("retune() is for compression: auto; this optimizer's compression is fixed")
+        self._auto.restart()
+
+    def auto_report(self) -> dict[str, Any] | None:
+        """``compression: auto``: the plan in force, its predicted and measured step times, and every plan tried
+        (:mod:`hvdcomp.auto`); None for a fixed compression."""
+        return None if self._auto is None else dict(self._auto.report)
+
+    def _replan(self, config: CompressionConfig) -> None:
+        """Applies ``config`` at a step boundary, on every rank in the same step (``compression: auto``): every
+        parameter is planned afresh, its method state too, but its step counter goes on (the steps trained so far
+        count towards a method's warm-up: PowerSGD's ``start_iter``, DGC's stages), and the plans are checked across
+        ranks now."""
+        steps, done = {slot.name: slot.step for slot in self._slots}, self._steps_done
+        self.config = config
+        self._build_world(check_now=False)
+        self._steps_done = done
+        for slot in self._slots:
+            slot.step = steps.get(slot.name, 0)
+        if not self._plan_checked:
+            self._check_same_plan([slot.plan() for slot in self._slots])
+            self._plan_checked = True
 
     def _build_world(self, check_now: bool) -> list[_Slot]:
         """Plans every parameter for the current world (its size and this rank), checks that all ranks hold the same
@@ -230,6 +262,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         # the model's first and last layers, by name; without names, its first two and last two parameters (a first
         # and a last layer's weight and bias)
         edge = edges(trained) if named_parameters is not None else set(trained[:2] + trained[-2:])
+        self._edges = edge
         slots = []
         for name, param in sorted(named, key=lambda item: item[0]):
             if id(param) not in optimized or not param.requires_grad:
@@ -321,6 +354,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _submit(self, index: int) -> None:
         slot = self._slots[index]
+        if self._auto is not None:
+            self._auto.ready(slot.name)
         if not self._work:
             self._step_started = time.monotonic()
             if not self._plan_checked:  # after an elastic reset: every rank checks before its first collective
@@ -411,6 +446,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if not self._slots:
             self._synchronized = True
             return
+        if self._auto is not None:
+            self._auto.backward_done()
         for index in range(len(self._slots)):
             if index not in self._work:
                 self._submit(index)
@@ -454,6 +491,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._steps_done += 1
         self._reset_step()
         self._check_finite(input_flags, results)
+        if self._auto is not None:
+            self._auto.step_done(self)
         self._synchronized = True
 
     def _reset_step(self) -> None:

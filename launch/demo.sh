@@ -1,26 +1,30 @@
 #!/usr/bin/env bash
 # The main job: set up, then train the digits workload on 2 ranks with TernGrad compression beside dense
-# (uncompressed) allreduce, and print each one's time to 95% test accuracy side by side.
+# (uncompressed) allreduce, and print each one's time to 95% test accuracy side by side; then train it once more with
+# `compression: auto`, which measures the job and chooses per tensor, and print the plan it chose.
 #
 # Where this machine can host network namespaces (root, iproute2), the 2 ranks run on an emulated cluster of 2 hosts
 # linked at 100 Mbit/s (`hvdcomp cluster`): the slow network compression exists for. Elsewhere they run on this
-# machine over shared memory, where compression does not pay, and the demo says so. Extra arguments go to
+# machine over shared memory, where compression does not pay, and the demo says so. Extra arguments go to the first
 # `hvdcomp train` (e.g. --compression topk). DEMO_CLUSTER names the emulated cluster (default hvdcdemo).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash launch/setup.sh
 export PATH="$PATH:/usr/sbin:/sbin"  # ip and tc, for the emulated cluster
-train=("$PWD/.venv/bin/hvdcomp" train --workload digits --compression terngrad --compare dense --target 0.95
-       --no-progress "$@")
+train=("$PWD/.venv/bin/hvdcomp" train --workload digits --target 0.95 --no-progress)
 name=${DEMO_CLUSTER:-hvdcdemo}
-# the JSON summary line is for scripts (hvdcomp train --json); the demo shows the table
 if why=$(.venv/bin/hvdcomp cluster --name "$name" up --hosts 2 --rate 100mbit 2>&1); then
     trap '.venv/bin/hvdcomp cluster --name "$name" down || true' EXIT
     echo "hvdcomp demo: 2 emulated hosts (network namespaces), each linked at 100 Mbit/s"
-    .venv/bin/hvdcomp cluster --name "$name" run -- "${train[@]}" | sed '/^\[{/d'
+    launch=(.venv/bin/hvdcomp cluster --name "$name" run --)
 else
     echo "hvdcomp demo: no emulated cluster here (${why##*error: }); 2 ranks on this machine instead, over shared"
     echo "memory, where compression does not pay (perf/RESULTS.md): see the 100 Mbit/s figures there"
-    launch/mpirun.sh -np 2 "${train[@]}" | sed '/^\[{/d'
+    launch=(launch/mpirun.sh -np 2)
 fi
+# the JSON summary line is for scripts (hvdcomp train --json); the demo shows the tables
+"${launch[@]}" "${train[@]}" --compression terngrad --compare dense "$@" | sed '/^\[{/d'
+echo
+echo "hvdcomp demo: the same job with compression: auto (dense first, then per tensor what the measurements say pays):"
+"${launch[@]}" "${train[@]}" --compression auto | sed '/^\[{/d'

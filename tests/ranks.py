@@ -13,6 +13,7 @@ import io
 import math
 import os
 import sys
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import replace
@@ -785,6 +786,97 @@ def scenario_sketch() -> None:
     assert not torch.allclose(trained["topk-sketch"], trained["none"]), "top-k kept everything: a weak test"
 
 
+class Scalar(Compressor):
+    """A test method for ``compression: auto``: it sends one number per tensor (its mean) and decodes it into every
+    element; useless for training, and cheaper than any real method. In a job (more than one rank) its encoding
+    sleeps ``sleep_s``, which measuring it alone does not show: a plan with it then measures slower than predicted."""
+
+    name = "scalar_test"
+    summable = True
+    unbiased = True  # not so, but no error feedback: the cheaper, the clearer the test
+    keeps_nonfinite = True  # a NaN's mean is NaN
+
+    def __init__(self, sleep_s: float = 0.0) -> None:
+        self.sleep_s = sleep_s
+
+    def compress(self, tensor: torch.Tensor, state: State, ctx: Context,
+                 agreed: torch.Tensor | None = None) -> tuple[Payload, object]:
+        if ctx.size > 1 and self.sleep_s:
+            time.sleep(self.sleep_s)
+        return [tensor.mean().reshape(1)], tensor.shape
+
+    def decompress(self, payload: Payload, meta: object) -> torch.Tensor:
+        return payload[0].expand(meta)
+
+
+def auto_run(candidates: dict, steps: int, width: int = 1024, retune_at: int | None = None,
+             ) -> tuple[dict, torch.optim.Optimizer, nn.Module]:
+    """``compression: auto`` choosing among ``candidates`` for a model with one large weight (``width`` x ``width``,
+    and the bias), batch 1, so that its dense step is mostly communication; the report after ``steps`` steps
+    (``optimizer.retune()`` called after step ``retune_at``)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10))
+    options = {"warmup_steps": 2, "measure_steps": 4, "guard_steps": 3, "repeats": 2}
+    config = {"method": "auto", "options": options if candidates is None else {**options, "candidates": candidates}}
+    optimizer = hvdcomp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                             named_parameters=model.named_parameters(), compression=config)
+    generator = torch.Generator().manual_seed(hvd.rank())
+    for step in range(steps):
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(torch.randn(1, width, generator=generator)),
+                                    torch.randint(0, 10, (1,), generator=generator)).backward()
+        optimizer.step()
+        if step == retune_at:
+            optimizer.retune()
+    return optimizer.auto_report(), optimizer, model
+
+
+def assert_same_plan(report: dict, optimizer: torch.optim.Optimizer, label: str) -> None:
+    """Every rank holds the same plan, the same trials and the same agreed dense step time, and runs the plan it
+    reports."""
+    every = hvd.allgather_object((report["plan"], report["tried"], report["dense_ms"], report["label"]),
+                                 name=f"auto.{label}")
+    assert all(other == every[0] for other in every), every
+    chosen = {c["name"]: c["method"] for c in report["plan"]}
+    running = {s.name: "none" if s.choice.compressor is None else s.choice.compressor.name for s in optimizer._slots}
+    assert all(running[name] == chosen.get(name, "none") for name in running), (running, chosen)
+
+
+def scenario_auto() -> None:
+    """compression: auto on a slow link (tests/test_cluster.py: 2 emulated hosts at 100 Mbit/s). A method cheaper
+    than dense is chosen for the large weight, the same plan on every rank, and kept; the same method made slow in
+    the job (not when measured alone) is tried, measured slower than dense and dropped, each plan predicted to pay in
+    turn, and every rank goes back to dense together. Parameters stay identical across ranks."""
+    report, optimizer, model = auto_run({"scalar_test": {}}, 12)
+    assert report["phase"] == "settled" and report["label"] != "dense", report
+    chosen = {c["name"]: c["method"] for c in report["plan"]}
+    assert chosen["0.weight"] == "scalar_test" and chosen["2.bias"] == "none", chosen  # 10 elements: under min_numel
+    assert report["tried"][-1]["kept"] and report["tried"][-1]["measured_ms"] <= 1.05 * report["dense_ms"], report
+    assert_same_plan(report, optimizer, "kept")
+    assert_identical_across_ranks(model, "auto")
+    print(hvdcomp.auto.table(report) if hvd.rank() == 0 else "", flush=True)
+
+    report, optimizer, model = auto_run({"scalar_test": {"sleep_s": 0.3}}, 16)
+    assert report["phase"] == "settled" and report["label"] == "dense" and report["plan"] == [], report
+    assert 1 <= len(report["tried"]) <= 2, report  # tries: 2
+    assert all(not t["kept"] and t["measured_ms"] > 1.05 * report["dense_ms"] for t in report["tried"]), report
+    assert all(s.choice.reduction is None for s in optimizer._slots)
+    assert_same_plan(report, optimizer, "fallback")
+    assert_identical_across_ranks(model, "auto.fallback")
+    print(hvdcomp.auto.table(report) if hvd.rank() == 0 else "", flush=True)
+
+
+def scenario_auto_local() -> None:
+    """compression: auto over shared memory, with every default candidate (real methods) and a retune: whatever the
+    noisy measurements choose, every rank settles on the same plan, runs it, and stays identical; retune() goes back
+    to dense and settles again."""
+    report, optimizer, model = auto_run(None, 22, width=512, retune_at=10)
+    assert report["phase"] == "settled" and len(report["candidates"]) >= 8, report
+    assert "signsgd" not in report["candidates"] and "randomk" not in report["candidates"], report  # the guard
+    assert_same_plan(report, optimizer, "local")
+    assert_identical_across_ranks(model, "auto.local")
+
+
 def scenario_digits() -> None:
     """Every quantizer and sparsifier trains the digits classifier at its defaults (hvdcomp train's, same epochs;
     the papers' epoch-counted options set to the job's epochs) to within 1 point of dense, in the mean over seeds
@@ -937,7 +1029,6 @@ def scenario_stall() -> None:
     """Rank 1 stalls (sleeps) in step 3 and never reaches the step's collectives: with a short deadline (2 s, or 3x
     the slowest step; 120 s at start-up) every other rank reports the collective it waited for and the job ends,
     long before rank 1 wakes up."""
-    import time
 
     model = mlp()
     optimizer = hvdcomp.DistributedOptimizer(sgd(model, "terngrad"), named_parameters=model.named_parameters(),

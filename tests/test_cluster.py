@@ -110,6 +110,18 @@ def test_train_across_hosts(hosts: cluster.Cluster, controller: str, tmp_path: P
 
 
 @pytest.mark.multirank
+@pytest.mark.parametrize("controller", cluster.CONTROLLERS)
+def test_auto_keeps_a_plan_that_pays_and_drops_one_that_does_not(hosts: cluster.Cluster, controller: str) -> None:
+    """compression: auto across 2 hosts at 100 Mbit/s (tests/ranks.py's auto scenario asserts in every rank): a plan
+    that pays is chosen, the same on both ranks, and kept; one that measures slower than dense falls back to dense."""
+    output = run(hosts.launch_command([sys.executable, str(REPO / "tests" / "ranks.py"), "auto"],
+                                      controller=controller), timeout=300)
+    assert re.findall(r"auto OK rank (\d)", output) and set(re.findall(r"auto OK rank (\d)", output)) == {"0", "1"}, \
+        output[-4000:]
+    assert "kept" in output and "dropped" in output, output[-4000:]
+
+
+@pytest.mark.multirank
 def test_the_main_job_runs_on_an_emulated_cluster() -> None:
     """launch/demo.sh (the README's main job) trains across 2 emulated hosts at 100 Mbit/s and prints dense's and
     TernGrad's time to 95% side by side, then removes its cluster."""

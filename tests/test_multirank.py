@@ -15,7 +15,7 @@ from conftest import BIN, CONTROLLERS, REPO, run_ranks
 pytestmark = pytest.mark.multirank
 
 SCENARIOS = ["collectives", "requests", "plans", "train", "resume", "stock", "nograd", "majority", "gravac", "sketch",
-             "lgc"]
+             "lgc", "auto_local"]
 #: scenario -> what each rank prints, as "<what> (on every rank) rank R", once it caught the expected error
 EXPECTED_FAILURES = {
     "nonfinite_raise": "raised FloatingPointError",

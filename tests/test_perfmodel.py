@@ -530,10 +530,62 @@ def test_predict_per_tensor_from_the_command_line(tmp_path: Path) -> None:
     done = _hvdcomp("predict", "--cluster", "gtx1080-pcie-1gbe", "--profile", profile, "--per-tensor", "8",
                     "--json", str(report))
     assert done.returncode == 0 and "per-tensor plan at 8 workers" in done.stdout, done.stderr
-    plan = {c["name"]: c for c in json.loads(report.read_text())}
+    assert "<- chosen" in done.stdout and "plans by predicted step" in done.stdout, done.stdout
+    document = json.loads(report.read_text())
+    chosen = next(p for p in document["plans"] if p["label"] == document["chosen"])
+    plan = {c["name"]: c for c in chosen["choices"]}
     assert plan["2.weight"]["method"] != "none" and plan["6.bias"]["method"] == "none"
+    dense = next(p for p in document["plans"] if p["label"] == "dense")
+    assert chosen["step_ms"] * 1.05 < dense["step_ms"]
     done = _hvdcomp("predict", "--cluster", "h100-nvlink-ib400", "--profile", profile, "--per-tensor", "8")
-    assert done.returncode == 0 and all(line.split()[2] == "none" for line in done.stdout.splitlines()[3:-1])
+    assert done.returncode == 0 and "dense  <- chosen" in done.stdout, done.stdout
     done = _hvdcomp("predict", "--cluster", "h100-nvlink-ib400", "--profile", profile, "--per-tensor", "8",
                     "--allow", "topk")
     assert done.returncode == 2 and "'topk' is not held back" in done.stderr
+
+
+def test_mixed_timeline_of_one_method_everywhere_is_that_method() -> None:
+    """simulate_mixed with every gradient a method compresses given to it is simulate() of that method; a mixed plan
+    sits between, and gradients it does not name go dense."""
+    profile = schema.load(REPO / "perf" / "results" / "perfmodel" / "workloads" / "profile-synthetic.yaml", "profile")
+    cluster = predict.load_cluster("gtx1080-pcie-1gbe")
+    for method in ("terngrad", "topk", "fp16", "powersgd"):
+        compressor = profile.compressors[method]
+        collective = timeline.auto_collective(compressor, 8)
+        uniform = timeline.simulate(profile, cluster, method, 8)
+        mixed = timeline.simulate_mixed(profile, cluster, 8, {name: (method, collective)
+                                                              for name in compressor.gradients})
+        assert mixed.step_s == pytest.approx(uniform.step_s, rel=1e-12), method
+    assert timeline.simulate_mixed(profile, cluster, 8, {}).step_s == pytest.approx(
+        timeline.simulate(profile, cluster, "none", 8).step_s, rel=1e-12)
+    with pytest.raises(ValueError, match="cannot use collective 'allreduce'"):
+        timeline.simulate_mixed(profile, cluster, 8, {"2.weight": ("topk", "allreduce")})
+    with pytest.raises(ValueError, match="no costs of zip"):
+        timeline.simulate_mixed(profile, cluster, 8, {"2.weight": ("zip", "allreduce")})
+
+
+def test_choose_plans_on_scripted_costs() -> None:
+    """The live chooser's ranking on scripted costs: on a slow link the compressor's plan comes first and is chosen,
+    on a fast one dense is; a candidate left out (the accuracy guard's randomk, unless allowed) is in no plan; a
+    method whose reduction states no costs is refused by name."""
+    def compressor(name: str, wire: int, summable: bool) -> schema.CompressorProfile:
+        encoded = schema.Encoded(wire, shared_ms=0, encode_ms=1, decode_ms=1, decode_extra_payload_ms=0.5)
+        return schema.CompressorProfile(name, summable=summable, fixed_size=True, shared_before_encode=False,
+                                        gradients={"a": encoded})
+
+    profile = _profile(100, {"onebit": compressor("onebit", 62_500, False),
+                             "randomk": compressor("randomk", 20_000, True)})
+    slow = predict.choose_plans(_cluster(0.16, latency_us=10), profile, 2, predict.guarded_candidates(profile))
+    chosen = predict.chosen_plan(slow)
+    assert chosen is slow[0] and chosen.assignment() == {"a": ("onebit", "allgather")}, slow
+    dense = next(p for p in slow if p.label == "dense")
+    assert chosen.step_ms < dense.step_ms - 40  # 50 ms of exposed communication, most of it saved
+    assert all("randomk" not in {m for m, _ in p.assignment().values()} for p in slow)
+    fast = predict.choose_plans(_cluster(100, latency_us=10), profile, 2, predict.guarded_candidates(profile))
+    assert predict.chosen_plan(fast).label == "dense"
+    allowed = predict.choose_plans(_cluster(0.16, latency_us=10), profile, 2,
+                                   predict.guarded_candidates(profile, ("randomk",)))
+    assert allowed[0].assignment() == {"a": ("randomk", "allreduce")}, allowed
+    assert timeline.priced(profile.compressors["onebit"]) is None
+
+

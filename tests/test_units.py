@@ -232,10 +232,31 @@ def test_memory_policy_is_the_same_for_names_configs_and_objects() -> None:
     ({"overrides": [{"method": "topk"}]}, r"overrides\[0\] must be a mapping with a 'match' pattern"),
     ({"overrides": [{"match": "*", "methd": "topk"}]}, r"unknown key in overrides\[0\] 'methd'"),
     (42, "compression must be a Compressor, a method name or a config mapping"),
+    ({"method": "auto", "collective": "allgather"}, "collective does not go with method auto"),
+    ({"method": "auto", "overrides": []}, "overrides does not go with method auto"),
+    ({"method": "auto", "options": {"tries": 0}}, "auto's tries must be an integer >= 1; got 0"),
+    ({"method": "auto", "options": {"margin": 1.5}}, r"auto's margin must be a fraction in \[0, 1\)"),
+    ({"method": "auto", "options": {"allow": ["topk"]}}, "auto's allow: 'topk' is not held back; held back: dgc"),
+    ({"method": "auto", "options": {"candidates": {"randomk": {}}}}, "randomk is held back .*add it to allow"),
+    ({"method": "auto", "options": {"candidates": {"zip": {}}}}, "auto's candidates: unknown compression method"),
+    ({"method": "auto", "options": {"candidates": {"topk": {"ratioo": 1}}}}, "unknown option for topk 'ratioo'"),
+    ({"method": "auto", "options": {"guard": 3}}, "unknown option for auto 'guard'; valid: allow, candidates"),
 ])
 def test_bad_config_is_rejected_with_the_valid_choices(config: object, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         CompressionConfig.parse(config)
+
+
+def test_auto_starts_dense_with_its_settings() -> None:
+    """compression: auto plans every parameter dense until the optimizer's tuner applies a plan; its candidates are
+    every registered method but the guarded ones, unless allowed or named."""
+    config = CompressionConfig.parse({"method": "auto", "options": {"allow": ["randomk"]}, "min_numel": 10})
+    assert config.choose("w", (1000,), 4).compressor is None and config.min_numel == 10
+    candidates = config.auto.methods()
+    assert "randomk" in candidates and "signsgd" not in candidates and "topk" in candidates
+    assert "none" not in candidates and "auto" not in candidates
+    named = CompressionConfig.parse({"method": "auto", "options": {"candidates": {"topk": {"ratio": 0.1}}}})
+    assert named.auto.methods() == {"topk": {"ratio": 0.1}}
 
 
 def test_decisions_come_through_every_reduction() -> None:

@@ -13,11 +13,13 @@ accuracy (TernGrad and top-k change the gradients: check convergence with ``hvdc
 From Python, :func:`predict` returns a :class:`Prediction`, and :func:`tensor_costs` the isolated cost of
 each option for each gradient, what a per-tensor choice needs.
 
-``--per-tensor N`` chooses per gradient, at N workers, the cheapest (method, collective) that hvdcomp can run
-(:func:`per_tensor_plan`): its isolated cost (encode, collectives, decode; no overlap with backward) against dense's,
-kept only where it is predicted at least 5% cheaper than dense. Methods whose defaults lost accuracy on the shipped
-tasks (ACCURACY_GUARD, with the reasons) are not candidates unless ``--allow`` names them. It prints the plan as a
-table (tensor, size, method, collective, predicted ms, dense ms) and, with ``--json``, writes it.
+``--per-tensor N`` chooses per gradient, at N workers, a (method, collective) that hvdcomp can run, the way
+``compression: auto`` does on a live job (:mod:`hvdcomp.auto`): :func:`choose_plans` ranks dense, each method alone,
+the per-gradient choice by isolated cost (:func:`per_tensor_plan`: encode, collectives, decode, no overlap with
+backward) and that choice refined on the timeline; the fastest is chosen if predicted at least 5% faster than dense.
+Methods whose defaults lost accuracy on the shipped tasks (:data:`hvdcomp.auto.ACCURACY_GUARD`, with the reasons) are
+not candidates unless ``--allow`` names them. It prints the chosen plan as a table (tensor, size, method, collective,
+predicted ms alone, dense ms alone) and the plans ranked, and with ``--json`` writes them.
 """
 
 from __future__ import annotations
@@ -25,10 +27,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hvdcomp import reductions
+from hvdcomp.auto import ACCURACY_GUARD
 from hvdcomp.perfmodel import schema, timeline
 from hvdcomp.perfmodel.schema import Cluster, Profile
 from hvdcomp.perfmodel.timeline import Network, StepTime
@@ -36,17 +40,6 @@ from hvdcomp.perfmodel.timeline import Network, StepTime
 PRESETS = Path(__file__).parent / "presets"
 #: a compressor is recommended only if predicted this much faster than dense
 MARGIN = 1.05
-#: methods a per-tensor plan leaves out unless allowed, and why (perf/RESULTS.md, digits on the emulated cluster)
-ACCURACY_GUARD = {
-    "signsgd": "without error feedback it ended 1.4 points under dense on 2 hosts and did not reach 95% on 4",
-    "randomk": "needed 8 more epochs than dense to reach 95% on 2 hosts and did not reach it on 4",
-    "dgc": "applies momentum itself: the optimizer's momentum must be 0 for its parameters",
-    "gravac": "adapts its own compression factor: its profile is one moment of it",
-    "lgc": "its stages and autoencoder are not in a profile (the steady state only)",
-    "sketch": "sums sparse rows: for embeddings' gradients, chosen by configuration",
-}
-
-
 @dataclass(frozen=True)
 class Option:
     step: StepTime
@@ -205,6 +198,26 @@ class TensorChoice:
     dense_ms: float
 
 
+def _isolated(costs: dict[str, float], profile: Profile, candidates: Sequence[str]) -> tuple[tuple[str, str], float]:
+    """One gradient's cheapest (method, collective) that ``collective: auto`` may pick, among ``candidates``, by
+    isolated cost, kept where below dense's by MARGIN; dense otherwise."""
+    dense = costs["none/allreduce"]
+    best, best_cost = ("none", "allreduce"), dense
+    for key, cost in costs.items():
+        method, collective = key.split("/")
+        compressor = profile.compressors.get(method)
+        if compressor is None or method not in candidates:
+            continue
+        if collective in reductions.automatic(compressor) and cost * MARGIN < dense and cost < best_cost:
+            best, best_cost = (method, collective), cost
+    return best, best_cost
+
+
+def guarded_candidates(profile: Profile, allow: Sequence[str] = ()) -> list[str]:
+    """The profile's compressors but those held back by the accuracy guard (ACCURACY_GUARD) and not allowed."""
+    return [m for m in profile.compressors if m not in ACCURACY_GUARD or m in allow]
+
+
 def per_tensor_plan(cluster: Cluster, profile: Profile, workers: int,
                     allow: tuple[str, ...] = ()) -> list[TensorChoice]:
     """Per gradient (in the order backward makes them ready), the cheapest option hvdcomp runs (not the model-only
@@ -212,30 +225,104 @@ def per_tensor_plan(cluster: Cluster, profile: Profile, workers: int,
     in ACCURACY_GUARD (unless in ``allow``), kept where its isolated cost (:func:`tensor_costs`) is below dense's by
     the margin the recommendation uses (MARGIN); dense otherwise."""
     costs = tensor_costs(cluster, profile, workers)
+    candidates = guarded_candidates(profile, allow)
     plan = []
     for gradient in profile.gradients:
-        dense = costs[gradient.name]["none/allreduce"]
-        best, best_cost = ("none", "allreduce"), dense
-        for key, cost in costs[gradient.name].items():
-            method, collective = key.split("/")
-            compressor = profile.compressors.get(method)
-            if compressor is None or (method in ACCURACY_GUARD and method not in allow):
-                continue
-            if collective in reductions.automatic(compressor) and cost * MARGIN < dense and cost < best_cost:
-                best, best_cost = (method, collective), cost
-        plan.append(TensorChoice(gradient.name, gradient.numel, *best, round(best_cost * 1e3, 4),
-                                 round(dense * 1e3, 4)))
+        best, best_cost = _isolated(costs[gradient.name], profile, candidates)
+        plan.append(_choice(gradient, best, best_cost, costs[gradient.name]))
     return plan
 
 
-def plan_table(plan: list[TensorChoice], workers: int) -> str:
-    header = f"{'tensor':>28} {'size':>11} {'method':>9} {'collective':>10} {'predicted ms':>12} {'dense ms':>9}"
-    lines = [f"per-tensor plan at {workers} workers (isolated costs, no overlap with backward)", header,
+def _choice(gradient: schema.Gradient, option: tuple[str, str], cost: float, costs: dict[str, float]) -> TensorChoice:
+    return TensorChoice(gradient.name, gradient.numel, *option, round(cost * 1e3, 4),
+                        round(costs["none/allreduce"] * 1e3, 4))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A per-tensor plan (every gradient, in the order backward makes them ready) and the step the timeline
+    predicts for it (:func:`hvdcomp.perfmodel.timeline.simulate_mixed`); ``label`` says how it was found."""
+
+    label: str
+    choices: tuple[TensorChoice, ...]
+    step_ms: float
+
+    def assignment(self) -> dict[str, tuple[str, str]]:
+        """The compressed gradients' (method, collective); the others go dense."""
+        return {c.name: (c.method, c.collective) for c in self.choices if c.method != "none"}
+
+
+def choose_plans(cluster: Cluster, profile: Profile, workers: int, candidates: Sequence[str]) -> list[Plan]:
+    """Per-tensor plans ranked by the step the timeline predicts (fastest first; each distinct plan once), dense
+    among them: each candidate alone on every gradient it compresses (its ``collective: auto``), the isolated
+    choice (:func:`per_tensor_plan`'s rule), and the fastest of these refined on the timeline, where fusion and
+    overlap with backward count: one pass over the gradients, largest first, giving each the option (dense, or a
+    candidate with a collective ``collective: auto`` may pick) that shortens the predicted step most, if by more
+    than 0.1%."""
+    costs = tensor_costs(cluster, profile, workers)
+    gradients = {g.name: g for g in profile.gradients}
+    options = {name: [("none", "allreduce"), *((method, collective) for method in candidates
+                                               for collective in reductions.automatic(profile.compressors[method])
+                                               if name in profile.compressors[method].gradients)]
+               for name in gradients}
+
+    def step_ms(assignment: dict[str, tuple[str, str]]) -> float:
+        return timeline.simulate_mixed(profile, cluster, workers, assignment).step_s * 1e3
+
+    def plan(label: str, assignment: dict[str, tuple[str, str]]) -> Plan:
+        choices = []
+        for name, gradient in gradients.items():
+            option = assignment.get(name, ("none", "allreduce"))
+            choices.append(_choice(gradient, option, costs[name]["/".join(option)], costs[name]))
+        return Plan(label, tuple(choices), round(step_ms(assignment), 4))
+
+    found = [plan("dense", {})]
+    for method in candidates:
+        compressor = profile.compressors[method]
+        collective = timeline.auto_collective(compressor, workers)
+        found.append(plan(method, {name: (method, collective) for name in compressor.gradients}))
+    isolated = {name: _isolated(costs[name], profile, candidates)[0] for name in gradients}
+    found.append(plan("per-tensor (isolated costs)", {k: v for k, v in isolated.items() if v[0] != "none"}))
+    best = min(found, key=lambda p: p.step_ms)
+    assignment, current = best.assignment(), best.step_ms
+    for name in sorted(gradients, key=lambda n: -gradients[n].bytes):
+        for option in options[name]:
+            trial = {**assignment, name: option}
+            if option[0] == "none":
+                del trial[name]
+            trial_ms = step_ms(trial)
+            if trial_ms < current * 0.999:
+                assignment, current = trial, trial_ms
+    found.append(plan("per-tensor (timeline)", assignment))
+    ranked: dict[tuple[tuple[str, tuple[str, str]], ...], Plan] = {}
+    for candidate in sorted(found, key=lambda p: p.step_ms):
+        ranked.setdefault(tuple(sorted(candidate.assignment().items())), candidate)
+    return list(ranked.values())
+
+
+def chosen_plan(plans: list[Plan], margin: float = MARGIN - 1) -> Plan:
+    """The fastest plan if predicted ``margin`` faster than dense, else dense."""
+    dense = next(p for p in plans if p.label == "dense")
+    return plans[0] if plans[0].step_ms * (1 + margin) < dense.step_ms else dense
+
+
+def ranking(plans: list[Plan], chosen: Plan) -> str:
+    """The plans considered, fastest first, with the step the timeline predicts for each."""
+    lines = ["plans by predicted step (the timeline: fusion and overlap with backward):"]
+    lines += [f"  {p.step_ms:10.2f} ms  {p.label}{'  <- chosen' if p is chosen else ''}" for p in plans]
+    return "\n".join(lines)
+
+
+def plan_table(plan: list[TensorChoice], workers: int, title: str = "") -> str:
+    """The plan as a table: per tensor its size, method, collective, and the predicted ms of it and of dense alone
+    (encode, collectives, decode: isolated costs, no overlap with backward)."""
+    header = f"{'tensor':>28} {'size':>11} {'method':>11} {'collective':>10} {'predicted ms':>12} {'dense ms':>9}"
+    lines = [title or f"per-tensor plan at {workers} workers (isolated costs, no overlap with backward)", header,
              "-" * len(header)]
-    lines += [f"{c.name:>28} {c.numel:>11,} {c.method:>9} {c.collective:>10} {c.predicted_ms:>12.3f} "
+    lines += [f"{c.name:>28} {c.numel:>11,} {c.method:>11} {c.collective:>10} {c.predicted_ms:>12.3f} "
               f"{c.dense_ms:>9.3f}" for c in plan]
     chosen, dense = sum(c.predicted_ms for c in plan), sum(c.dense_ms for c in plan)
-    lines.append(f"{'total':>28} {sum(c.numel for c in plan):>11,} {'':>9} {'':>10} {chosen:>12.3f} {dense:>9.3f}")
+    lines.append(f"{'total':>28} {sum(c.numel for c in plan):>11,} {'':>11} {'':>10} {chosen:>12.3f} {dense:>9.3f}")
     return "\n".join(lines)
 
 
@@ -324,12 +411,15 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--per-tensor must be >= 1")
         cluster, profile = load_cluster(args.cluster), schema.load(args.profile, "profile")
         try:
-            plan = per_tensor_plan(cluster, profile, args.per_tensor, allow)
+            plans = choose_plans(cluster, profile, args.per_tensor, guarded_candidates(profile, allow))
         except ValueError as error:
             parser.error(str(error))
-        print(plan_table(plan, args.per_tensor))
+        chosen = chosen_plan(plans)
+        print(plan_table(list(chosen.choices), args.per_tensor))
+        print(ranking(plans, chosen))
         if args.json:
-            Path(args.json).write_text(json.dumps([asdict(c) for c in plan], indent=1) + "\n")
+            Path(args.json).write_text(json.dumps({"workers": args.per_tensor, "chosen": chosen.label,
+                                                   "plans": [asdict(p) for p in plans]}, indent=1) + "\n")
         return 0
     try:
         workers = [int(w) for w in args.workers.split(",") if w.strip()]

@@ -250,15 +250,17 @@ def fit_tier(points: list[tuple[int, float]]) -> dict[str, float]:
     return {"latency_us": round(alpha * 1e6, 3), "bandwidth_gbps": round(8 / beta / 1e9, 4) if beta > 0 else 1e6}
 
 
-def horovod_collectives(comm: Any, sizes: list[int], device: Any = None) -> dict[str, dict[str, Any]]:
-    """Horovod's allreduce, allgather and alltoall on ``device``'s tensors (CPU: MPI or Gloo; CUDA: NCCL), fitted per
-    collective (every rank returns the same)."""
+def horovod_collectives(ranks: Any, sizes: list[int], device: Any = None, process_set: Any = None,
+                        budget_s: float = 1.0, prefix: str = "probe") -> dict[str, dict[str, Any]]:
+    """Horovod's allreduce, allgather and alltoall on ``device``'s tensors (CPU: MPI or Gloo; CUDA: NCCL) among
+    ``process_set``'s ranks (default: all), fitted per collective; ``ranks`` (:class:`hvdcomp.perfmodel.profile.Ranks`:
+    the same ranks) synchronizes the timing, and every rank returns the same (the slowest rank's times). About
+    ``budget_s`` per size and collective; the collectives are named under ``prefix``."""
     import horovod.torch as hvd
     import torch
-    from mpi4py import MPI
 
-    hvd.init()
-    p = hvd.size()
+    process_set = process_set or hvd.global_process_set
+    p = process_set.size()
     on = {"device": device or torch.device("cpu")}
     # (the input for n bytes, the collective on it); the input is made once per size, outside the timed calls
     # (at 64 MiB its allocation and fill took 40 to 50 ms, a third of the allreduce, on the emulated cluster)
@@ -267,23 +269,23 @@ def horovod_collectives(comm: Any, sizes: list[int], device: Any = None) -> dict
             torch.cuda.synchronize(on["device"])
         return result
 
+    within = {"process_set": process_set}
     calls = {
         "allreduce": (lambda n: done(torch.ones(n // 4, **on)),
-                      lambda x, n: done(hvd.allreduce(x, name=f"probe.ar.{n}", op=hvd.Sum))),
+                      lambda x, n: done(hvd.allreduce(x, name=f"{prefix}.ar.{n}", op=hvd.Sum, **within))),
         "allgather": (lambda n: done(torch.ones(n // p, dtype=torch.uint8, **on)),
-                      lambda x, n: done(hvd.allgather(x, name=f"probe.ag.{n}"))),
+                      lambda x, n: done(hvd.allgather(x, name=f"{prefix}.ag.{n}", **within))),
         "alltoall": (lambda n: done(torch.ones(n // p * p, dtype=torch.uint8, **on)),
-                     lambda x, n: done(hvd.alltoall(x, name=f"probe.a2a.{n}"))),
+                     lambda x, n: done(hvd.alltoall(x, name=f"{prefix}.a2a.{n}", **within))),
     }
     result = {}
     for collective, (make, call) in calls.items():
         points = []
         for size in sizes:
             tensor = make(size)
-            comm.Barrier()
-            seconds = comm.allreduce(_repeat(lambda call=call, tensor=tensor, size=size: call(tensor, size),
-                                             budget_s=1.0, agree=lambda t: comm.allreduce(t, op=MPI.MAX)),
-                                     op=MPI.MAX)
+            ranks.barrier()
+            seconds = ranks.slowest(_repeat(lambda call=call, tensor=tensor, size=size: call(tensor, size),
+                                            budget_s=budget_s, agree=ranks.slowest))
             points.append((size, seconds))
         # the formulas' variables: allgather takes bytes per rank, the others bytes per rank's buffer
         xs = [n / p if collective == "allgather" else n for n, _ in points]
@@ -327,10 +329,11 @@ def probe(comm: Any = None, device: str = "cpu") -> dict[str, Any]:
         import horovod.torch as hvd
         import torch
 
-        from hvdcomp.perfmodel.profile import local_device
+        from hvdcomp.perfmodel.profile import Ranks, local_device
 
+        hvd.init()
         on = local_device(device)
-        measured = horovod_collectives(comm, COLLECTIVE_BYTES, on)
+        measured = horovod_collectives(Ranks(comm), COLLECTIVE_BYTES, on)
         # CUDA tensors go through NCCL only where Horovod was built with it; otherwise through host memory
         document["collectives_device"] = "cpu" if on.type == "cpu" else (
             f"cuda ({torch.cuda.get_device_name(on)}), "

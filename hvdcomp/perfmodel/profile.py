@@ -39,7 +39,7 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -57,18 +57,23 @@ PROBE_WORLD = 2  # the world size hvdcomp's choices are made for (only the colle
 
 
 class Ranks:
-    """The ranks of an mpirun job, or this process alone."""
+    """Ranks that measure together: an mpi4py communicator's, or this process alone (``comm`` None)."""
 
-    def __init__(self) -> None:
-        self.comm: Any = None
+    def __init__(self, comm: Any = None) -> None:
+        self.comm = comm
+        self.rank = comm.Get_rank() if comm else 0
+        self.size = comm.Get_size() if comm else 1
+
+    @classmethod
+    def launched(cls) -> Ranks:
+        """The ranks of the mpirun job this process runs in (Horovod initialized), or this process alone."""
         if int(os.environ.get("OMPI_COMM_WORLD_SIZE", os.environ.get("PMI_SIZE", "1"))) > 1:
             import horovod.torch as hvd
             from mpi4py import MPI
 
-            self.comm = MPI.COMM_WORLD
             hvd.init()  # its background thread runs beside the compute in training: let it run here too
-        self.rank = self.comm.Get_rank() if self.comm else 0
-        self.size = self.comm.Get_size() if self.comm else 1
+            return cls(MPI.COMM_WORLD)
+        return cls()
 
     def barrier(self) -> None:
         if self.comm is not None:
@@ -82,6 +87,25 @@ class Ranks:
         return self.comm.allreduce(value, op=MPI.MAX)
 
 
+class ProcessSetRanks(Ranks):
+    """The ranks of a Horovod process set, measuring together through Horovod's own collectives (any controller:
+    what a running job has); collectives are named under ``prefix``."""
+
+    def __init__(self, process_set: Any, prefix: str) -> None:
+        import horovod.torch as hvd
+
+        self.hvd, self.process_set, self.prefix = hvd, process_set, prefix
+        self.comm = None
+        self.rank, self.size = process_set.rank(), process_set.size()
+
+    def barrier(self) -> None:
+        self.hvd.allreduce(torch.zeros(1), name=f"{self.prefix}.barrier", process_set=self.process_set)
+
+    def slowest(self, value: float) -> float:
+        return self.hvd.allreduce(torch.tensor([value], dtype=torch.float64), op=self.hvd.Max,
+                                  name=f"{self.prefix}.slowest", process_set=self.process_set).item()
+
+
 CPU = torch.device("cpu")
 
 
@@ -91,7 +115,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _median_ms(fn: Callable[[], Any], repeats: int, ranks: Ranks, before: Callable[[], Any] | None = None,
+def median_ms(fn: Callable[[], Any], repeats: int, ranks: Ranks, before: Callable[[], Any] | None = None,
                device: torch.device = CPU) -> float:
     times = []
     for _ in range(repeats):
@@ -191,7 +215,7 @@ def measure_steps(model: nn.Module, batch: Batch, loss_fn: LossFn, repeats: int,
               f"{', '.join(unused)}", file=sys.stderr)
     gradients = [{"name": name, "numel": p.numel(), "bytes": p.numel() * p.element_size(),
                   "ready_ms": round(ranks.slowest(statistics.median(step[name] for step in timed) * 1e3), 4),
-                  "check_ms": round(_median_ms(lambda p=p: nonfinite(p.grad._values() if p.grad.is_sparse else p.grad),
+                  "check_ms": round(median_ms(lambda p=p: nonfinite(p.grad._values() if p.grad.is_sparse else p.grad),
                                                repeats, ranks, device=device), 4)}
                  for name, p in used]
     gradients.sort(key=lambda g: g["ready_ms"])
@@ -216,38 +240,40 @@ def measure_encoded(compressor: Compressor, grad: torch.Tensor, repeats: int, ra
         payload = compressor.compress(grad, state, ctx, shared.get("value"))[0]
         return payload if inner.summable else wire.pack(payload)
 
-    shared_ms = _median_ms(statistics_, repeats, ranks, device=grad.device) if gated else 0.0
-    encode_ms = _median_ms(encode, repeats, ranks, before=statistics_ if gated else None, device=grad.device)
+    shared_ms = median_ms(statistics_, repeats, ranks, device=grad.device) if gated else 0.0
+    encode_ms = median_ms(encode, repeats, ranks, before=statistics_ if gated else None, device=grad.device)
     if gated:
         statistics_()
     payload, meta = compressor.compress(grad, state, ctx, shared.get("value"))
     summed = (inner.decompress(payload, meta) if inner.summable else inner.aggregate([payload], meta)).view_as(grad)
     target = grad.clone()
-    finish_ms = _median_ms(lambda: torch.div(summed, PROBE_WORLD, out=target), repeats, ranks, device=grad.device)
+    finish_ms = median_ms(lambda: torch.div(summed, PROBE_WORLD, out=target), repeats, ranks, device=grad.device)
     extra_ms = 0.0
     part_bytes = [part.numel() * part.element_size() for part in payload]
     if inner.summable or inner.reduction is not None:  # allreduced as they are
         wire_bytes = sum(part_bytes)
-        decode_ms = _median_ms(lambda: inner.decompress(payload, meta), repeats, ranks, device=grad.device)
+        decode_ms = median_ms(lambda: inner.decompress(payload, meta), repeats, ranks, device=grad.device)
     else:
         wire_bytes = wire.nbytes(wire.layout_of(payload)) + (0 if inner.fixed_size else 8 * len(payload))
-        decode_ms = _median_ms(lambda: inner.aggregate([payload], meta), repeats, ranks, device=grad.device)
-        four_ms = _median_ms(lambda: inner.aggregate([payload] * 4, meta), repeats, ranks, device=grad.device)
+        decode_ms = median_ms(lambda: inner.aggregate([payload], meta), repeats, ranks, device=grad.device)
+        four_ms = median_ms(lambda: inner.aggregate([payload] * 4, meta), repeats, ranks, device=grad.device)
         extra_ms = max(four_ms - decode_ms, 0.0) / 3
     return {"wire_bytes": int(wire_bytes), "part_bytes": part_bytes, "shared_ms": round(shared_ms, 4),
             "encode_ms": round(encode_ms, 4), "decode_ms": round(decode_ms, 4),
             "decode_extra_payload_ms": round(extra_ms, 4), "finish_ms": round(finish_ms, 4)}
 
 
-def measure_compressor(method: str, named: list[tuple[str, torch.Tensor]], repeats: int,
-                       ranks: Ranks) -> dict[str, Any]:
-    """One compressor on every gradient it would compress; ``{}`` if it compresses none of them."""
+def measure_compressor(method: str | Mapping[str, Any], named: list[tuple[str, torch.Tensor]], repeats: int,
+                       ranks: Ranks, world: int = PROBE_WORLD, edge: set[str] | None = None) -> dict[str, Any]:
+    """One compressor (a method's name, or a compression config) on every gradient it would compress at ``world``
+    ranks, ``edge`` being the model's first and last layers' parameters (default: from ``named``'s order);
+    ``{}`` if it compresses none of them."""
     config = CompressionConfig.parse(method)
     entry: dict[str, Any] = {}
     summary: dict[str, Any] = {}
-    edge = edges([name for name, _ in named])
+    edge = edges([name for name, _ in named]) if edge is None else edge
     for name, grad in named:
-        compressor = config.choose(name, grad.shape, PROBE_WORLD, edge=name in edge).compressor
+        compressor = config.choose(name, grad.shape, world, edge=name in edge).compressor
         if compressor is None:
             continue
         entry[name] = measure_encoded(compressor, grad, repeats, ranks)
@@ -282,7 +308,7 @@ def profile(model: nn.Module, batch: Batch, loss_fn: LossFn | None = None, *, me
         name: the model's name in the document.
         batch_size: samples per batch (default: the targets' first dimension).
     """
-    ranks = ranks or Ranks()
+    ranks = ranks or Ranks.launched()
     loss_fn = loss_fn or nn.functional.cross_entropy
     methods = [m for m in METHODS if m != "none"] if methods is None else list(methods)
     targets = batch[1]
@@ -404,7 +430,7 @@ def main(argv: list[str] | None = None) -> int:
             batch = custom_batch(args.batch_size or 32, args.input_shape, args.classes, args.vocab, args.batch)
     except ValueError as error:
         parser.error(str(error))
-    ranks = Ranks()
+    ranks = Ranks.launched()
     document = profile(model.to(device), _to(batch, device), methods=methods, repeats=args.repeats, ranks=ranks,
                        name=args.model)
     if ranks.rank == 0:

@@ -34,12 +34,13 @@ cluster, steps run longer than predicted (perf/RESULTS.md, performance model sec
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from hvdcomp import reductions
+from hvdcomp.compressor import Compressor
 from hvdcomp.perfmodel import costs
-from hvdcomp.perfmodel.schema import Cluster, CompressorProfile, Profile
+from hvdcomp.perfmodel.schema import Cluster, CompressorProfile, Encoded, Profile
 
 #: plans priced for comparison only (hvdcomp runs neither), each with the reduction whose costs price it
 MODEL_ONLY = {"hierarchical": "allreduce", "parameter_server": "allgather"}
@@ -169,6 +170,18 @@ def valid_plans(compressor: CompressorProfile | None) -> tuple[str, ...]:
     return (*runnable, "hierarchical" if compressor.summable else "parameter_server")
 
 
+def priced(traits: CompressorProfile | Compressor) -> str | None:
+    """Why the timeline cannot price a method's reductions (one whose phases name a collective Network.time does not
+    know: a method-owned reduction that states no costs of its own), or None if it can."""
+    probe = Encoded(wire_bytes=1, shared_ms=0.0, encode_ms=0.0, decode_ms=0.0, decode_extra_payload_ms=0.0)
+    for name in reductions.allowed(traits):
+        unknown = {phase.collective for phase in reductions.REDUCTIONS[name].phases(probe, 2)} - set(PLANS)
+        if unknown:
+            return (f"its {name} reduction states no costs the timeline can price (collectives "
+                    f"{', '.join(sorted(unknown))}: ReductionMethod.phases)")
+    return None
+
+
 def reduction_of(plan: str) -> type[reductions.ReductionMethod]:
     """The reduction whose costs price ``plan`` (a model-only plan borrows the one it stands in for)."""
     return reductions.REDUCTIONS[MODEL_ONLY.get(plan, plan)]
@@ -177,7 +190,6 @@ def reduction_of(plan: str) -> type[reductions.ReductionMethod]:
 def simulate(profile: Profile, cluster: Cluster, method: str, workers: int, plan: str | None = None) -> StepTime:
     """The step time of ``method`` ("none" is dense) on ``workers`` ranks, with collective ``plan``
     (default: what hvdcomp's ``collective: auto`` picks)."""
-    ms = 1e-3
     compressor = None
     if method != "none":
         if method not in profile.compressors:
@@ -187,17 +199,42 @@ def simulate(profile: Profile, cluster: Cluster, method: str, workers: int, plan
     plan = plan or auto_collective(compressor, workers)
     if plan not in valid_plans(compressor):
         raise ValueError(f"{method} cannot use collective {plan!r}; valid: {', '.join(valid_plans(compressor))}")
+    chosen = {name: (compressor, plan) for name in compressor.gradients} if compressor else {}
+    return _timeline(profile, cluster, workers, chosen, method, plan,
+                     "hierarchical" if plan == "hierarchical" else "allreduce")
+
+
+def simulate_mixed(profile: Profile, cluster: Cluster, workers: int,
+                   assignment: Mapping[str, tuple[str, str]]) -> StepTime:
+    """The step time of a per-tensor plan: gradient name -> (method, collective), among those hvdcomp runs
+    (:func:`hvdcomp.reductions.allowed`); gradients not named, or named with method ``none``, go dense."""
+    chosen: dict[str, tuple[CompressorProfile, str]] = {}
+    for name, (method, plan) in assignment.items():
+        if method == "none":
+            continue
+        compressor = profile.compressors.get(method)
+        if compressor is None or name not in compressor.gradients:
+            raise ValueError(f"profile of {profile.model!r} has no costs of {method} on gradient {name!r}")
+        if plan not in reductions.allowed(compressor):
+            raise ValueError(f"{method} cannot use collective {plan!r} (gradient {name!r}); valid: "
+                             f"{', '.join(reductions.allowed(compressor))}")
+        chosen[name] = (compressor, plan)
+    return _timeline(profile, cluster, workers, chosen, "per-tensor", "per-tensor", "allreduce")
+
+
+def _timeline(profile: Profile, cluster: Cluster, workers: int, chosen: Mapping[str, tuple[CompressorProfile, str]],
+              method: str, label: str, dense_plan: str) -> StepTime:
+    """One step with each gradient in ``chosen`` compressed by its (compressor, collective) and the others dense,
+    over ``dense_plan`` (allreduce, or the model-only hierarchical one)."""
+    ms = 1e-3
     forward, backward, optimizer = profile.forward_ms * ms, profile.backward_ms * ms, profile.optimizer_ms * ms
     if workers == 1:  # DistributedOptimizer reduces nothing on one rank
-        return StepTime(method, plan, 1, forward + backward + optimizer, forward, backward, 0.0, 0.0, optimizer,
+        return StepTime(method, label, 1, forward + backward + optimizer, forward, backward, 0.0, 0.0, optimizer,
                         0.0, 0.0, 0.0)
     network = Network(cluster, workers)
     thread = BackgroundThread(network.time, cluster.fusion_threshold_bytes)
-    encoded = dict(compressor.gradients) if compressor else {}
-    dense_plan = "hierarchical" if plan == "hierarchical" else "allreduce"
-    gated = compressor is not None and compressor.shared_before_encode
-    reduction = reduction_of(plan)
-    last_hook = max((i for i, g in enumerate(profile.gradients) if g.name in encoded), default=-1)
+    gated = {name for name, (compressor, _) in chosen.items() if compressor.shared_before_encode}
+    last_hook = max((i for i, g in enumerate(profile.gradients) if g.name in chosen), default=-1)
     ops: dict[str, Op] = {}
     sent = 0.0
     encode_total = 0.0
@@ -206,38 +243,45 @@ def simulate(profile: Profile, cluster: Cluster, method: str, workers: int, plan
 
     def submit(name: str, at: float, phase: reductions.Phase) -> None:
         nonlocal sent
+        compressor, plan = chosen[name]
         kind = {"allreduce": dense_plan}.get(phase.collective, phase.collective)
         if plan == "parameter_server":
             kind = plan
-        ops[name] = thread.submit(Op(at, kind, phase.nbytes, f"{method}.allreduce" if kind == dense_plan else None))
+        fuse = f"{compressor.method}.allreduce" if kind == dense_plan else None
+        ops[name] = thread.submit(Op(at, kind, phase.nbytes, fuse))
         sent += phase.nbytes
+
+    def encoded(name: str) -> tuple[Encoded, type[reductions.ReductionMethod]]:
+        compressor, plan = chosen[name]
+        return compressor.gradients[name], reduction_of(plan)
 
     for index, gradient in enumerate(profile.gradients):
         hook = forward + gradient.ready_ms * ms + delay
-        e = encoded.get(gradient.name)
-        if e is None:
+        if gradient.name not in chosen:
             ops[gradient.name] = thread.submit(Op(hook, dense_plan, gradient.bytes, "dense"))
             sent += gradient.bytes
         else:
-            if compressor.checks_input:  # the input's non-finite check: an encoding can hide a NaN
+            e, reduction = encoded(gradient.name)
+            if chosen[gradient.name][0].checks_input:  # the input's non-finite check: an encoding can hide a NaN
                 delay += gradient.check_ms * ms
                 encode_total += gradient.check_ms * ms
-            hook_work = (e.shared_ms if gated else reduction.hook_ms(e)) * ms
+            hook_work = (e.shared_ms if gradient.name in gated else reduction.hook_ms(e)) * ms
             delay += hook_work
             encode_total += hook_work
-            if not gated:
+            if gradient.name not in gated:
                 submit(gradient.name, forward + gradient.ready_ms * ms + delay, reduction.phases(e, workers)[0])
         if index == last_hook:
             now = forward + gradient.ready_ms * ms + delay
-            vote_bytes = 4 * len(encoded) * (2 if gated else 1) + 8  # flags (and scalers), the plan fingerprint
+            vote_bytes = 4 * (len(chosen) + len(gated)) + 8  # flags (and scalers), the plan fingerprint
             vote = thread.submit(Op(now, "allreduce", vote_bytes))
             sent += vote_bytes
-            if gated:  # the last hook waits for the vote, then encodes every compressed gradient
+            if gated:  # the last hook waits for the vote, then encodes every gated gradient
                 now = thread.wait(vote)
-                for name in (g.name for g in profile.gradients if g.name in encoded):  # in ready order
-                    now += reduction.hook_ms(encoded[name]) * ms
-                    encode_total += reduction.hook_ms(encoded[name]) * ms
-                    submit(name, now, reduction.phases(encoded[name], workers)[0])
+                for name in (g.name for g in profile.gradients if g.name in gated):  # in ready order
+                    e, reduction = encoded(name)
+                    now += reduction.hook_ms(e) * ms
+                    encode_total += reduction.hook_ms(e) * ms
+                    submit(name, now, reduction.phases(e, workers)[0])
                 delay = now - forward - gradient.ready_ms * ms
     backward_end = forward + backward + delay
     now = backward_end
@@ -247,22 +291,22 @@ def simulate(profile: Profile, cluster: Cluster, method: str, workers: int, plan
     # synchronize(): passes over the compressed gradients in submission order (the order of readiness), each
     # waiting for one collective per reduction and starting its next (after the computation before it) or
     # decoding; then the dense gradients, long done.
-    compressed = [g for g in profile.gradients if g.name in encoded]
-    plans = {g.name: [] if plan == "parameter_server" else reduction.phases(encoded[g.name], workers)[1:]
-             for g in compressed}
-    for index in range(1 + max((len(later) for later in plans.values()), default=0)):
+    compressed = [g for g in profile.gradients if g.name in chosen]
+    later_phases = {g.name: [] if chosen[g.name][1] == "parameter_server" else
+                    encoded(g.name)[1].phases(encoded(g.name)[0], workers)[1:] for g in compressed}
+    for index in range(1 + max((len(later) for later in later_phases.values()), default=0)):
         for gradient in compressed:
-            later = plans[gradient.name]
+            later = later_phases[gradient.name]
             if index > len(later):
                 continue
             now = max(now, thread.wait(ops[gradient.name]))
-            e = encoded[gradient.name]
+            e, reduction = encoded(gradient.name)
             if index < len(later):  # the reduction's next collective
                 now += later[index].compute_ms * ms
                 decode_total += later[index].compute_ms * ms
                 submit(gradient.name, now, later[index])
                 continue
-            if plan == "parameter_server":  # the server sums every push and re-encodes the sum
+            if chosen[gradient.name][1] == "parameter_server":  # the server sums every push and re-encodes the sum
                 decode = (e.aggregate_ms(workers) + e.encode_ms + e.decode_ms) * ms
             else:
                 decode = reduction.decode_ms(e, workers) * ms
@@ -270,12 +314,12 @@ def simulate(profile: Profile, cluster: Cluster, method: str, workers: int, plan
             now += decode
             decode_total += decode
     for gradient in profile.gradients:
-        if gradient.name not in encoded:
+        if gradient.name not in chosen:
             now = max(now, thread.wait(ops[gradient.name]))
     checks = sum(g.check_ms for g in profile.gradients) * ms  # every reduced gradient, once all are in
     now += checks
     decode_total += checks
     step = now + optimizer
     computing = forward + backward + encode_total + decode_total + optimizer
-    return StepTime(method, plan, workers, step, forward, backward + delay, encode_total, decode_total, optimizer,
+    return StepTime(method, label, workers, step, forward, backward + delay, encode_total, decode_total, optimizer,
                     thread.busy, max(step - computing, 0.0), sent, thread.collectives)

@@ -15,6 +15,10 @@ A job file (``--config job.yaml``) holds the same settings as the flags (flags g
     lr: 0.01
     seed: 0
     compression: {method: terngrad, options: {clip: 2.5}, dense: ["3.*"]}
+
+``--compression auto`` chooses per tensor on the running job (:mod:`hvdcomp.auto`); the plan it settled on is printed
+after the table and saved in the summary (``auto``). Its measuring steps count in the step times and the time to
+the target.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import torch
 import yaml
 from torch import nn
 
+from hvdcomp import auto
 from hvdcomp.config import CompressionConfig
 from hvdcomp.elastic import TorchState
 from hvdcomp.methods import METHODS
@@ -74,6 +79,9 @@ class Summary:
     target_accuracy: float | None = None
     time_to_target_s: float | None = None
     target_epoch: int | None = None
+    #: compression: auto: the plan it settled on, per tensor, with the predicted and measured step times and every
+    #: plan tried (DistributedOptimizer.auto_report(); rank 0's, the same on every rank but the seconds it took)
+    auto: dict[str, Any] | None = None
 
 
 class Progress:
@@ -251,7 +259,8 @@ def run(workload_name: str, compression: Any, epochs: int | None, batch_size: in
     return Summary(method_name(compression), workload_name, size, epochs, steps, mean_step,
                    statistics.median(timed), batch_size * size / mean_step, per_step, dense_bytes,
                    dense_bytes / per_step if per_step else None, final_loss, evaluate(model, data),
-                   trace or None, resets if elastic else None, target_accuracy, to_target, target_epoch)
+                   trace or None, resets if elastic else None, target_accuracy, to_target, target_epoch,
+                   optimizer.auto_report())
 
 
 def with_epochs(compression: Any, steps_per_epoch: int) -> Any:
@@ -398,6 +407,9 @@ def main(argv: list[str] | None = None) -> int:
                  for _, setting in runs]
     if hvd.rank() == 0:
         print(table(summaries))
+        for summary in summaries:
+            if summary.auto is not None:
+                print(auto.table(summary.auto))
         if args.compare:
             dense, compressed = summaries
             to_target = ""

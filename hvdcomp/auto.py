@@ -1,0 +1,453 @@
+"""``compression: auto``: per tensor, the method and collective this job's own measurements say pay, and never
+slower than dense by more than a margin, checked by measurement.
+
+    optimizer = hvdcomp.DistributedOptimizer(opt, named_parameters=model.named_parameters(), compression="auto")
+
+    compression:                      # in a config (hvdcomp.config)
+      method: auto
+      options: {allow: [randomk], candidates: {topk: {ratio: 0.01}, terngrad: {}}, guard_steps: 5}
+      dense: ["embedding.*"]          # min_numel, dense, seed and nonfinite apply as with any method
+
+Espresso (Wang et al., EuroSys 2023) chooses a compression per tensor offline, in a simulator; here the job measures
+and chooses while it trains. The optimizer starts dense and acts at step boundaries (the end of ``synchronize()``,
+in the same step on every rank):
+
+1. ``warmup_steps`` dense steps, not measured.
+2. ``measure_steps`` dense steps, measured on every rank: the interval between consecutive steps' ends (the step
+   time: data, forward, backward, communication, update), and, since the previous step's end, when each gradient
+   became ready (its hook; on a GPU a CUDA event, read after the step) and when backward ended.
+3. Once, after the last of them: the links (Horovod's allreduce, allgather and alltoall on the job's process set and
+   device, 16 KiB up to a step's dense bytes (1 to 16 MiB), fitted as ``hvdcomp probe`` fits them:
+   :func:`hvdcomp.perfmodel.probe.horovod_collectives`);
+   each candidate's wire bytes, encoding and decoding on this step's gradients, configured as the optimizer would
+   configure it (:func:`hvdcomp.perfmodel.profile.measure_compressor`, as ``hvdcomp profile`` measures); each
+   gradient's non-finite check. All ranks measure at once, then every number is replaced by its maximum over the
+   ranks (one allreduce): the slowest rank's, the same on every rank.
+4. Every rank ranks plans by the step the timeline predicts from those agreed numbers
+   (:func:`hvdcomp.perfmodel.predict.choose_plans`: dense, each candidate alone, the per-tensor choices): identical
+   inputs, identical ranking, no broadcast. The first plan predicted ``margin`` faster than dense is applied: the
+   optimizer rebuilds its plan, checked across ranks as at start. If none is, the job stays dense.
+5. The guard: after one more step, ``guard_steps`` steps of the plan are measured. If their median (the slowest
+   rank's) is more than ``margin`` above dense's from step 2, the next plan predicted to pay is applied and measured
+   in turn (``tries`` plans at most), then dense.
+
+Candidates: every registered method (``hvdcomp.METHODS``: a method added later joins) with its default options, or
+those of ``candidates``, but those in :data:`ACCURACY_GUARD` unless ``allow`` names them, and, where the wrapped
+optimizer has momentum, methods that apply momentum themselves (DGC). Each may use any collective ``collective: auto``
+resolves to for it (allgather or two-phase for gathered payloads).
+
+A change of plan starts every compressed parameter's method state afresh on every rank, as an elastic reset does:
+error-feedback residuals (what a biased method has not sent yet, a few steps' worth of small entries) are dropped.
+``optimizer.retune()`` starts again from step 1 (call it on every rank in the same step, after the cluster changed);
+an elastic reset does too. ``optimizer.auto_report()`` holds the plan in force (per tensor: size, method, collective,
+its predicted ms alone and dense's), the predicted and measured step times and every plan tried; ``hvdcomp train``
+prints it and saves it in its JSON summary.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import statistics
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from hvdcomp.config import CompressionConfig
+    from hvdcomp.perfmodel.predict import Plan
+    from hvdcomp.perfmodel.schema import Cluster, Profile
+
+#: methods ``auto`` leaves out unless allowed, and why (perf/RESULTS.md, digits on the emulated cluster)
+ACCURACY_GUARD = {
+    "signsgd": "without error feedback it ended 1.4 points under dense on 2 hosts and did not reach 95% on 4",
+    "randomk": "needed 8 more epochs than dense to reach 95% on 2 hosts and did not reach it on 4",
+    "dgc": "applies momentum itself: the optimizer's momentum must be 0 for its parameters",
+    "gravac": "adapts its own compression factor: its profile is one moment of it",
+    "lgc": "its stages and autoencoder are not in a profile (the steady state only)",
+    "sketch": "sums sparse rows: for embeddings' gradients, chosen by configuration",
+}
+#: what the links are timed at (bytes): from the first, up to a step's dense bytes (what fusion may send at once)
+#: within the other two; the bandwidth is fitted from the three largest sizes
+LINK_BYTES = (1 << 14, 1 << 20, 1 << 24)
+
+
+def link_sizes(largest: int) -> list[int]:
+    """16 KiB, then powers of 4 from 64 KiB up to ``largest`` bytes, but up to 1 MiB at least and 16 MiB at most."""
+    smallest, least, most = LINK_BYTES
+    top = min(max(largest, least), most)
+    return [smallest, *(1 << bits for bits in range(16, top.bit_length(), 2))]
+PREFIX = "hvdcomp.auto"
+
+
+@dataclass(frozen=True)
+class AutoSettings:
+    """``options`` of ``method: auto`` (see the module docstring).
+
+    Attributes:
+        allow: methods of ACCURACY_GUARD that may be chosen all the same.
+        candidates: method -> its options, the methods to choose from (default: every registered method with its
+            defaults, but the guarded ones).
+        warmup_steps: dense steps before measuring.
+        measure_steps: dense steps measured (the step time to beat, the backward timeline).
+        guard_steps: steps of a plan measured before it is kept (after one more step to settle).
+        margin: a plan is applied only if predicted this fraction faster than dense, and kept only if measured no
+            more than this fraction slower.
+        tries: plans applied at most before settling on dense.
+        repeats: timed runs of each candidate's encoding and decoding per gradient (the median is kept).
+    """
+
+    allow: tuple[str, ...] = ()
+    candidates: Mapping[str, Mapping[str, Any]] | None = None
+    warmup_steps: int = 3
+    measure_steps: int = 5
+    guard_steps: int = 5
+    margin: float = 0.05
+    tries: int = 2
+    repeats: int = 3
+
+    @classmethod
+    def parse(cls, options: Any) -> AutoSettings:
+        from hvdcomp.config import make_compressor
+        from hvdcomp.methods import METHODS
+
+        options = options or {}
+        if not isinstance(options, Mapping):
+            raise ValueError(f"options of method auto must be a mapping; got {options!r}")
+        valid = [f.name for f in fields(cls)]
+        for key in options:
+            if key not in valid:
+                raise ValueError(f"unknown option for auto {key!r}; valid: {', '.join(valid)}")
+        for key, least in (("warmup_steps", 0), ("measure_steps", 2), ("guard_steps", 1), ("tries", 1),
+                           ("repeats", 1)):
+            value = options.get(key, getattr(cls, key))
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"auto's {key} must be an integer >= {least}; got {value!r}")
+        margin = options.get("margin", cls.margin)
+        if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 1:
+            raise ValueError(f"auto's margin must be a fraction in [0, 1); got {margin!r}")
+        allow = options.get("allow", ())
+        if isinstance(allow, str) or not all(isinstance(m, str) for m in allow):
+            raise ValueError(f"auto's allow must be a list of method names; got {allow!r}")
+        for method in allow:
+            if method not in ACCURACY_GUARD:
+                raise ValueError(f"auto's allow: {method!r} is not held back; held back: "
+                                 f"{', '.join(sorted(ACCURACY_GUARD))}")
+        candidates = options.get("candidates")
+        if candidates is not None:
+            if not isinstance(candidates, Mapping) or not candidates:
+                raise ValueError(f"auto's candidates must be a mapping of method -> options; got {candidates!r}")
+            candidates = {str(m): dict(o or {}) for m, o in candidates.items()}
+            for method, method_options in candidates.items():
+                if method in ("none", "auto") or method not in METHODS:
+                    raise ValueError(f"auto's candidates: unknown compression method {method!r}; valid: "
+                                     f"{', '.join(sorted(set(METHODS) - {'none'}))}")
+                if method in ACCURACY_GUARD and method not in allow:
+                    raise ValueError(f"auto's candidates: {method} is held back ({ACCURACY_GUARD[method]}); add it "
+                                     "to allow to choose it all the same")
+                make_compressor(method, method_options)  # its options, checked now
+        return cls(tuple(allow), candidates, *(options.get(key, getattr(cls, key)) for key in
+                                               ("warmup_steps", "measure_steps", "guard_steps", "margin", "tries",
+                                                "repeats")))
+
+    def methods(self) -> dict[str, Mapping[str, Any]]:
+        """The candidate methods and their options."""
+        from hvdcomp.methods import METHODS
+
+        if self.candidates is not None:
+            return dict(self.candidates)
+        return {m: {} for m in METHODS if m != "none" and (m not in ACCURACY_GUARD or m in self.allow)}
+
+
+class _Clock:
+    """Marks in a step: host seconds on the CPU; on a GPU CUDA events (a hook runs when its gradient's kernels are
+    queued, not when they are done), read after the step."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+
+    def mark(self) -> Any:
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def seconds(self, origin: Any, mark: Any) -> float:
+        if not self.cuda:
+            return mark - origin
+        mark.synchronize()
+        return origin.elapsed_time(mark) / 1e3
+
+
+@dataclass
+class _Samples:
+    """What the measured dense steps recorded, per step."""
+
+    intervals: list[float] = field(default_factory=list)
+    backward: list[float] = field(default_factory=list)
+    ready: dict[str, list[float]] = field(default_factory=dict)
+
+
+class Tuner:
+    """``compression: auto``'s state across steps (the module docstring's phases), driven by the optimizer: it calls
+    :meth:`ready` from each gradient's hook, :meth:`backward_done` when ``synchronize()`` starts and
+    :meth:`step_done` when it ends."""
+
+    def __init__(self, settings: AutoSettings, base: CompressionConfig) -> None:
+        self.settings, self.base = settings, base
+        self.restart()
+
+    def restart(self) -> None:
+        self.phase = "warmup"
+        self.steps = 0  # steps done in this phase
+        self.samples = _Samples()
+        self.plans: list[Plan] = []
+        self.dense_ms = 0.0
+        self.report: dict[str, Any] = {"phase": "measuring dense", "tried": []}
+        self._clock: _Clock | None = None
+        self._origin: Any = None  # the previous step's end, as the clock marks it
+        self._last_end = 0.0  # and on the host clock
+        self._marks: dict[str, Any] = {}
+        self._backward_mark: Any = None
+
+    @property
+    def measuring(self) -> bool:
+        return self.phase == "dense" and self._origin is not None
+
+    def ready(self, name: str) -> None:
+        if self.measuring:
+            self._marks[name] = self._clock.mark()
+
+    def backward_done(self) -> None:
+        if self.measuring:
+            self._backward_mark = self._clock.mark()
+
+    def step_done(self, optimizer: Any) -> None:
+        """After each step's ``synchronize()``, on every rank: records, and at a phase's end measures, chooses and
+        applies (``optimizer._replan``)."""
+        if self._clock is None:
+            self._clock = _Clock(optimizer._slots[0].param.device)
+        now = time.perf_counter()
+        self.steps += 1
+        if self.phase == "warmup" and optimizer.config is not self.base:  # retune(): from dense again
+            optimizer._replan(self.base)
+        if self.phase == "warmup" and self.steps >= self.settings.warmup_steps:
+            self.phase, self.steps = "dense", 0
+        elif self.phase == "dense":
+            self._record(now)
+            if self.steps >= self.settings.measure_steps:
+                self._choose(optimizer)
+                self._next_plan(optimizer)
+        elif self.phase == "guard":
+            if self.steps > 1:  # the first step of a plan settles it
+                self.samples.intervals.append(now - self._last_end)
+            if self.steps > self.settings.guard_steps:
+                self._judge(optimizer)
+        self._marks, self._backward_mark = {}, None
+        self._origin, self._last_end = self._clock.mark(), time.perf_counter()
+
+    def _record(self, now: float) -> None:
+        clock, samples = self._clock, self.samples
+        samples.intervals.append(now - self._last_end)
+        samples.backward.append(clock.seconds(self._origin, self._backward_mark or clock.mark()))
+        for name, mark in self._marks.items():
+            samples.ready.setdefault(name, []).append(clock.seconds(self._origin, mark))
+
+    def _choose(self, optimizer: Any) -> None:
+        """Steps 3 and 4 of the module docstring: the costs, the links, the ranked plans."""
+        from hvdcomp.perfmodel import predict
+
+        started = time.perf_counter()
+        live, excluded = self._live_profile(optimizer)
+        cluster, links = _live_cluster(optimizer.process_set, optimizer._slots[0].param.device,
+                                       live.dense_bytes)
+        workers, margin = optimizer.process_set.size(), self.settings.margin
+        plans = predict.choose_plans(cluster, live, workers, list(live.compressors))
+        dense = next(p for p in plans if p.label == "dense")
+        self.plans = [p for p in plans if p.step_ms * (1 + margin) < dense.step_ms][:self.settings.tries]
+        self.report.update({"workers": workers, "margin": margin, "candidates": list(live.compressors),
+                            "excluded": excluded, "dense_ms": round(self.dense_ms, 3),
+                            "dense_predicted_ms": dense.step_ms, "links": links,
+                            "measure_s": round(time.perf_counter() - started, 3)})
+
+    def _live_profile(self, optimizer: Any) -> tuple[Profile, dict[str, str]]:
+        """The job's profile from the measured dense steps and the candidates' costs on this step's gradients, agreed
+        (the slowest rank's), and the methods left out with why; sets ``dense_ms``, the measured dense step."""
+        from hvdcomp.config import make_compressor
+        from hvdcomp.methods import METHODS
+        from hvdcomp.perfmodel import profile, schema, timeline
+
+        settings, samples, slots = self.settings, self.samples, optimizer._slots
+        alone = profile.Ranks()
+        device = slots[0].param.device
+        named = [(slot.name, slot.param.grad.detach()) for slot in slots]
+        gradients = []
+        for name, grad in named:
+            wire_size = 4 if grad.dtype == torch.bfloat16 else grad.element_size()  # bfloat16 travels as float32
+            gradients.append({"name": name, "numel": grad.numel(), "bytes": grad.numel() * wire_size,
+                              "ready_ms": 1e3 * statistics.median(samples.ready.get(name) or samples.backward),
+                              "check_ms": profile.median_ms(lambda g=grad: _nonfinite(g), settings.repeats, alone,
+                                                            device=device)})
+        momentum = any(group.get("momentum", 0) for group in optimizer.param_groups)
+        excluded: dict[str, str] = {}
+        compressors = {}
+        for method, options in settings.methods().items():
+            unpriced = timeline.priced(make_compressor(method, options))
+            if unpriced:
+                excluded[method] = unpriced
+                continue
+            if momentum and METHODS[method].applies_momentum:
+                excluded[method] = "applies momentum itself, and the optimizer has momentum"
+                continue
+            spec = {"method": method, "options": dict(options), "min_numel": self.base.min_numel,
+                    "dense": list(self.base.dense), "seed": self.base.seed}
+            measured = profile.measure_compressor(spec, named, settings.repeats, alone,
+                                                  world=optimizer.process_set.size(), edge=optimizer._edges)
+            if measured:
+                compressors[method] = measured
+            else:
+                excluded[method] = "compresses none of the parameters"
+        document = _agreed_max({"kind": "profile", "model": "this job", "batch_size": 1, "device": str(device),
+                                "forward_ms": 0.0, "optimizer_ms": 0.0,
+                                "backward_ms": 1e3 * statistics.median(samples.backward),
+                                "dense_ms": 1e3 * statistics.median(samples.intervals),
+                                "gradients": gradients, "compressors": compressors}, optimizer.process_set)
+        self.dense_ms = document.pop("dense_ms")
+        return schema.parse_profile(document, "auto"), excluded
+
+    def _next_plan(self, optimizer: Any) -> None:
+        """Applies the next plan to try, or settles on dense."""
+        self.phase, self.steps, self.samples = "guard", 0, _Samples()
+        if self.plans:
+            plan = self.plans.pop(0)
+            self.report["tried"].append({"label": plan.label, "predicted_ms": plan.step_ms, "measured_ms": None,
+                                         "kept": False})
+            self._apply(optimizer, plan)
+            return
+        self.phase = "settled"
+        self.report.update(phase="settled", label="dense", plan=[])
+        if optimizer.config is not self.base:
+            optimizer._replan(self.base)
+
+    def _apply(self, optimizer: Any, plan: Plan) -> None:
+        from hvdcomp.config import CompressionConfig
+
+        methods = self.settings.methods()
+        overrides = []
+        for choice in plan.choices:
+            if choice.method == "none":
+                continue
+            selectable = choice.collective in ("allgather", "two_phase")
+            overrides.append({"match": glob.escape(choice.name), "method": choice.method,
+                              "options": dict(methods[choice.method]),
+                              "collective": choice.collective if selectable else "auto"})
+        config = CompressionConfig.parse({"method": "none", "min_numel": self.base.min_numel,
+                                          "dense": list(self.base.dense), "seed": self.base.seed,
+                                          "nonfinite": self.base.nonfinite, "overrides": overrides})
+        self.report.update(phase="guard", label=plan.label, plan=[asdict(c) for c in plan.choices])
+        optimizer._replan(config)
+
+    def _judge(self, optimizer: Any) -> None:
+        from hvdcomp.perfmodel import profile
+
+        group = profile.ProcessSetRanks(optimizer.process_set, PREFIX)
+        measured = 1e3 * group.slowest(statistics.median(self.samples.intervals))
+        tried = self.report["tried"][-1]
+        tried["measured_ms"] = round(measured, 3)
+        if measured <= self.dense_ms * (1 + self.settings.margin):
+            tried["kept"] = True
+            self.phase = "settled"
+            self.report["phase"] = "settled"
+            return
+        self._next_plan(optimizer)
+
+
+def _live_cluster(process_set: Any, device: torch.device,
+                  largest: int) -> tuple[Cluster, dict[str, dict[str, float]]]:
+    """The links as the job's collectives see them: Horovod's allreduce, allgather and alltoall among the process
+    set's ranks on ``device``, at sizes up to ``largest`` bytes (:func:`link_sizes`), fitted (the
+    slowest rank's times); and their latency and bus bandwidth."""
+    from hvdcomp.perfmodel import probe, profile, schema
+
+    group = profile.ProcessSetRanks(process_set, PREFIX)
+    links = probe.horovod_collectives(group, link_sizes(largest), device, process_set, budget_s=0.2,
+                                      prefix=f"{PREFIX}.probe")
+    fusion = int(os.environ.get("HOROVOD_FUSION_THRESHOLD", schema.HOROVOD_FUSION_THRESHOLD_BYTES))
+    tier = {"latency_us": links["allreduce"]["latency_us"], "bandwidth_gbps": links["allreduce"]["busbw_gbps"],
+            **links}
+    # one rank per node: every collective is priced with what it measured among exactly these ranks
+    cluster = schema.parse_cluster({"kind": "cluster", "name": f"this job ({process_set.size()} ranks)",
+                                    "nominal": False, "ranks_per_node": 1, "inter_node": tier,
+                                    "horovod": {"fusion_threshold_bytes": fusion}}, "auto")
+    return cluster, {name: {"latency_us": link["latency_us"], "busbw_gbps": link["busbw_gbps"]}
+                     for name, link in links.items()}
+
+
+def _nonfinite(grad: torch.Tensor) -> torch.Tensor:
+    from hvdcomp.optimizer import nonfinite
+
+    return nonfinite(grad)
+
+
+def _agreed_max(document: Any, process_set: Any) -> Any:
+    """``document`` with every number replaced by its maximum over the ranks (one allreduce; every rank must pass a
+    document of the same shape); integers stay integers, booleans and strings as they are."""
+    import horovod.torch as hvd
+
+    numbers: list[float] = []
+
+    def collect(value: Any) -> None:
+        if isinstance(value, Mapping):
+            for item in value.values():
+                collect(item)
+        elif isinstance(value, list):
+            for item in value:
+                collect(item)
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            numbers.append(float(value))
+
+    collect(document)
+    agreed = iter(hvd.allreduce(torch.tensor(numbers, dtype=torch.float64), op=hvd.Max, name=f"{PREFIX}.costs",
+                                process_set=process_set).tolist())
+
+    def rebuild(value: Any) -> Any:
+        if isinstance(value, Mapping):
+            return {key: rebuild(item) for key, item in value.items()}
+        if isinstance(value, list):
+            return [rebuild(item) for item in value]
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            number = next(agreed)
+            return int(number) if isinstance(value, int) else number
+        return value
+
+    return rebuild(document)
+
+
+def table(report: Mapping[str, Any]) -> str:
+    """``auto_report()`` as text: the plan in force as a table, then the plans tried."""
+    from hvdcomp.perfmodel.predict import TensorChoice, plan_table
+
+    if "workers" not in report:
+        return f"auto: {report['phase']}"
+    plan = [TensorChoice(**c) for c in report.get("plan") or []]
+    lines = []
+    if plan:
+        lines.append(plan_table(plan, report["workers"], title=f"auto's plan at {report['workers']} ranks: "
+                                                               f"{report['label']} (ms: isolated costs, this job's "
+                                                               "links and gradients)"))
+    else:
+        lines.append(f"auto's plan at {report['workers']} ranks: dense (no plan predicted {report['margin']:.0%} "
+                     "faster than dense, or none measured within that of dense)")
+    lines.append(f"dense step: measured {report['dense_ms']:.1f} ms, predicted {report['dense_predicted_ms']:.1f} ms; "
+                 f"measuring took {report['measure_s']:.1f} s")
+    for tried in report["tried"]:
+        measured = "not measured" if tried["measured_ms"] is None else f"measured {tried['measured_ms']:.1f} ms"
+        lines.append(f"tried {tried['label']}: predicted {tried['predicted_ms']:.1f} ms, {measured}, "
+                     f"{'kept' if tried['kept'] else 'dropped'}")
+    if report.get("excluded"):
+        lines.append("not candidates: " + "; ".join(f"{m}: {why}" for m, why in report["excluded"].items()))
+    return "\n".join(lines)
