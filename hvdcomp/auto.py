@@ -27,7 +27,8 @@ in the same step on every rank):
    (:func:`hvdcomp.perfmodel.predict.choose_plans`: dense, each candidate alone, the per-tensor choices): identical
    inputs, identical ranking, no broadcast. The first plan predicted ``margin`` faster than dense is applied: the
    optimizer rebuilds its plan, checked across ranks as at start. If none is, the job stays dense.
-5. The guard: after one more step, ``guard_steps`` steps of the plan are measured. If their median (the slowest
+5. The guard: after one more step (and the rest of its methods' warm-ups, :meth:`Compressor.steady_from`, counted
+   from the job's first step), ``guard_steps`` steps of the plan are measured. If their median (the slowest
    rank's) is more than ``margin`` above dense's from step 2, the next plan predicted to pay is applied and measured
    in turn (``tries`` plans at most), then dense.
 
@@ -38,6 +39,7 @@ resolves to for it (allgather or two-phase for gathered payloads).
 
 A change of plan starts every compressed parameter's method state afresh on every rank, as an elastic reset does:
 error-feedback residuals (what a biased method has not sent yet, a few steps' worth of small entries) are dropped.
+The step counters go on, so the dense steps count towards a method's warm-up.
 ``optimizer.retune()`` starts again from step 1 (call it on every rank in the same step, after the cluster changed);
 an elastic reset does too. ``optimizer.auto_report()`` holds the plan in force (per tensor: size, method, collective,
 its predicted ms alone and dense's), the predicted and measured step times and every plan tried; ``hvdcomp train``
@@ -204,6 +206,7 @@ class Tuner:
     def restart(self) -> None:
         self.phase = "warmup"
         self.steps = 0  # steps done in this phase
+        self.settle = 1  # steps of a plan before the guard measures it
         self.samples = _Samples()
         self.plans: list[Plan] = []
         self.dense_ms = 0.0
@@ -243,9 +246,9 @@ class Tuner:
                 self._choose(optimizer)
                 self._next_plan(optimizer)
         elif self.phase == "guard":
-            if self.steps > 1:  # the first step of a plan settles it
+            if self.steps > self.settle:
                 self.samples.intervals.append(now - self._last_end)
-            if self.steps > self.settings.guard_steps:
+            if self.steps >= self.settle + self.settings.guard_steps:
                 self._judge(optimizer)
         self._marks, self._backward_mark = {}, None
         self._origin, self._last_end = self._clock.mark(), time.perf_counter()
@@ -350,6 +353,9 @@ class Tuner:
                                           "nonfinite": self.base.nonfinite, "overrides": overrides})
         self.report.update(phase="guard", label=plan.label, plan=[asdict(c) for c in plan.choices])
         optimizer._replan(config)
+        # one step settles the plan, and its methods' warm-ups (Compressor.steady_from) run out unmeasured
+        self.settle = 1 + max([0, *(slot.choice.compressor.unwrapped().steady_from() - slot.step
+                                    for slot in optimizer._slots if slot.choice.compressor is not None)])
 
     def _judge(self, optimizer: Any) -> None:
         from hvdcomp.perfmodel import profile

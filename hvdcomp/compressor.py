@@ -156,6 +156,12 @@ class Compressor(ABC):
         """Whether this method compresses a tensor of ``shape``; other tensors go Horovod's dense way."""
         return True
 
+    def steady_from(self) -> int:
+        """The step from which the method runs as in its steady state (:data:`STEADY_STEP`, what profiles measure):
+        0, or the end of its warm-up (PowerSGD's ``start_iter``, DGC's sparsity stages, LGC's first two stages).
+        ``compression: auto`` measures a plan only from there."""
+        return 0
+
     def why_dense(self, shape: torch.Size) -> str:
         """Why :meth:`compresses` declines ``shape`` (the optimizer logs it on rank 0 when it plans the parameters)."""
         return f"{self.name} does not compress a tensor of shape {tuple(shape)}"

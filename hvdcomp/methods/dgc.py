@@ -82,6 +82,9 @@ class DGC(Sparse):
             raise ValueError(f"dgc: clip_norm must be a positive number or null; got {clip_norm!r}")
         self.clip_norm = None if clip_norm is None else float(clip_norm)
 
+    def steady_from(self) -> int:
+        return len(self.warmup_densities) * self.warmup_steps
+
     def density_at(self, step: int) -> float:
         """The fraction sent at ``step``: the warm-up's stage, then ``density``."""
         stage = step // self.warmup_steps

@@ -128,6 +128,9 @@ class GraVAC(Compressor):
         self._memory = DGC(**options) if method == "dgc" else None
         self._compressors = [self._candidate(cf) for cf in self.candidates]
 
+    def steady_from(self) -> int:
+        return self.warmup_steps
+
     def _candidate(self, cf: float) -> Compressor:
         knob = KNOBS[self.method]
         if self.method == "dgc":

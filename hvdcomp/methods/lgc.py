@@ -155,6 +155,9 @@ class LGC(Compressor):
         self.lr, self.similarity, self.max_error = float(lr), float(similarity), float(max_error)
         self.dense_edges = dense_edges
 
+    def steady_from(self) -> int:
+        return self.dense_steps + self.train_steps
+
     # ------------------------------------------------------------------------------------------ sizes
 
     def k(self, numel: int) -> int:

@@ -103,6 +103,9 @@ class PowerSGD(Compressor):
         self.warm_start = warm_start
         self.orthogonalization_epsilon = float(orthogonalization_epsilon)
 
+    def steady_from(self) -> int:
+        return self.start_iter
+
     @staticmethod
     def _dims(shape: torch.Size) -> tuple[int, int]:
         n = shape[0]
