@@ -23,6 +23,7 @@ from hvdcomp.config import CompressionConfig, make_compressor
 from hvdcomp.error_feedback import ErrorFeedback
 from hvdcomp.methods import (
     DGC,
+    LGC,
     METHODS,
     ORQ,
     QSGD,
@@ -45,6 +46,7 @@ from hvdcomp.reductions import REDUCTIONS, ReductionMethod
 __all__ = [
     "ACCURACY_GUARD",
     "DGC",
+    "LGC",
     "METHODS",
     "ORQ",
     "QSGD",

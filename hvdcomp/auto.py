@@ -25,17 +25,23 @@ in the same step on every rank):
    ranks (one allreduce): the slowest rank's, the same on every rank.
 4. Every rank ranks plans by the step the timeline predicts from those agreed numbers
    (:func:`hvdcomp.perfmodel.predict.choose_plans`: dense, each candidate alone, the per-tensor choices): identical
-   inputs, identical ranking, no broadcast. The first plan predicted ``margin`` faster than dense is applied: the
-   optimizer rebuilds its plan, checked across ranks as at start. If none is, the job stays dense.
-5. The guard: after one more step (and the rest of its methods' warm-ups, :meth:`Compressor.steady_from`, counted
-   from the job's first step), ``guard_steps`` steps of the plan are measured. If their median (the slowest
-   rank's) is more than ``margin`` above dense's from step 2, the next plan predicted to pay is applied and measured
-   in turn (``tries`` plans at most), then dense.
+   inputs, identical ranking (checked), no broadcast. A plan is applied by rebuilding the optimizer's plan at a step
+   boundary, checked across ranks as at start. If no plan is predicted ``margin`` faster than dense, the job stays
+   dense.
+5. The guard: the plans to try (the ``tries`` fastest predicted ``margin`` faster than dense, the fastest single
+   method among them) are applied in turn, each measured for ``guard_steps`` steps after one more step (and the rest
+   of its methods' warm-ups, :meth:`Compressor.steady_from`, counted from the job's first step). The fastest by
+   median step (the slowest rank's) is kept, applied again if it is not the last, if it is within ``margin`` of
+   dense's from step 2; otherwise every parameter goes back to dense.
 
 Candidates: every registered method (``hvdcomp.METHODS``: a method added later joins) with its default options, or
 those of ``candidates``, but those in :data:`ACCURACY_GUARD` unless ``allow`` names them, and, where the wrapped
-optimizer has momentum, methods that apply momentum themselves (DGC). Each may use any collective ``collective: auto``
-resolves to for it (allgather or two-phase for gathered payloads).
+optimizer has momentum, methods that apply momentum themselves (DGC). A candidate must declare its costs: its
+reduction's phases (:meth:`hvdcomp.reductions.ReductionMethod.phases`) in collectives the timeline prices (a method
+that owns a reduction without them is left out, with the reason in the report). Each may use any collective
+``collective: auto`` resolves to for it (allgather or two-phase for gathered payloads). Every rank must register the
+same methods: what the ranks measure is compared (a fingerprint in the agreeing allreduce), and a candidate that fails
+to measure on one rank (out of memory) is left out on all.
 
 A change of plan starts every compressed parameter's method state afresh on every rank, as an elastic reset does:
 error-feedback residuals (what a biased method has not sent yet, a few steps' worth of small entries) are dropped.
@@ -49,10 +55,11 @@ prints it and saves it in its JSON summary.
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
 import statistics
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
@@ -93,12 +100,12 @@ class AutoSettings:
         allow: methods of ACCURACY_GUARD that may be chosen all the same.
         candidates: method -> its options, the methods to choose from (default: every registered method with its
             defaults, but the guarded ones).
-        warmup_steps: dense steps before measuring.
+        warmup_steps: dense steps before measuring (at least 1: a step is timed from the previous one's end).
         measure_steps: dense steps measured (the step time to beat, the backward timeline).
         guard_steps: steps of a plan measured before it is kept (after one more step to settle).
         margin: a plan is applied only if predicted this fraction faster than dense, and kept only if measured no
             more than this fraction slower.
-        tries: plans applied at most before settling on dense.
+        tries: plans measured at most (the fastest predicted to pay, one of them the fastest single method).
         repeats: timed runs of each candidate's encoding and decoding per gradient (the median is kept).
     """
 
@@ -108,7 +115,7 @@ class AutoSettings:
     measure_steps: int = 5
     guard_steps: int = 5
     margin: float = 0.05
-    tries: int = 2
+    tries: int = 3
     repeats: int = 3
 
     @classmethod
@@ -123,7 +130,7 @@ class AutoSettings:
         for key in options:
             if key not in valid:
                 raise ValueError(f"unknown option for auto {key!r}; valid: {', '.join(valid)}")
-        for key, least in (("warmup_steps", 0), ("measure_steps", 2), ("guard_steps", 1), ("tries", 1),
+        for key, least in (("warmup_steps", 1), ("measure_steps", 2), ("guard_steps", 1), ("tries", 1),
                            ("repeats", 1)):
             value = options.get(key, getattr(cls, key))
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
@@ -131,8 +138,8 @@ class AutoSettings:
         margin = options.get("margin", cls.margin)
         if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 1:
             raise ValueError(f"auto's margin must be a fraction in [0, 1); got {margin!r}")
-        allow = options.get("allow", ())
-        if isinstance(allow, str) or not all(isinstance(m, str) for m in allow):
+        allow = options.get("allow") or ()
+        if not isinstance(allow, (list, tuple)) or not all(isinstance(m, str) for m in allow):
             raise ValueError(f"auto's allow must be a list of method names; got {allow!r}")
         for method in allow:
             if method not in ACCURACY_GUARD:
@@ -142,6 +149,10 @@ class AutoSettings:
         if candidates is not None:
             if not isinstance(candidates, Mapping) or not candidates:
                 raise ValueError(f"auto's candidates must be a mapping of method -> options; got {candidates!r}")
+            for method, method_options in candidates.items():
+                if not isinstance(method_options, (Mapping, type(None))):
+                    raise ValueError(f"auto's candidates: the options of {method} must be a mapping; got "
+                                     f"{method_options!r}")
             candidates = {str(m): dict(o or {}) for m, o in candidates.items()}
             for method, method_options in candidates.items():
                 if method in ("none", "auto") or method not in METHODS:
@@ -169,13 +180,14 @@ class _Clock:
     queued, not when they are done), read after the step."""
 
     def __init__(self, device: torch.device) -> None:
+        self.device = device
         self.cuda = device.type == "cuda"
 
     def mark(self) -> Any:
         if not self.cuda:
             return time.perf_counter()
         event = torch.cuda.Event(enable_timing=True)
-        event.record()
+        event.record(torch.cuda.current_stream(self.device))  # the gradients' device, whichever is current here
         return event
 
     def seconds(self, origin: Any, mark: Any) -> float:
@@ -208,7 +220,8 @@ class Tuner:
         self.steps = 0  # steps done in this phase
         self.settle = 1  # steps of a plan before the guard measures it
         self.samples = _Samples()
-        self.plans: list[Plan] = []
+        self.plans: list[Plan] = []  # to measure
+        self.tried: list[Plan] = []  # measured or being measured
         self.dense_ms = 0.0
         self.report: dict[str, Any] = {"phase": "measuring dense", "tried": []}
         self._clock: _Clock | None = None
@@ -235,12 +248,15 @@ class Tuner:
         if self._clock is None:
             self._clock = _Clock(optimizer._slots[0].param.device)
         now = time.perf_counter()
+        if optimizer._skip_step:  # a non-finite step (nonfinite: skip) is not measured, nor measured on
+            self._marks, self._backward_mark, self._origin, self._last_end = {}, None, None, time.perf_counter()
+            return
         self.steps += 1
         if self.phase == "warmup" and optimizer.config is not self.base:  # retune(): from dense again
             optimizer._replan(self.base)
         if self.phase == "warmup" and self.steps >= self.settings.warmup_steps:
             self.phase, self.steps = "dense", 0
-        elif self.phase == "dense":
+        elif self.phase == "dense" and self._origin is not None:
             self._record(now)
             if self.steps >= self.settings.measure_steps:
                 self._choose(optimizer)
@@ -251,7 +267,8 @@ class Tuner:
             if self.steps >= self.settle + self.settings.guard_steps:
                 self._judge(optimizer)
         self._marks, self._backward_mark = {}, None
-        self._origin, self._last_end = self._clock.mark(), time.perf_counter()
+        self._origin = self._clock.mark() if self.phase == "dense" else None
+        self._last_end = time.perf_counter()
 
     def _record(self, now: float) -> None:
         clock, samples = self._clock, self.samples
@@ -265,29 +282,36 @@ class Tuner:
         from hvdcomp.perfmodel import predict
 
         started = time.perf_counter()
-        live, excluded = self._live_profile(optimizer)
-        cluster, links = _live_cluster(optimizer.process_set, optimizer._slots[0].param.device,
-                                       live.dense_bytes)
+        live, excluded, fusion = self._live_profile(optimizer)
+        cluster, links = _live_cluster(optimizer.process_set, optimizer._slots[0].param.device, live.dense_bytes,
+                                       fusion)
         workers, margin = optimizer.process_set.size(), self.settings.margin
-        plans = predict.choose_plans(cluster, live, workers, list(live.compressors))
+        plans = predict.choose_plans(cluster, live, workers, list(live.compressors), margin)
         dense = next(p for p in plans if p.label == "dense")
-        self.plans = [p for p in plans if p.step_ms * (1 + margin) < dense.step_ms][:self.settings.tries]
+        paying = [p for p in plans if p.step_ms * (1 + margin) < dense.step_ms]
+        single = [p for p in paying if p.label in live.compressors]  # a method alone: no mix for the model to misjudge
+        self.plans = list({id(p): p for p in [*paying[:1], *single[:1], *paying[1:]]}.values())[:self.settings.tries]
+        # identical inputs give identical plans; checked, so that no rank replans alone
+        _agreed({"plans": [[p.label, *(f"{n}={m}/{c}" for n, (m, c) in sorted(p.assignment().items()))]
+                           for p in self.plans]}, optimizer.process_set, "max", optimizer._wait)
         self.report.update({"workers": workers, "margin": margin, "candidates": list(live.compressors),
                             "excluded": excluded, "dense_ms": round(self.dense_ms, 3),
                             "dense_predicted_ms": dense.step_ms, "links": links,
                             "measure_s": round(time.perf_counter() - started, 3)})
 
-    def _live_profile(self, optimizer: Any) -> tuple[Profile, dict[str, str]]:
+    def _live_profile(self, optimizer: Any) -> tuple[Profile, dict[str, str], int]:
         """The job's profile from the measured dense steps and the candidates' costs on this step's gradients, agreed
-        (the slowest rank's), and the methods left out with why; sets ``dense_ms``, the measured dense step."""
+        (the slowest rank's), the methods left out with why, and Horovod's fusion threshold (agreed too); sets
+        ``dense_ms``, the measured dense step. A candidate that fails to measure (out of memory) or to be priced on
+        any rank is left out on every rank."""
         from hvdcomp.config import make_compressor
         from hvdcomp.methods import METHODS
         from hvdcomp.perfmodel import profile, schema, timeline
 
-        settings, samples, slots = self.settings, self.samples, optimizer._slots
+        settings, samples, process_set = self.settings, self.samples, optimizer.process_set
         alone = profile.Ranks()
-        device = slots[0].param.device
-        named = [(slot.name, slot.param.grad.detach()) for slot in slots]
+        device = optimizer._slots[0].param.device
+        named = [(slot.name, slot.param.grad.detach()) for slot in optimizer._slots if slot.param.numel()]
         gradients = []
         for name, grad in named:
             wire_size = 4 if grad.dtype == torch.bfloat16 else grad.element_size()  # bfloat16 travels as float32
@@ -296,45 +320,71 @@ class Tuner:
                               "check_ms": profile.median_ms(lambda g=grad: _nonfinite(g), settings.repeats, alone,
                                                             device=device)})
         momentum = any(group.get("momentum", 0) for group in optimizer.param_groups)
+        methods = settings.methods()
         excluded: dict[str, str] = {}
-        compressors = {}
-        for method, options in settings.methods().items():
-            unpriced = timeline.priced(make_compressor(method, options))
-            if unpriced:
-                excluded[method] = unpriced
-                continue
+        measured: dict[str, dict[str, Any]] = {}
+        for method, options in methods.items():
             if momentum and METHODS[method].applies_momentum:
                 excluded[method] = "applies momentum itself, and the optimizer has momentum"
                 continue
             spec = {"method": method, "options": dict(options), "min_numel": self.base.min_numel,
                     "dense": list(self.base.dense), "seed": self.base.seed}
-            measured = profile.measure_compressor(spec, named, settings.repeats, alone,
-                                                  world=optimizer.process_set.size(), edge=optimizer._edges)
-            if measured:
-                compressors[method] = measured
-            else:
+            try:
+                found = profile.measure_compressor(spec, named, settings.repeats, alone, world=process_set.size(),
+                                                   edge=optimizer._edges)
+            except RuntimeError as error:  # out of memory, on this rank: every rank leaves it out below
+                excluded[method] = f"measuring it failed on rank {process_set.rank()}: {error}"
+                continue
+            if not found:
                 excluded[method] = "compresses none of the parameters"
-        document = _agreed_max({"kind": "profile", "model": "this job", "batch_size": 1, "device": str(device),
-                                "forward_ms": 0.0, "optimizer_ms": 0.0,
-                                "backward_ms": 1e3 * statistics.median(samples.backward),
-                                "dense_ms": 1e3 * statistics.median(samples.intervals),
-                                "gradients": gradients, "compressors": compressors}, optimizer.process_set)
+                continue
+            first = next(iter(found["gradients"].values()))
+            example = schema.Encoded(first["wire_bytes"], first["shared_ms"], first["encode_ms"], first["decode_ms"],
+                                     first["decode_extra_payload_ms"], first["finish_ms"], tuple(first["part_bytes"]))
+            unpriced = timeline.priced(make_compressor(method, options), example)
+            if unpriced:
+                excluded[method] = unpriced
+                continue
+            measured[method] = found
+        everywhere = _agreed({"kept": [float(m in measured) for m in methods]}, process_set, "min",
+                             optimizer._wait)["kept"]
+        for method, kept in zip(methods, everywhere, strict=True):
+            if method in measured and not kept:
+                excluded[method] = "left out on another rank (its measurement or pricing failed there)"
+                del measured[method]
+        fusion = int(os.environ.get("HOROVOD_FUSION_THRESHOLD", schema.HOROVOD_FUSION_THRESHOLD_BYTES))
+        document = _agreed({"kind": "profile", "model": "this job", "batch_size": 1, "device": str(device),
+                            "forward_ms": 0.0, "optimizer_ms": 0.0,
+                            "backward_ms": 1e3 * statistics.median(samples.backward),
+                            "dense_ms": 1e3 * statistics.median(samples.intervals), "fusion": fusion,
+                            "gradients": gradients, "compressors": measured}, process_set, "max", optimizer._wait)
         self.dense_ms = document.pop("dense_ms")
-        return schema.parse_profile(document, "auto"), excluded
+        fusion = document.pop("fusion")
+        return schema.parse_profile(document, "auto"), excluded, fusion
 
     def _next_plan(self, optimizer: Any) -> None:
-        """Applies the next plan to try, or settles on dense."""
+        """Applies the next plan to measure; after the last, keeps the fastest measured if within ``margin`` of dense
+        (applied again if it is not the one in force), or goes back to dense."""
         self.phase, self.steps, self.samples = "guard", 0, _Samples()
         if self.plans:
             plan = self.plans.pop(0)
+            self.tried.append(plan)
             self.report["tried"].append({"label": plan.label, "predicted_ms": plan.step_ms, "measured_ms": None,
                                          "kept": False})
             self._apply(optimizer, plan)
             return
+        tried = self.report["tried"]
+        fastest = min(range(len(tried)), key=lambda i: tried[i]["measured_ms"], default=None)
+        if fastest is not None and tried[fastest]["measured_ms"] <= self.dense_ms * (1 + self.settings.margin):
+            tried[fastest]["kept"] = True
+            if fastest != len(tried) - 1:
+                self._apply(optimizer, self.tried[fastest])
+        else:
+            self.report.update(label="dense", plan=[])
+            if optimizer.config is not self.base:
+                optimizer._replan(self.base)
         self.phase = "settled"
-        self.report.update(phase="settled", label="dense", plan=[])
-        if optimizer.config is not self.base:
-            optimizer._replan(self.base)
+        self.report["phase"] = "settled"
 
     def _apply(self, optimizer: Any, plan: Plan) -> None:
         from hvdcomp.config import CompressionConfig
@@ -362,27 +412,21 @@ class Tuner:
 
         group = profile.ProcessSetRanks(optimizer.process_set, PREFIX)
         measured = 1e3 * group.slowest(statistics.median(self.samples.intervals))
-        tried = self.report["tried"][-1]
-        tried["measured_ms"] = round(measured, 3)
-        if measured <= self.dense_ms * (1 + self.settings.margin):
-            tried["kept"] = True
-            self.phase = "settled"
-            self.report["phase"] = "settled"
-            return
+        self.report["tried"][-1]["measured_ms"] = round(measured, 3)
         self._next_plan(optimizer)
 
 
-def _live_cluster(process_set: Any, device: torch.device,
-                  largest: int) -> tuple[Cluster, dict[str, dict[str, float]]]:
+def _live_cluster(process_set: Any, device: torch.device, largest: int,
+                  fusion: int) -> tuple[Cluster, dict[str, dict[str, float]]]:
     """The links as the job's collectives see them: Horovod's allreduce, allgather and alltoall among the process
-    set's ranks on ``device``, at sizes up to ``largest`` bytes (:func:`link_sizes`), fitted (the
-    slowest rank's times); and their latency and bus bandwidth."""
+    set's ranks on ``device``, at sizes up to ``largest`` bytes (:func:`link_sizes`), fitted (the slowest rank's
+    times), with Horovod's tensor fusion up to ``fusion`` bytes; and their latency and bus bandwidth. (These
+    collectives are Horovod's blocking calls, outside the optimizer's deadline.)"""
     from hvdcomp.perfmodel import probe, profile, schema
 
     group = profile.ProcessSetRanks(process_set, PREFIX)
     links = probe.horovod_collectives(group, link_sizes(largest), device, process_set, budget_s=0.2,
                                       prefix=f"{PREFIX}.probe")
-    fusion = int(os.environ.get("HOROVOD_FUSION_THRESHOLD", schema.HOROVOD_FUSION_THRESHOLD_BYTES))
     tier = {"latency_us": links["allreduce"]["latency_us"], "bandwidth_gbps": links["allreduce"]["busbw_gbps"],
             **links}
     # one rank per node: every collective is priced with what it measured among exactly these ranks
@@ -399,26 +443,42 @@ def _nonfinite(grad: torch.Tensor) -> torch.Tensor:
     return nonfinite(grad)
 
 
-def _agreed_max(document: Any, process_set: Any) -> Any:
-    """``document`` with every number replaced by its maximum over the ranks (one allreduce; every rank must pass a
-    document of the same shape); integers stay integers, booleans and strings as they are."""
+def _agreed(document: Any, process_set: Any, op: str, wait: Callable[[int, str], Any]) -> Any:
+    """``document`` with every number replaced by its maximum (or minimum) over the ranks, in one allreduce waited
+    for with ``wait`` (the optimizer's deadline); integers stay integers. The rest of it (keys, strings, booleans,
+    lengths) must be the same on every rank: a fingerprint of it travels along, and a difference raises."""
     import horovod.torch as hvd
 
     numbers: list[float] = []
+    shape: list[str] = []
 
     def collect(value: Any) -> None:
         if isinstance(value, Mapping):
-            for item in value.values():
+            shape.append(f"{{{len(value)}")
+            for key, item in value.items():
+                shape.append(str(key))
                 collect(item)
         elif isinstance(value, list):
+            shape.append(f"[{len(value)}")
             for item in value:
                 collect(item)
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
             numbers.append(float(value))
+            shape.append("#")
+        else:
+            shape.append(repr(value))
 
     collect(document)
-    agreed = iter(hvd.allreduce(torch.tensor(numbers, dtype=torch.float64), op=hvd.Max, name=f"{PREFIX}.costs",
-                                process_set=process_set).tolist())
+    digest = float(int.from_bytes(hashlib.blake2b("\x00".join(shape).encode(), digest_size=6).digest(), "little"))
+    # the fingerprint's extremes both ways (it and its negation): they match only if it is the same everywhere
+    values = torch.tensor([*numbers, digest, -digest], dtype=torch.float64)
+    name = f"{PREFIX}.agree.{len(numbers)}.{op}"
+    *agreed, high, low = wait(hvd.allreduce_async(values, name=name, op=hvd.Max if op == "max" else hvd.Min,
+                                                  process_set=process_set), name).tolist()
+    if high != -low:
+        raise ValueError("hvdcomp auto: the ranks measured different things (their documents differ in keys, "
+                         "candidates or plans); every rank must use the same model, config and registered methods")
+    found = iter(agreed)
 
     def rebuild(value: Any) -> Any:
         if isinstance(value, Mapping):
@@ -426,7 +486,7 @@ def _agreed_max(document: Any, process_set: Any) -> Any:
         if isinstance(value, list):
             return [rebuild(item) for item in value]
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            number = next(agreed)
+            number = next(found)
             return int(number) if isinstance(value, int) else number
         return value
 
@@ -437,8 +497,8 @@ def table(report: Mapping[str, Any]) -> str:
     """``auto_report()`` as text: the plan in force as a table, then the plans tried."""
     from hvdcomp.perfmodel.predict import TensorChoice, plan_table
 
-    if "workers" not in report:
-        return f"auto: {report['phase']}"
+    if report["phase"] != "settled":
+        return f"auto: {report['phase']}" + (f" (trying {report['label']})" if report["phase"] == "guard" else "")
     plan = [TensorChoice(**c) for c in report.get("plan") or []]
     lines = []
     if plan:

@@ -39,6 +39,7 @@ order.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
@@ -184,8 +185,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._build_world(check_now=False)
 
     def retune(self) -> None:
-        """``compression: auto``: measures and chooses again, from dense, starting with the next step (call it on every
-        rank in the same step: the measurements are collectives). The plan in force so far goes on meanwhile."""
+        """``compression: auto``: measures and chooses again, from dense (call it on every rank in the same step,
+        between steps: the measurements are collectives). The plan in force runs one more step, then every parameter
+        is dense until the new choice."""
         if self._auto is None:
             raise ValueError("retune() is for compression: auto; this optimizer's compression is fixed")
         self._auto.restart()
@@ -193,19 +195,19 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def auto_report(self) -> dict[str, Any] | None:
         """``compression: auto``: the plan in force, its predicted and measured step times, and every plan tried
         (:mod:`hvdcomp.auto`); None for a fixed compression."""
-        return None if self._auto is None else dict(self._auto.report)
+        return None if self._auto is None else copy.deepcopy(self._auto.report)
 
     def _replan(self, config: CompressionConfig) -> None:
         """Applies ``config`` at a step boundary, on every rank in the same step (``compression: auto``): every
-        parameter is planned afresh, its method state too, but its step counter goes on (the steps trained so far
-        count towards a method's warm-up: PowerSGD's ``start_iter``, DGC's stages), and the plans are checked across
-        ranks now."""
-        steps, done = {slot.name: slot.step for slot in self._slots}, self._steps_done
+        parameter is planned afresh, its method state too, its step counter set to the steps trained so far (they count
+        towards a method's warm-up: PowerSGD's ``start_iter``, DGC's stages, as from a job's first step), and the plans
+        are checked across ranks now."""
+        kept = self._steps_done, self._skip_step, self._slowest_step, self._heard
         self.config = config
         self._build_world(check_now=False)
-        self._steps_done = done
+        self._steps_done, self._skip_step, self._slowest_step, self._heard = kept
         for slot in self._slots:
-            slot.step = steps.get(slot.name, 0)
+            slot.step = self._steps_done
         if not self._plan_checked:
             self._check_same_plan([slot.plan() for slot in self._slots])
             self._plan_checked = True

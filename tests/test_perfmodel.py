@@ -15,7 +15,7 @@ import pytest
 import yaml
 from conftest import BIN, REPO, run_ranks
 
-from hvdcomp import METHODS
+from hvdcomp import LGC, METHODS
 from hvdcomp.perfmodel import costs, predict, probe, schema, timeline
 from hvdcomp.perfmodel.costs import Link
 
@@ -567,7 +567,7 @@ def test_mixed_timeline_of_one_method_everywhere_is_that_method() -> None:
 def test_choose_plans_on_scripted_costs() -> None:
     """The live chooser's ranking on scripted costs: on a slow link the compressor's plan comes first and is chosen,
     on a fast one dense is; a candidate left out (the accuracy guard's randomk, unless allowed) is in no plan; a
-    method whose reduction states no costs is refused by name."""
+    method whose reduction cannot price a payload is refused with the reason."""
     def compressor(name: str, wire: int, summable: bool) -> schema.CompressorProfile:
         encoded = schema.Encoded(wire, shared_ms=0, encode_ms=1, decode_ms=1, decode_extra_payload_ms=0.5)
         return schema.CompressorProfile(name, summable=summable, fixed_size=True, shared_before_encode=False,
@@ -586,6 +586,9 @@ def test_choose_plans_on_scripted_costs() -> None:
     allowed = predict.choose_plans(_cluster(0.16, latency_us=10), profile, 2,
                                    predict.guarded_candidates(profile, ("randomk",)))
     assert allowed[0].assignment() == {"a": ("randomk", "allreduce")}, allowed
-    assert timeline.priced(profile.compressors["onebit"]) is None
+    example = profile.compressors["onebit"].gradients["a"]
+    assert timeline.priced(profile.compressors["onebit"], example) is None
+    # LGC's reduction prices its payload's parts (the leader's indices, the values): with none it cannot
+    assert "lgc reduction's costs (ReductionMethod.phases) failed" in timeline.priced(LGC(), example)
 
 

@@ -17,6 +17,7 @@ from hvdcomp.methods.bingrad import BinGrad  # noqa: E402
 from hvdcomp.methods.dgc import DGC  # noqa: E402
 from hvdcomp.methods.fp16 import FP16Compressor  # noqa: E402
 from hvdcomp.methods.gravac import GraVAC  # noqa: E402
+from hvdcomp.methods.lgc import LGC  # noqa: E402
 from hvdcomp.methods.onebit import OneBit  # noqa: E402
 from hvdcomp.methods.orq import ORQ  # noqa: E402
 from hvdcomp.methods.powersgd import PowerSGD  # noqa: E402
@@ -28,5 +29,5 @@ from hvdcomp.methods.terngrad import TernGrad  # noqa: E402
 from hvdcomp.methods.threshold import Threshold  # noqa: E402
 from hvdcomp.methods.topk import TopK  # noqa: E402
 
-__all__ = ["DGC", "METHODS", "ORQ", "QSGD", "BinGrad", "EFSignSGD", "FP16Compressor", "GraVAC", "NoneCompressor",
+__all__ = ["DGC", "LGC", "METHODS", "ORQ", "QSGD", "BinGrad", "EFSignSGD", "FP16Compressor", "GraVAC", "NoneCompressor",
            "OneBit", "PowerSGD", "RandomK", "SignSGD", "Sketch", "TernGrad", "Threshold", "TopK"]

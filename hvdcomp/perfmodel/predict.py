@@ -198,9 +198,10 @@ class TensorChoice:
     dense_ms: float
 
 
-def _isolated(costs: dict[str, float], profile: Profile, candidates: Sequence[str]) -> tuple[tuple[str, str], float]:
+def _isolated(costs: dict[str, float], profile: Profile, candidates: Sequence[str],
+              margin: float = MARGIN - 1) -> tuple[tuple[str, str], float]:
     """One gradient's cheapest (method, collective) that ``collective: auto`` may pick, among ``candidates``, by
-    isolated cost, kept where below dense's by MARGIN; dense otherwise."""
+    isolated cost, kept where below dense's by ``margin``; dense otherwise."""
     dense = costs["none/allreduce"]
     best, best_cost = ("none", "allreduce"), dense
     for key, cost in costs.items():
@@ -208,7 +209,7 @@ def _isolated(costs: dict[str, float], profile: Profile, candidates: Sequence[st
         compressor = profile.compressors.get(method)
         if compressor is None or method not in candidates:
             continue
-        if collective in reductions.automatic(compressor) and cost * MARGIN < dense and cost < best_cost:
+        if collective in reductions.automatic(compressor) and cost * (1 + margin) < dense and cost < best_cost:
             best, best_cost = (method, collective), cost
     return best, best_cost
 
@@ -252,13 +253,14 @@ class Plan:
         return {c.name: (c.method, c.collective) for c in self.choices if c.method != "none"}
 
 
-def choose_plans(cluster: Cluster, profile: Profile, workers: int, candidates: Sequence[str]) -> list[Plan]:
+def choose_plans(cluster: Cluster, profile: Profile, workers: int, candidates: Sequence[str],
+                 margin: float = MARGIN - 1) -> list[Plan]:
     """Per-tensor plans ranked by the step the timeline predicts (fastest first; each distinct plan once), dense
     among them: each candidate alone on every gradient it compresses (its ``collective: auto``), the isolated
-    choice (:func:`per_tensor_plan`'s rule), and the fastest of these refined on the timeline, where fusion and
-    overlap with backward count: one pass over the gradients, largest first, giving each the option (dense, or a
-    candidate with a collective ``collective: auto`` may pick) that shortens the predicted step most, if by more
-    than 0.1%."""
+    choice (:func:`per_tensor_plan`'s rule, with ``margin``), and the fastest of these refined on the timeline,
+    where fusion and overlap with backward count: one pass over the gradients, largest first, giving each the option
+    (dense, or a candidate with a collective ``collective: auto`` may pick) that shortens the predicted step most
+    (each option must beat the best so far by 0.1%)."""
     costs = tensor_costs(cluster, profile, workers)
     gradients = {g.name: g for g in profile.gradients}
     options = {name: [("none", "allreduce"), *((method, collective) for method in candidates
@@ -281,7 +283,7 @@ def choose_plans(cluster: Cluster, profile: Profile, workers: int, candidates: S
         compressor = profile.compressors[method]
         collective = timeline.auto_collective(compressor, workers)
         found.append(plan(method, {name: (method, collective) for name in compressor.gradients}))
-    isolated = {name: _isolated(costs[name], profile, candidates)[0] for name in gradients}
+    isolated = {name: _isolated(costs[name], profile, candidates, margin)[0] for name in gradients}
     found.append(plan("per-tensor (isolated costs)", {k: v for k, v in isolated.items() if v[0] != "none"}))
     best = min(found, key=lambda p: p.step_ms)
     assignment, current = best.assignment(), best.step_ms

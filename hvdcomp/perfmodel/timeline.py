@@ -170,12 +170,16 @@ def valid_plans(compressor: CompressorProfile | None) -> tuple[str, ...]:
     return (*runnable, "hierarchical" if compressor.summable else "parameter_server")
 
 
-def priced(traits: CompressorProfile | Compressor) -> str | None:
-    """Why the timeline cannot price a method's reductions (one whose phases name a collective Network.time does not
-    know: a method-owned reduction that states no costs of its own), or None if it can."""
-    probe = Encoded(wire_bytes=1, shared_ms=0.0, encode_ms=0.0, decode_ms=0.0, decode_extra_payload_ms=0.0)
+def priced(traits: CompressorProfile | Compressor, example: Encoded) -> str | None:
+    """Why the timeline cannot price a method's reductions on a gradient whose measured costs are ``example`` (their
+    phases name a collective Network.time does not know, as a method-owned reduction that states no costs of its own
+    does, or fail on them), or None if it can."""
     for name in reductions.allowed(traits):
-        unknown = {phase.collective for phase in reductions.REDUCTIONS[name].phases(probe, 2)} - set(PLANS)
+        try:
+            phases = reductions.REDUCTIONS[name].phases(example, 2)
+        except (ArithmeticError, IndexError, KeyError, TypeError, ValueError) as error:
+            return f"its {name} reduction's costs (ReductionMethod.phases) failed on its measured payload: {error!r}"
+        unknown = {phase.collective for phase in phases} - set(PLANS)
         if unknown:
             return (f"its {name} reduction states no costs the timeline can price (collectives "
                     f"{', '.join(sorted(unknown))}: ReductionMethod.phases)")

@@ -266,7 +266,8 @@ def run(workload_name: str, compression: Any, epochs: int | None, batch_size: in
 def with_epochs(compression: Any, steps_per_epoch: int) -> Any:
     """The compression setting with the options its methods' papers count in epochs (``epoch_options``) set to
     ``steps_per_epoch`` where the setting does not give them, at the top level and in each override (which
-    inherits the method and options as :mod:`hvdcomp.config` reads them). Such an option may also be given in
+    inherits the method and options as :mod:`hvdcomp.config` reads them), and in each of ``auto``'s ``candidates``
+    (those auto takes by default run with their step defaults). Such an option may also be given in
     epochs, as its name with ``_epochs`` in place of ``_steps`` (or added: LGC's ``train_epochs: 2``, GraVAC's
     ``interval_epochs: 1``). Anything malformed is left as it is, for ``DistributedOptimizer`` to reject with its
     message."""
@@ -290,6 +291,12 @@ def with_epochs(compression: Any, steps_per_epoch: int) -> Any:
 
     top_method = setting.get("method", "none")
     result = dict(setting)
+    options = setting.get("options")
+    candidates = options.get("candidates") if top_method == "auto" and isinstance(options, Mapping) else None
+    if isinstance(candidates, Mapping):  # auto's, each filled
+        result["options"] = {**setting["options"], "candidates": {method: filled(method, options)
+                                                                  for method, options in candidates.items()}}
+        return result
     top_options = filled(top_method, setting.get("options"))
     if top_options is not None:
         result["options"] = top_options
