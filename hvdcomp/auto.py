@@ -29,8 +29,9 @@ in the same step on every rank):
    boundary, checked across ranks as at start. If no plan is predicted ``margin`` faster than dense, the job stays
    dense.
 5. The guard: the plans to try (the ``tries`` fastest predicted ``margin`` faster than dense, the fastest single
-   method among them) are applied in turn, each measured for ``guard_steps`` steps after one more step (and the rest
-   of its methods' warm-ups, :meth:`Compressor.steady_from`, counted from the job's first step). The fastest by
+   method among them) are applied in turn, each measured for ``guard_steps`` steps, or ``guard_s`` seconds by its
+   predicted step time if that is more (up to 50 steps), after 2 steps to settle (and the rest of its methods'
+   warm-ups, :meth:`Compressor.steady_from`, counted from the job's first step). The fastest by
    median step (the slowest rank's) is kept, applied again if it is not the last, if it is within ``margin`` of
    dense's from step 2; otherwise every parameter goes back to dense.
 
@@ -56,6 +57,7 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import math
 import os
 import statistics
 import time
@@ -90,6 +92,10 @@ def link_sizes(largest: int) -> list[int]:
     top = min(max(largest, least), most)
     return [smallest, *(1 << bits for bits in range(16, top.bit_length(), 2))]
 PREFIX = "hvdcomp.auto"
+#: steps of a newly applied plan before it is measured (Horovod negotiates the new collectives' names once)
+SETTLE_STEPS = 2
+#: the most steps the guard measures one plan for
+MAX_GUARD_STEPS = 50
 
 
 @dataclass(frozen=True)
@@ -102,7 +108,9 @@ class AutoSettings:
             defaults, but the guarded ones).
         warmup_steps: dense steps before measuring (at least 1: a step is timed from the previous one's end).
         measure_steps: dense steps measured (the step time to beat, the backward timeline).
-        guard_steps: steps of a plan measured before it is kept (after one more step to settle).
+        guard_steps: steps of a plan measured at least (after SETTLE_STEPS steps to settle).
+        guard_s: seconds of a plan measured at least, by its predicted step time (up to MAX_GUARD_STEPS steps): a
+            short step is a noisy one.
         margin: a plan is applied only if predicted this fraction faster than dense, and kept only if measured no
             more than this fraction slower.
         tries: plans measured at most (the fastest predicted to pay, one of them the fastest single method).
@@ -114,6 +122,7 @@ class AutoSettings:
     warmup_steps: int = 3
     measure_steps: int = 5
     guard_steps: int = 5
+    guard_s: float = 0.25
     margin: float = 0.05
     tries: int = 3
     repeats: int = 3
@@ -138,6 +147,9 @@ class AutoSettings:
         margin = options.get("margin", cls.margin)
         if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 1:
             raise ValueError(f"auto's margin must be a fraction in [0, 1); got {margin!r}")
+        guard_s = options.get("guard_s", cls.guard_s)
+        if isinstance(guard_s, bool) or not isinstance(guard_s, (int, float)) or guard_s < 0:
+            raise ValueError(f"auto's guard_s must be a number of seconds >= 0; got {guard_s!r}")
         allow = options.get("allow") or ()
         if not isinstance(allow, (list, tuple)) or not all(isinstance(m, str) for m in allow):
             raise ValueError(f"auto's allow must be a list of method names; got {allow!r}")
@@ -163,8 +175,8 @@ class AutoSettings:
                                      "to allow to choose it all the same")
                 make_compressor(method, method_options)  # its options, checked now
         return cls(tuple(allow), candidates, *(options.get(key, getattr(cls, key)) for key in
-                                               ("warmup_steps", "measure_steps", "guard_steps", "margin", "tries",
-                                                "repeats")))
+                                               ("warmup_steps", "measure_steps", "guard_steps", "guard_s", "margin",
+                                                "tries", "repeats")))
 
     def methods(self) -> dict[str, Mapping[str, Any]]:
         """The candidate methods and their options."""
@@ -218,7 +230,8 @@ class Tuner:
     def restart(self) -> None:
         self.phase = "warmup"
         self.steps = 0  # steps done in this phase
-        self.settle = 1  # steps of a plan before the guard measures it
+        self.settle = SETTLE_STEPS  # steps of a plan before the guard measures it
+        self.guard = self.settings.guard_steps  # and the steps it measures
         self.samples = _Samples()
         self.plans: list[Plan] = []  # to measure
         self.tried: list[Plan] = []  # measured or being measured
@@ -256,15 +269,15 @@ class Tuner:
             optimizer._replan(self.base)
         if self.phase == "warmup" and self.steps >= self.settings.warmup_steps:
             self.phase, self.steps = "dense", 0
-        elif self.phase == "dense" and self._origin is not None:
+        elif self.phase == "dense" and self._origin is not None:  # (after a skipped step: not timed)
             self._record(now)
-            if self.steps >= self.settings.measure_steps:
+            if len(self.samples.intervals) >= self.settings.measure_steps:
                 self._choose(optimizer)
                 self._next_plan(optimizer)
         elif self.phase == "guard":
             if self.steps > self.settle:
                 self.samples.intervals.append(now - self._last_end)
-            if self.steps >= self.settle + self.settings.guard_steps:
+            if self.steps >= self.settle + self.guard:
                 self._judge(optimizer)
         self._marks, self._backward_mark = {}, None
         self._origin = self._clock.mark() if self.phase == "dense" else None
@@ -403,9 +416,11 @@ class Tuner:
                                           "nonfinite": self.base.nonfinite, "overrides": overrides})
         self.report.update(phase="guard", label=plan.label, plan=[asdict(c) for c in plan.choices])
         optimizer._replan(config)
-        # one step settles the plan, and its methods' warm-ups (Compressor.steady_from) run out unmeasured
-        self.settle = 1 + max([0, *(slot.choice.compressor.unwrapped().steady_from() - slot.step
-                                    for slot in optimizer._slots if slot.choice.compressor is not None)])
+        # SETTLE_STEPS settle the plan, and its methods' warm-ups (Compressor.steady_from) run out unmeasured
+        self.settle = SETTLE_STEPS + max([0, *(slot.choice.compressor.unwrapped().steady_from() - slot.step
+                                               for slot in optimizer._slots if slot.choice.compressor is not None)])
+        wanted = math.ceil(self.settings.guard_s * 1e3 / plan.step_ms)  # the predicted step: agreed, like the count
+        self.guard = min(max(self.settings.guard_steps, wanted), MAX_GUARD_STEPS)
 
     def _judge(self, optimizer: Any) -> None:
         from hvdcomp.perfmodel import profile

@@ -7,16 +7,15 @@ dense).
 
 One launch per (hosts, rate) runs, for each workload, in turn and on the same links: dense (``compression="none"``),
 every candidate ``auto`` has by default (every registered method but those of ``hvdcomp.ACCURACY_GUARD``; PowerSGD with
-``start_iter: 2``, in both), each alone at its defaults with ``collective: auto``, and ``auto`` itself with short
-phases (1 warm-up, 3 measured dense steps, 3 guard steps, 2 repeats per cost). Every run trains a fresh model
-(the same initial weights) with the loop of ``hvdcomp train`` (zero_grad, forward, backward, step; SGD with
-momentum 0.9; 32 samples per rank). A method's timed steps come after its warm-up (5 steps, 1 for synthetic at
-100 Mbit/s, and PowerSGD's two dense steps), the first method's after a dense run of twice that (the first steps of a
-job run slower); ``auto``'s after it settled. The step time is the slowest rank's mean over the timed steps: 3 at
-100 Mbit/s for synthetic (a dense step on 4 hosts takes over 10 s), 6 on faster links, 30 for digits. ``auto``'s
-rows also give the plan it settled on, the plans it tried (predicted and measured ms), the dense step it measured and
-predicted, and the steps and seconds its tuning took (not in its step time; they are one-off per job). Rows go to
-perf/results/auto.jsonl.
+``start_iter: 2``, in both), each alone at its defaults with ``collective: auto``, and ``auto`` itself with short dense
+phases (1 warm-up and 3 measured dense steps, 2 repeats per cost; the guard at its defaults). Every run trains a fresh
+model (the same initial weights) with the loop of ``hvdcomp train`` (zero_grad, forward, backward, step; SGD with
+momentum 0.9; 32 samples per rank). A method's timed steps come after its warm-up (5 steps, 1 for synthetic at 100
+Mbit/s, and PowerSGD's two dense steps), the first method's after a dense run of twice that (the first steps of a job
+run slower); ``auto``'s after it settled. The step time is the slowest rank's mean over the timed steps: 3 at 100 Mbit/s
+for synthetic (a dense step on 4 hosts takes over 10 s), 6 on faster links, 30 for digits. ``auto``'s rows also give the
+plan it settled on, the plans it tried (predicted and measured ms), the dense step it measured and predicted, and the
+steps and seconds its tuning took (not in its step time; they are one-off per job). Rows go to perf/results/auto.jsonl.
 """
 
 from __future__ import annotations
@@ -33,8 +32,8 @@ RESULTS = "auto.jsonl"
 WORKLOADS = ("synthetic", "digits")
 #: PowerSGD's warm-up shortened from 10 dense steps to 2, as in perf/cluster_training.py, for single runs and auto alike
 CANDIDATE_OPTIONS = {"powersgd": {"start_iter": 2}}
-AUTO = {"warmup_steps": 1, "measure_steps": 3, "guard_steps": 3, "repeats": 2}
-MAX_TUNING_STEPS = 60
+AUTO = {"warmup_steps": 1, "measure_steps": 3, "repeats": 2}
+MAX_TUNING_STEPS = 250  # at most 3 tries x (2 settle + 50 guard steps) after the dense ones
 BATCH = 32  # per rank
 
 

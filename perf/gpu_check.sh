@@ -5,7 +5,8 @@
 #
 # 1. set-up (launch/setup.sh keeps the machine's CUDA torch and builds Horovod with NCCL);
 # 2. tests/test_devices.py: every method on cuda against the CPU reference, determinism, no host syncs in
-#    compression (torch.cuda.set_sync_debug_mode("error")), every reduction through Horovod on one rank (NCCL);
+#    compression (torch.cuda.set_sync_debug_mode("error")), every reduction through Horovod on one rank (NCCL),
+#    compression: auto's clock (CUDA events on the gradients' device; auto's collectives need 2 GPUs, as the probe's);
 # 3. `hvdcomp bench compress --device cuda` for every method (JSON lines, bench-cuda.jsonl);
 # 4. `hvdcomp probe --device cuda`: real NVML readings of the GPU (probe-gpu.yaml; its collectives need 2 ranks on
 #    2 GPUs: NCCL takes one rank per GPU), and `hvdcomp profile --device cuda` (CUDA-timed profiles);

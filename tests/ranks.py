@@ -816,7 +816,7 @@ def auto_run(candidates: dict, steps: int, width: int = 1024, retune_at: int | N
     (``optimizer.retune()`` called after step ``retune_at``)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10))
-    options = {"warmup_steps": 2, "measure_steps": 4, "guard_steps": 3, "repeats": 2, "tries": 2}
+    options = {"warmup_steps": 2, "measure_steps": 4, "guard_steps": 3, "guard_s": 0, "repeats": 2, "tries": 2}
     config = {"method": "auto", "options": options if candidates is None else {**options, "candidates": candidates}}
     optimizer = hvdcomp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
                                              named_parameters=model.named_parameters(), compression=config)

@@ -124,7 +124,8 @@ def test_auto_keeps_a_plan_that_pays_and_drops_one_that_does_not(hosts: cluster.
 @pytest.mark.multirank
 def test_the_main_job_runs_on_an_emulated_cluster() -> None:
     """launch/demo.sh (the README's main job) trains across 2 emulated hosts at 100 Mbit/s and prints dense's and
-    TernGrad's time to 95% side by side, then removes its cluster."""
+    TernGrad's time to 95% side by side, then trains with compression: auto and prints the plan it settled on, then
+    removes its cluster."""
     reason = namespaces_unavailable()
     if reason:
         pytest.skip(reason)
@@ -134,6 +135,8 @@ def test_the_main_job_runs_on_an_emulated_cluster() -> None:
     rows = [line.split() for line in output.splitlines() if line.split()[:1] in (["none"], ["terngrad"])]
     assert [row[0] for row in rows] == ["none", "terngrad"] and all("(ep." in " ".join(row) for row in rows), rows
     assert re.search(r"speedup over dense: [0-9.]+x time to 95%", output), output[-3000:]
+    assert re.search(r"^ +auto +2 ", output, re.MULTILINE) and "auto's plan at 2 ranks: " in output, output[-3000:]
+    assert re.search(r"dense step: measured [0-9.]+ ms, predicted [0-9.]+ ms", output), output[-3000:]
     assert f"{name}-" not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
 
 

@@ -478,7 +478,7 @@ def test_profile_a_factory_model_from_the_command_line(tmp_path: Path) -> None:
     out = tmp_path / "transformer.yaml"
     done = _hvdcomp("profile", "--model", "hvdcomp.tools.models:transformer", "--batch",
                     "hvdcomp.tools.models:transformer_batch", "--batch-size", "2", "--repeats", "1", "--methods",
-                    "fp16", "--out", str(out))
+                    "fp16", "--loss", "torch.nn.functional:multi_margin_loss", "--out", str(out))
     assert done.returncode == 0, done.stderr
     assert schema.load(out, "profile").batch_size == 2
     for args, message in ((["--model", "nowhere.at.all:f", "--input-shape", "4"], "cannot import 'nowhere.at.all'"),
@@ -489,9 +489,16 @@ def test_profile_a_factory_model_from_the_command_line(tmp_path: Path) -> None:
                            "must be callable without arguments"),
                           (["--model", "builtins:dict", "--input-shape", "3"], "returned dict, not a torch.nn.Module"),
                           (["--model", "hvdcomp.tools.models:resnet18", "--input-shape", "3,x"],
-                           "--input-shape must be comma-separated integers")):
+                           "--input-shape must be comma-separated integers"),
+                          (["--model", "digits", "--loss", "torch.nn.functional:nothing"],
+                           "--loss: torch.nn.functional has no callable 'nothing'")):
         done = _hvdcomp("profile", *args, "--out", str(tmp_path / "bad.yaml"))
         assert done.returncode == 2 and message in done.stderr, (args, done.stderr)
+    # an error inside the user's own code (here a batch function's ValueError) is theirs: its traceback, not usage
+    done = _hvdcomp("profile", "--model", "hvdcomp.tools.models:resnet18", "--batch", "math:acos", "--out",
+                    str(tmp_path / "bad.yaml"))
+    assert done.returncode == 1 and "Traceback" in done.stderr, done.stderr
+    assert "UserCodeError: --batch math:acos raised ValueError: math domain error" in done.stderr, done.stderr
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the message of a machine without CUDA")

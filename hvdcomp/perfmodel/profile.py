@@ -7,11 +7,12 @@
 
 Any model: ``--model package.module:factory`` (a callable returning the model), with its input either as a shape
 (``--input-shape``, random normal values, or token ids below ``--vocab``; targets are classes below ``--classes``)
-or as ``--batch package.module:function`` (called with the batch size, returning ``(inputs, targets)``); the
-command line's loss is cross entropy (a classifier's logits). From Python, :func:`profile` takes the model, a batch
-and any loss function. On ``--device cuda`` (the model and batch on
-the rank's GPU) every timed region is closed by a device synchronization, and the time each gradient becomes ready
-is read from CUDA events recorded in its hook (the hook runs when the host enqueues, not when the GPU is done).
+or as ``--batch package.module:function`` (called with the batch size, returning ``(inputs, targets)``); the loss is
+cross entropy (a classifier's logits) unless ``--loss package.module:function`` names another (called with the
+outputs and the targets). From Python, :func:`profile` takes the model, a batch and any loss function. On
+``--device cuda`` (the model and batch on the rank's GPU) every timed region is closed by a device synchronization,
+and the time each gradient becomes ready is read from CUDA events recorded in its hook (the hook runs when the host
+enqueues, not when the GPU is done).
 
 For one model and per-rank batch size it measures forward, backward and optimizer-step time, each
 gradient's size, the time it becomes ready in backward (a post-accumulate-grad hook per parameter, the
@@ -148,7 +149,7 @@ def local_device(name: str) -> torch.device:
     if name == "cpu":
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        raise ValueError(f"--device {name}: torch sees no CUDA device here")
+        raise UsageError(f"--device {name}: torch sees no CUDA device here")
     local = next((os.environ[key] for key in ("HOROVOD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "LOCAL_RANK")
                   if key in os.environ), "0")
     return torch.device("cuda", int(local) % torch.cuda.device_count())
@@ -343,18 +344,34 @@ def workload_batch(model_name: str, batch_size: int | None, seed: int = 0) -> tu
     return workload.model, (workload.data.train_x[index], workload.data.train_y[index])
 
 
+class UsageError(ValueError):
+    """A command-line value ``hvdcomp profile`` cannot use (not an error raised inside the user's own code)."""
+
+
+class UserCodeError(RuntimeError):
+    """An error raised inside the user's factory or batch function: shown with its traceback, not as a usage error
+    (``hvdcomp``'s command line reports ValueErrors in one line)."""
+
+
+def _call_user(function: Callable[..., Any], spec: str, *args: Any) -> Any:
+    try:
+        return function(*args)
+    except Exception as error:
+        raise UserCodeError(f"{spec} raised {type(error).__name__}: {error}") from error
+
+
 def load_callable(spec: str, what: str) -> Callable[..., Any]:
     """``package.module:name`` -> the callable it names (an error that says what is wrong otherwise)."""
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
-        raise ValueError(f"{what} must be package.module:callable; got {spec!r}")
+        raise UsageError(f"{what} must be package.module:callable; got {spec!r}")
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
-        raise ValueError(f"{what}: cannot import {module_name!r}: {error}") from error
+        raise UsageError(f"{what}: cannot import {module_name!r}: {error}") from error
     found = getattr(module, attribute, None)
     if not callable(found):
-        raise ValueError(f"{what}: {module_name} has no callable {attribute!r}")
+        raise UsageError(f"{what}: {module_name} has no callable {attribute!r}")
     return found
 
 
@@ -363,16 +380,16 @@ def custom_batch(batch_size: int, input_shape: str | None, classes: int, vocab: 
     """The batch of a user's model: ``batch_fn(batch_size)``, or random inputs of ``input_shape`` (normal values,
     or token ids below ``vocab``) with class targets below ``classes``."""
     if batch_fn is not None:
-        made = load_callable(batch_fn, "--batch")(batch_size)
+        made = _call_user(load_callable(batch_fn, "--batch"), f"--batch {batch_fn}", batch_size)
         if not isinstance(made, (tuple, list)) or len(made) != 2:
-            raise ValueError(f"--batch {batch_fn} must return (inputs, targets); got {type(made).__name__}")
+            raise UsageError(f"--batch {batch_fn} must return (inputs, targets); got {type(made).__name__}")
         return made[0], made[1]
     if input_shape is None:
-        raise ValueError("a --model given as package.module:factory needs --input-shape or --batch")
+        raise UsageError("a --model given as package.module:factory needs --input-shape or --batch")
     try:
         shape = [int(n) for n in input_shape.split(",")]
     except ValueError:
-        raise ValueError(f"--input-shape must be comma-separated integers; got {input_shape!r}") from None
+        raise UsageError(f"--input-shape must be comma-separated integers; got {input_shape!r}") from None
     generator = torch.Generator().manual_seed(0)
     inputs = (torch.randint(0, vocab, (batch_size, *shape), generator=generator) if vocab else
               torch.randn(batch_size, *shape, generator=generator))
@@ -395,6 +412,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--classes", type=int, default=10, help="a factory's model: targets below this (default 10)")
     parser.add_argument("--vocab", type=int, help="a factory's model: integer inputs (token ids) below this")
     parser.add_argument("--batch", help="a factory's model: package.module:function(batch_size) -> (inputs, targets)")
+    parser.add_argument("--loss", help="package.module:function(outputs, targets) -> loss (default: cross entropy)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="where to profile (cuda: the rank's GPU, by its local rank)")
     parser.add_argument("--repeats", type=int, default=10)
@@ -421,18 +439,19 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 inspect.signature(factory).bind()
             except TypeError:
-                raise ValueError(f"--model {args.model} must be callable without arguments") from None
+                raise UsageError(f"--model {args.model} must be callable without arguments") from None
             except ValueError:  # no signature to read (a builtin): call it and see
                 pass
-            model = factory()
+            model = _call_user(factory, f"--model {args.model}")
             if not isinstance(model, nn.Module):
-                raise ValueError(f"--model {args.model} returned {type(model).__name__}, not a torch.nn.Module")
+                raise UsageError(f"--model {args.model} returned {type(model).__name__}, not a torch.nn.Module")
             batch = custom_batch(args.batch_size or 32, args.input_shape, args.classes, args.vocab, args.batch)
-    except ValueError as error:
+        loss_fn = load_callable(args.loss, "--loss") if args.loss else None
+    except UsageError as error:  # what the user's own code raises goes on, with its traceback
         parser.error(str(error))
     ranks = Ranks.launched()
-    document = profile(model.to(device), _to(batch, device), methods=methods, repeats=args.repeats, ranks=ranks,
-                       name=args.model)
+    document = profile(model.to(device), _to(batch, device), loss_fn, methods=methods, repeats=args.repeats,
+                       ranks=ranks, name=args.model)
     if ranks.rank == 0:
         dump(document, args.out, f"hvdcomp profile of {args.model}, batch {document['batch_size']} per rank "
                                  f"(measured; times in ms are medians of the slowest rank)")
