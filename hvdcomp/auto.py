@@ -22,7 +22,8 @@ in the same step on every rank):
    each candidate's wire bytes, encoding and decoding on this step's gradients, configured as the optimizer would
    configure it (:func:`hvdcomp.perfmodel.profile.measure_compressor`, as ``hvdcomp profile`` measures); each
    gradient's non-finite check. All ranks measure at once, then every number is replaced by its maximum over the
-   ranks (one allreduce): the slowest rank's, the same on every rank.
+   ranks (an allreduce, after one that drops any candidate some rank could not measure): the slowest rank's, the
+   same on every rank.
 4. Every rank ranks plans by the step the timeline predicts from those agreed numbers
    (:func:`hvdcomp.perfmodel.predict.choose_plans`: dense, each candidate alone, the per-tensor choices): identical
    inputs, identical ranking (checked), no broadcast. A plan is applied by rebuilding the optimizer's plan at a step
@@ -31,13 +32,14 @@ in the same step on every rank):
 5. The guard: the plans to try (the ``tries`` fastest predicted ``margin`` faster than dense, the fastest single
    method among them) are applied in turn, each measured for ``guard_steps`` steps, or ``guard_s`` seconds by its
    predicted step time if that is more (up to 50 steps), after 2 steps to settle (and the rest of its methods'
-   warm-ups, :meth:`Compressor.steady_from`, counted from the job's first step). The fastest by
-   median step (the slowest rank's) is kept, applied again if it is not the last, if it is within ``margin`` of
-   dense's from step 2; otherwise every parameter goes back to dense.
+   warm-ups, :meth:`Compressor.steady_from`, counted from the job's first step). The fastest by median step (the
+   slowest rank's) is kept if within ``margin`` of the dense step measured in 2 (applied again if another plan was
+   tried after it); otherwise every parameter goes back to dense.
 
 Candidates: every registered method (``hvdcomp.METHODS``: a method added later joins) with its default options, or
 those of ``candidates``, but those in :data:`ACCURACY_GUARD` unless ``allow`` names them, and, where the wrapped
-optimizer has momentum, methods that apply momentum themselves (DGC). A candidate must declare its costs: its
+optimizer has momentum, methods that apply momentum themselves (DGC), and those whose warm-up
+(:meth:`Compressor.steady_from`) would outlast the guard. A candidate must declare its costs: its
 reduction's phases (:meth:`hvdcomp.reductions.ReductionMethod.phases`) in collectives the timeline prices (a method
 that owns a reduction without them is left out, with the reason in the report). Each may use any collective
 ``collective: auto`` resolves to for it (allgather or two-phase for gathered payloads). Every rank must register the
@@ -78,12 +80,19 @@ ACCURACY_GUARD = {
     "randomk": "needed 8 more epochs than dense to reach 95% on 2 hosts and did not reach it on 4",
     "dgc": "applies momentum itself: the optimizer's momentum must be 0 for its parameters",
     "gravac": "adapts its own compression factor: its profile is one moment of it",
-    "lgc": "its stages and autoencoder are not in a profile (the steady state only)",
+    "lgc": "its stages and autoencoder are not in a profile (the steady state only), and a state made afresh by a "
+           "change of plan trains again first",
     "sketch": "sums sparse rows: for embeddings' gradients, chosen by configuration",
 }
 #: what the links are timed at (bytes): from the first, up to a step's dense bytes (what fusion may send at once)
 #: within the other two; the bandwidth is fitted from the three largest sizes
 LINK_BYTES = (1 << 14, 1 << 20, 1 << 24)
+#: the names of auto's collectives start so
+PREFIX = "hvdcomp.auto"
+#: steps of a newly applied plan before it is measured (Horovod negotiates the new collectives' names once)
+SETTLE_STEPS = 2
+#: the most steps the guard measures one plan for by ``guard_s`` (and waits for a method's warm-up)
+MAX_GUARD_STEPS = 50
 
 
 def link_sizes(largest: int) -> list[int]:
@@ -91,11 +100,6 @@ def link_sizes(largest: int) -> list[int]:
     smallest, least, most = LINK_BYTES
     top = min(max(largest, least), most)
     return [smallest, *(1 << bits for bits in range(16, top.bit_length(), 2))]
-PREFIX = "hvdcomp.auto"
-#: steps of a newly applied plan before it is measured (Horovod negotiates the new collectives' names once)
-SETTLE_STEPS = 2
-#: the most steps the guard measures one plan for
-MAX_GUARD_STEPS = 50
 
 
 @dataclass(frozen=True)
@@ -113,7 +117,7 @@ class AutoSettings:
             short step is a noisy one.
         margin: a plan is applied only if predicted this fraction faster than dense, and kept only if measured no
             more than this fraction slower.
-        tries: plans measured at most (the fastest predicted to pay, one of them the fastest single method).
+        tries: plans measured at most (the fastest predicted to pay; from 2, one of them the fastest single method).
         repeats: timed runs of each candidate's encoding and decoding per gradient (the median is kept).
     """
 
@@ -262,11 +266,12 @@ class Tuner:
             self._clock = _Clock(optimizer._slots[0].param.device)
         now = time.perf_counter()
         if optimizer._skip_step:  # a non-finite step (nonfinite: skip) is not measured, nor measured on
-            self._marks, self._backward_mark, self._origin, self._last_end = {}, None, None, time.perf_counter()
+            self._marks, self._backward_mark, self._origin, self._last_end = {}, None, None, now
             return
         self.steps += 1
         if self.phase == "warmup" and optimizer.config is not self.base:  # retune(): from dense again
             optimizer._replan(self.base)
+            self.steps = 0  # the warm-up counts from here
         if self.phase == "warmup" and self.steps >= self.settings.warmup_steps:
             self.phase, self.steps = "dense", 0
         elif self.phase == "dense" and self._origin is not None:  # (after a skipped step: not timed)
@@ -324,7 +329,8 @@ class Tuner:
         settings, samples, process_set = self.settings, self.samples, optimizer.process_set
         alone = profile.Ranks()
         device = optimizer._slots[0].param.device
-        named = [(slot.name, slot.param.grad.detach()) for slot in optimizer._slots if slot.param.numel()]
+        # copies: the reduced gradients are this step's update, which no measurement may touch
+        named = [(slot.name, slot.param.grad.detach().clone()) for slot in optimizer._slots if slot.param.numel()]
         gradients = []
         for name, grad in named:
             wire_size = 4 if grad.dtype == torch.bfloat16 else grad.element_size()  # bfloat16 travels as float32
@@ -340,6 +346,11 @@ class Tuner:
             if momentum and METHODS[method].applies_momentum:
                 excluded[method] = "applies momentum itself, and the optimizer has momentum"
                 continue
+            warm_until = make_compressor(method, options).steady_from()
+            if warm_until > optimizer._steps_done + MAX_GUARD_STEPS:
+                excluded[method] = (f"its warm-up runs to step {warm_until} (steady_from): past what the guard "
+                                    f"waits for ({MAX_GUARD_STEPS} steps from here)")
+                continue
             spec = {"method": method, "options": dict(options), "min_numel": self.base.min_numel,
                     "dense": list(self.base.dense), "seed": self.base.seed}
             try:
@@ -354,19 +365,19 @@ class Tuner:
             first = next(iter(found["gradients"].values()))
             example = schema.Encoded(first["wire_bytes"], first["shared_ms"], first["encode_ms"], first["decode_ms"],
                                      first["decode_extra_payload_ms"], first["finish_ms"], tuple(first["part_bytes"]))
-            unpriced = timeline.priced(make_compressor(method, options), example)
+            unpriced = timeline.priced(make_compressor(method, options), example, process_set.size())
             if unpriced:
                 excluded[method] = unpriced
                 continue
             measured[method] = found
-        everywhere = _agreed({"kept": [float(m in measured) for m in methods]}, process_set, "min",
+        everywhere = _agreed({"kept": {m: float(m in measured) for m in methods}}, process_set, "min",
                              optimizer._wait)["kept"]
-        for method, kept in zip(methods, everywhere, strict=True):
+        for method, kept in everywhere.items():
             if method in measured and not kept:
                 excluded[method] = "left out on another rank (its measurement or pricing failed there)"
                 del measured[method]
         fusion = int(os.environ.get("HOROVOD_FUSION_THRESHOLD", schema.HOROVOD_FUSION_THRESHOLD_BYTES))
-        document = _agreed({"kind": "profile", "model": "this job", "batch_size": 1, "device": str(device),
+        document = _agreed({"kind": "profile", "model": "this job", "batch_size": 1, "device": device.type,
                             "forward_ms": 0.0, "optimizer_ms": 0.0,
                             "backward_ms": 1e3 * statistics.median(samples.backward),
                             "dense_ms": 1e3 * statistics.median(samples.intervals), "fusion": fusion,
@@ -420,7 +431,7 @@ class Tuner:
         self.settle = SETTLE_STEPS + max([0, *(slot.choice.compressor.unwrapped().steady_from() - slot.step
                                                for slot in optimizer._slots if slot.choice.compressor is not None)])
         wanted = math.ceil(self.settings.guard_s * 1e3 / plan.step_ms)  # the predicted step: agreed, like the count
-        self.guard = min(max(self.settings.guard_steps, wanted), MAX_GUARD_STEPS)
+        self.guard = max(self.settings.guard_steps, min(wanted, MAX_GUARD_STEPS))
 
     def _judge(self, optimizer: Any) -> None:
         from hvdcomp.perfmodel import profile
@@ -487,7 +498,7 @@ def _agreed(document: Any, process_set: Any, op: str, wait: Callable[[int, str],
     digest = float(int.from_bytes(hashlib.blake2b("\x00".join(shape).encode(), digest_size=6).digest(), "little"))
     # the fingerprint's extremes both ways (it and its negation): they match only if it is the same everywhere
     values = torch.tensor([*numbers, digest, -digest], dtype=torch.float64)
-    name = f"{PREFIX}.agree.{len(numbers)}.{op}"
+    name = f"{PREFIX}.agree.{op}"
     *agreed, high, low = wait(hvd.allreduce_async(values, name=name, op=hvd.Max if op == "max" else hvd.Min,
                                                   process_set=process_set), name).tolist()
     if high != -low:
@@ -512,6 +523,8 @@ def table(report: Mapping[str, Any]) -> str:
     """``auto_report()`` as text: the plan in force as a table, then the plans tried."""
     from hvdcomp.perfmodel.predict import TensorChoice, plan_table
 
+    if "why" in report:
+        return f"auto: {report['label']} ({report['why']})"
     if report["phase"] != "settled":
         return f"auto: {report['phase']}" + (f" (trying {report['label']})" if report["phase"] == "guard" else "")
     plan = [TensorChoice(**c) for c in report.get("plan") or []]

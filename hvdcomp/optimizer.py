@@ -195,17 +195,22 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def auto_report(self) -> dict[str, Any] | None:
         """``compression: auto``: the plan in force, its predicted and measured step times, and every plan tried
         (:mod:`hvdcomp.auto`); None for a fixed compression."""
-        return None if self._auto is None else copy.deepcopy(self._auto.report)
+        if self._auto is None:
+            return None
+        if not self._slots:  # one rank (or not in the process set): nothing is reduced, nothing to choose
+            return {"phase": "settled", "label": "dense", "plan": [], "tried": [],
+                    "why": "one rank: nothing is reduced (as in Horovod)"}
+        return copy.deepcopy(self._auto.report)
 
     def _replan(self, config: CompressionConfig) -> None:
         """Applies ``config`` at a step boundary, on every rank in the same step (``compression: auto``): every
         parameter is planned afresh, its method state too, its step counter set to the steps trained so far (they count
         towards a method's warm-up: PowerSGD's ``start_iter``, DGC's stages, as from a job's first step), and the plans
         are checked across ranks now."""
-        kept = self._steps_done, self._skip_step, self._slowest_step, self._heard
+        kept = self._steps_done, self._slowest_step, self._heard
         self.config = config
         self._build_world(check_now=False)
-        self._steps_done, self._skip_step, self._slowest_step, self._heard = kept
+        self._steps_done, self._slowest_step, self._heard = kept
         for slot in self._slots:
             slot.step = self._steps_done
         if not self._plan_checked:

@@ -809,11 +809,11 @@ class Scalar(Compressor):
         return payload[0].expand(meta)
 
 
-def auto_run(candidates: dict, steps: int, width: int = 1024, retune_at: int | None = None,
-             ) -> tuple[dict, torch.optim.Optimizer, nn.Module]:
-    """``compression: auto`` choosing among ``candidates`` for a model with one large weight (``width`` x ``width``,
-    and the bias), batch 1, so that its dense step is mostly communication; the report after ``steps`` steps
-    (``optimizer.retune()`` called after step ``retune_at``)."""
+def auto_run(candidates: dict | None, width: int = 1024,
+             retune: bool = False) -> tuple[dict, torch.optim.Optimizer, nn.Module]:
+    """``compression: auto`` choosing among ``candidates`` (None: its defaults) for a model with one large weight
+    (``width`` x ``width``, and the bias), batch 1, so that its dense step is mostly communication: trained until auto
+    settles (and, with ``retune``, retuned and trained until it settles again), then 2 steps more; the report."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10))
     options = {"warmup_steps": 2, "measure_steps": 4, "guard_steps": 3, "guard_s": 0, "repeats": 2, "tries": 2}
@@ -821,13 +821,23 @@ def auto_run(candidates: dict, steps: int, width: int = 1024, retune_at: int | N
     optimizer = hvdcomp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
                                              named_parameters=model.named_parameters(), compression=config)
     generator = torch.Generator().manual_seed(hvd.rank())
-    for step in range(steps):
+
+    def step() -> None:
         optimizer.zero_grad()
         nn.functional.cross_entropy(model(torch.randn(1, width, generator=generator)),
                                     torch.randint(0, 10, (1,), generator=generator)).backward()
         optimizer.step()
-        if step == retune_at:
+
+    for turn in range(2 if retune else 1):
+        if turn:
             optimizer.retune()
+            assert optimizer.auto_report()["phase"] == "measuring dense"
+        for _ in range(40):  # 6 dense steps and 2 tries of 5: 16 at most
+            step()
+            if optimizer.auto_report()["phase"] == "settled":
+                break
+    step()
+    step()
     return optimizer.auto_report(), optimizer, model
 
 
@@ -847,7 +857,7 @@ def scenario_auto() -> None:
     than dense is chosen for the large weight, the same plan on every rank, and the fastest plan measured is kept;
     the same method made slow in the job (not when measured alone) is tried, each plan predicted to pay measured
     slower than dense, and every rank goes back to dense together. Parameters stay identical across ranks."""
-    report, optimizer, model = auto_run({"scalar_test": {}}, 12)
+    report, optimizer, model = auto_run({"scalar_test": {}})
     assert report["phase"] == "settled" and report["label"] != "dense", report
     chosen = {c["name"]: c["method"] for c in report["plan"]}
     assert chosen["0.weight"] == "scalar_test" and chosen["2.bias"] == "none", chosen  # 10 elements: under min_numel
@@ -858,7 +868,7 @@ def scenario_auto() -> None:
     assert_identical_across_ranks(model, "auto")
     print(hvdcomp.auto.table(report) if hvd.rank() == 0 else "", flush=True)
 
-    report, optimizer, model = auto_run({"scalar_test": {"sleep_s": 0.3}}, 16)
+    report, optimizer, model = auto_run({"scalar_test": {"sleep_s": 0.3}})
     assert report["phase"] == "settled" and report["label"] == "dense" and report["plan"] == [], report
     assert 1 <= len(report["tried"]) <= 2, report  # tries: 2
     assert all(not t["kept"] and t["measured_ms"] > 1.05 * report["dense_ms"] for t in report["tried"]), report
@@ -873,7 +883,7 @@ def scenario_auto_local() -> None:
     file's test methods too: the probe's reduction states no costs, and is left out with the reason) and a retune:
     whatever the noisy measurements choose, every rank settles on the same plan, runs it, and stays identical;
     retune() goes back to dense and settles again."""
-    report, optimizer, model = auto_run(None, 22, width=512, retune_at=10)
+    report, optimizer, model = auto_run(None, width=512, retune=True)
     assert report["phase"] == "settled" and len(report["candidates"]) >= 8, report
     assert "signsgd" not in report["candidates"] and "randomk" not in report["candidates"], report  # the guard
     assert "states no costs the timeline can price" in report["excluded"]["probe"], report

@@ -520,13 +520,16 @@ def test_per_tensor_plan_picks_dense_on_fast_links_and_compressors_on_slow_ones(
 
     profile = _profile(10, {"onebit": compressor("onebit", 62_500, False), "randomk": compressor("randomk", 20_000,
                                                                                                  True)})
-    slow = {c.name: c for c in predict.per_tensor_plan(_cluster(0.16, latency_us=10), profile, 2)}
+    candidates = predict.guarded_candidates(profile)
+    assert candidates == ["onebit"]
+    slow = {c.name: c for c in predict.per_tensor_plan(_cluster(0.16, latency_us=10), profile, 2, candidates)}
     assert (slow["a"].method, slow["a"].collective) == ("onebit", "allgather") and slow["a"].predicted_ms < \
         slow["a"].dense_ms / 5  # 3.1 ms on the wire + 2.5 ms of compute against 50 ms dense
     assert (slow["b"].method, slow["b"].collective) == ("none", "allreduce")
-    fast = {c.name: c for c in predict.per_tensor_plan(_cluster(100, latency_us=10), profile, 2)}
+    fast = {c.name: c for c in predict.per_tensor_plan(_cluster(100, latency_us=10), profile, 2, candidates)}
     assert fast["a"].method == "none" and fast["a"].predicted_ms == fast["a"].dense_ms
-    allowed = {c.name: c for c in predict.per_tensor_plan(_cluster(0.16, latency_us=10), profile, 2, ("randomk",))}
+    allowed = {c.name: c for c in predict.per_tensor_plan(_cluster(0.16, latency_us=10), profile, 2,
+                                                          predict.guarded_candidates(profile, ("randomk",)))}
     assert (allowed["a"].method, allowed["a"].collective) == ("randomk", "allreduce")
     assert "randomk" in predict.ACCURACY_GUARD and "8 more epochs" in predict.ACCURACY_GUARD["randomk"]
 
@@ -594,8 +597,8 @@ def test_choose_plans_on_scripted_costs() -> None:
                                    predict.guarded_candidates(profile, ("randomk",)))
     assert allowed[0].assignment() == {"a": ("randomk", "allreduce")}, allowed
     example = profile.compressors["onebit"].gradients["a"]
-    assert timeline.priced(profile.compressors["onebit"], example) is None
+    assert timeline.priced(profile.compressors["onebit"], example, 2) is None
     # LGC's reduction prices its payload's parts (the leader's indices, the values): with none it cannot
-    assert "lgc reduction's costs (ReductionMethod.phases) failed" in timeline.priced(LGC(), example)
+    assert "lgc reduction's costs (ReductionMethod.phases) failed" in timeline.priced(LGC(), example, 2)
 
 

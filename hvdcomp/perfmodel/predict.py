@@ -40,6 +40,8 @@ from hvdcomp.perfmodel.timeline import Network, StepTime
 PRESETS = Path(__file__).parent / "presets"
 #: a compressor is recommended only if predicted this much faster than dense
 MARGIN = 1.05
+
+
 @dataclass(frozen=True)
 class Option:
     step: StepTime
@@ -219,17 +221,16 @@ def guarded_candidates(profile: Profile, allow: Sequence[str] = ()) -> list[str]
     return [m for m in profile.compressors if m not in ACCURACY_GUARD or m in allow]
 
 
-def per_tensor_plan(cluster: Cluster, profile: Profile, workers: int,
-                    allow: tuple[str, ...] = ()) -> list[TensorChoice]:
+def per_tensor_plan(cluster: Cluster, profile: Profile, workers: int, candidates: Sequence[str],
+                    margin: float = MARGIN - 1) -> list[TensorChoice]:
     """Per gradient (in the order backward makes them ready), the cheapest option hvdcomp runs (not the model-only
-    plans, not the sketch: the collectives ``collective: auto`` may pick) among the profile's compressors but those
-    in ACCURACY_GUARD (unless in ``allow``), kept where its isolated cost (:func:`tensor_costs`) is below dense's by
-    the margin the recommendation uses (MARGIN); dense otherwise."""
+    plans, not the sketch: the collectives ``collective: auto`` may pick) among ``candidates`` (the profile's
+    compressors to choose from: :func:`guarded_candidates`), kept where its isolated cost (:func:`tensor_costs`) is
+    below dense's by ``margin``; dense otherwise."""
     costs = tensor_costs(cluster, profile, workers)
-    candidates = guarded_candidates(profile, allow)
     plan = []
     for gradient in profile.gradients:
-        best, best_cost = _isolated(costs[gradient.name], profile, candidates)
+        best, best_cost = _isolated(costs[gradient.name], profile, candidates, margin)
         plan.append(_choice(gradient, best, best_cost, costs[gradient.name]))
     return plan
 
@@ -283,8 +284,9 @@ def choose_plans(cluster: Cluster, profile: Profile, workers: int, candidates: S
         compressor = profile.compressors[method]
         collective = timeline.auto_collective(compressor, workers)
         found.append(plan(method, {name: (method, collective) for name in compressor.gradients}))
-    isolated = {name: _isolated(costs[name], profile, candidates, margin)[0] for name in gradients}
-    found.append(plan("per-tensor (isolated costs)", {k: v for k, v in isolated.items() if v[0] != "none"}))
+    isolated = per_tensor_plan(cluster, profile, workers, candidates, margin)
+    found.append(plan("per-tensor (isolated costs)", {c.name: (c.method, c.collective) for c in isolated
+                                                      if c.method != "none"}))
     best = min(found, key=lambda p: p.step_ms)
     assignment, current = best.assignment(), best.step_ms
     for name in sorted(gradients, key=lambda n: -gradients[n].bytes):

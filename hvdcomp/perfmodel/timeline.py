@@ -170,13 +170,13 @@ def valid_plans(compressor: CompressorProfile | None) -> tuple[str, ...]:
     return (*runnable, "hierarchical" if compressor.summable else "parameter_server")
 
 
-def priced(traits: CompressorProfile | Compressor, example: Encoded) -> str | None:
-    """Why the timeline cannot price a method's reductions on a gradient whose measured costs are ``example`` (their
-    phases name a collective Network.time does not know, as a method-owned reduction that states no costs of its own
-    does, or fail on them), or None if it can."""
-    for name in reductions.allowed(traits):
+def priced(traits: CompressorProfile | Compressor, example: Encoded, workers: int) -> str | None:
+    """Why the timeline cannot price the reductions ``collective: auto`` may pick for a method at ``workers`` ranks on
+    a gradient whose measured costs are ``example`` (their phases name a collective Network.time does not know, as a
+    method-owned reduction that states no costs of its own does, or fail on them), or None if it can."""
+    for name in reductions.automatic(traits):
         try:
-            phases = reductions.REDUCTIONS[name].phases(example, 2)
+            phases = reductions.REDUCTIONS[name].phases(example, workers)
         except (ArithmeticError, IndexError, KeyError, TypeError, ValueError) as error:
             return f"its {name} reduction's costs (ReductionMethod.phases) failed on its measured payload: {error!r}"
         unknown = {phase.collective for phase in phases} - set(PLANS)

@@ -291,11 +291,11 @@ def with_epochs(compression: Any, steps_per_epoch: int) -> Any:
 
     top_method = setting.get("method", "none")
     result = dict(setting)
-    options = setting.get("options")
-    candidates = options.get("candidates") if top_method == "auto" and isinstance(options, Mapping) else None
+    auto = setting.get("options")
+    candidates = auto.get("candidates") if top_method == "auto" and isinstance(auto, Mapping) else None
     if isinstance(candidates, Mapping):  # auto's, each filled
-        result["options"] = {**setting["options"], "candidates": {method: filled(method, options)
-                                                                  for method, options in candidates.items()}}
+        result["options"] = {**auto, "candidates": {method: filled(method, options)
+                                                    for method, options in candidates.items()}}
         return result
     top_options = filled(top_method, setting.get("options"))
     if top_options is not None:
