@@ -29,11 +29,11 @@ in the same step on every rank):
    inputs, identical ranking (checked), no broadcast. A plan is applied by rebuilding the optimizer's plan at a step
    boundary, checked across ranks as at start. If no plan is predicted ``margin`` faster than dense, the job stays
    dense.
-5. The guard: the plans to try (the ``tries`` fastest predicted ``margin`` faster than dense, the fastest single
-   method among them) are applied in turn, each measured for ``guard_steps`` steps, or ``guard_s`` seconds by its
-   predicted step time if that is more (up to 50 steps), after 2 steps to settle (and the rest of its methods'
-   warm-ups, :meth:`Compressor.steady_from`, counted from the job's first step). The fastest by median step (the
-   slowest rank's) is kept if within ``margin`` of the dense step measured in 2 (applied again if another plan was
+5. The guard: the plans to try (of those predicted ``margin`` faster than dense, ``tries`` at most: the fastest, then
+   single methods in predicted order) are applied in turn, each measured for ``guard_steps`` steps, or ``guard_s``
+   seconds by its predicted step time if that is more (up to 50 steps), after 2 steps to settle (and the rest of its
+   methods' warm-ups, :meth:`Compressor.steady_from`, counted from the job's first step). The fastest by median step
+   (the slowest rank's) is kept if within ``margin`` of the dense step measured in 2 (applied again if another plan was
    tried after it); otherwise every parameter goes back to dense.
 
 Candidates: every registered method (``hvdcomp.METHODS``: a method added later joins) with its default options, or
@@ -117,7 +117,8 @@ class AutoSettings:
             short step is a noisy one.
         margin: a plan is applied only if predicted this fraction faster than dense, and kept only if measured no
             more than this fraction slower.
-        tries: plans measured at most (the fastest predicted to pay; from 2, one of them the fastest single method).
+        tries: plans measured at most: the fastest predicted to pay, then single methods in predicted order (where
+            steps take milliseconds the model cannot tell the candidates apart; measuring can).
         repeats: timed runs of each candidate's encoding and decoding per gradient (the median is kept).
     """
 
@@ -128,7 +129,7 @@ class AutoSettings:
     guard_steps: int = 5
     guard_s: float = 0.25
     margin: float = 0.05
-    tries: int = 3
+    tries: int = 5
     repeats: int = 3
 
     @classmethod
@@ -308,7 +309,7 @@ class Tuner:
         dense = next(p for p in plans if p.label == "dense")
         paying = [p for p in plans if p.step_ms * (1 + margin) < dense.step_ms]
         single = [p for p in paying if p.label in live.compressors]  # a method alone: no mix for the model to misjudge
-        self.plans = list({id(p): p for p in [*paying[:1], *single[:1], *paying[1:]]}.values())[:self.settings.tries]
+        self.plans = list({id(p): p for p in [*paying[:1], *single, *paying[1:]]}.values())[:self.settings.tries]
         # identical inputs give identical plans; checked, so that no rank replans alone
         _agreed({"plans": [[p.label, *(f"{n}={m}/{c}" for n, (m, c) in sorted(p.assignment().items()))]
                            for p in self.plans]}, optimizer.process_set, "max", optimizer._wait)

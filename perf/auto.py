@@ -33,7 +33,7 @@ WORKLOADS = ("synthetic", "digits")
 #: PowerSGD's warm-up shortened from 10 dense steps to 2, as in perf/cluster_training.py, for single runs and auto alike
 CANDIDATE_OPTIONS = {"powersgd": {"start_iter": 2}}
 AUTO = {"warmup_steps": 1, "measure_steps": 3, "repeats": 2}
-MAX_TUNING_STEPS = 250  # at most 3 tries x (2 settle + 50 guard steps) after the dense ones
+MAX_TUNING_STEPS = 400  # at most 5 tries x (2 settle + 50 guard steps) after the dense ones
 BATCH = 32  # per rank
 
 
