@@ -12,10 +12,11 @@ phases (1 warm-up and 3 measured dense steps, 2 repeats per cost; the guard at i
 model (the same initial weights) with the loop of ``hvdcomp train`` (zero_grad, forward, backward, step; SGD with
 momentum 0.9; 32 samples per rank). A method's timed steps come after its warm-up (5 steps, 1 for synthetic at 100
 Mbit/s, and PowerSGD's two dense steps), the first method's after a dense run of twice that (the first steps of a job
-run slower); ``auto``'s after it settled. The step time is the slowest rank's mean over the timed steps: 3 at 100 Mbit/s
-for synthetic (a dense step on 4 hosts takes over 10 s), 6 on faster links, 30 for digits. ``auto``'s rows also give the
-plan it settled on, the plans it tried (predicted and measured ms), the dense step it measured and predicted, and the
-steps and seconds its tuning took (not in its step time; they are one-off per job). Rows go to perf/results/auto.jsonl.
+run slower); ``auto``'s after it settled. The step time is the median over the timed steps of each step's slowest rank
+(with the quartiles): 3 steps at 100 Mbit/s for synthetic (a dense step on 4 hosts takes over 10 s), 6 on faster links,
+30 for digits. ``auto``'s rows also give the plan it settled on, the plans it tried (predicted and measured ms), the
+dense step it measured and predicted, and the steps and seconds its tuning took (not in its step time; they are one-off
+per job). Rows go to perf/results/auto.jsonl.
 """
 
 from __future__ import annotations
@@ -61,14 +62,19 @@ def worker(workloads: list[str], rate: str) -> None:
             loss_fn(model(data.train_x[start:start + BATCH]), data.train_y[start:start + BATCH]).backward()
             optimizer.step()
 
-        def timed(model: nn.Module, optimizer: torch.optim.Optimizer, first: int, label: str, steps: int) -> float:
+        def timed(model: nn.Module, optimizer: torch.optim.Optimizer, first: int, label: str,
+                  steps: int) -> dict[str, float]:
+            """The median over the timed steps of each step's slowest rank, and the quartiles (a step ends on a rank
+            when its optimizer.step() returns; the next begins there)."""
             hvd.allreduce(torch.zeros(1), name=f"{label}.barrier")
-            start = time.perf_counter()
+            times = []
             for step in range(first, first + steps):
+                start = time.perf_counter()
                 step_once(model, optimizer, step)
-            elapsed = (time.perf_counter() - start) / steps
-            return hvd.allreduce(torch.tensor([elapsed], dtype=torch.float64), op=hvd.Max,
-                                 name=f"{label}.time").item()
+                times.append(time.perf_counter() - start)
+            slowest = hvd.allreduce(torch.tensor(times, dtype=torch.float64), op=hvd.Max, name=f"{label}.time")
+            quartiles = statistics.quantiles(slowest.tolist(), n=4) if steps > 1 else [slowest.item()] * 3
+            return {"step_s": quartiles[1], "step_p25_s": quartiles[0], "step_p75_s": quartiles[2]}
 
         warmup = 1 if workload == "synthetic" and rate == "100mbit" else 5
         # the job's first steps run slower (connections, Horovod's caches): a dense run, not reported, before the first
@@ -109,7 +115,7 @@ def worker(workloads: list[str], rate: str) -> None:
                 first = warmup + 2 if method == "powersgd" else warmup
                 for step in range(first):
                     step_once(model, optimizer, step)
-            row["step_s"] = timed(model, optimizer, first, label, timed_steps)
+            row.update(timed(model, optimizer, first, label, timed_steps))
             if rank == 0:
                 clusterbench.emit(row)
 
@@ -126,6 +132,7 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         auto, dense = methods["auto"], methods["dense"]
         best = min((r for m, r in methods.items() if m != "auto"), key=lambda r: r["step_s"])
         result.append({"hosts": hosts, "rate": rate, "workload": workload, "auto_s": auto["step_s"],
+                       "auto_iqr": (auto["step_p25_s"], auto["step_p75_s"]),
                        "dense_s": dense["step_s"], "best": best["method"], "best_s": best["step_s"],
                        "auto_vs_best": auto["step_s"] / best["step_s"],
                        "auto_vs_dense": auto["step_s"] / dense["step_s"],
@@ -137,15 +144,16 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def report(rows: list[dict[str, Any]]) -> None:
     table = summarize(rows)
-    print("| hosts | rate | workload | dense ms | best single (ms) | auto ms | auto / best | auto / dense "
+    print("| hosts | rate | workload | dense ms | best single (ms) | auto ms (quartiles) | auto / best | auto / dense "
           "| auto's plan | tried: predicted -> measured ms | tuning |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in table:
         methods = sorted(set(r["plan"].values()) - {"none/allreduce"}) or ["dense"]
         tried = "; ".join(f"{t['label']}: {t['predicted_ms']:.0f} -> {t['measured_ms']:.0f}"
                           f"{' kept' if t['kept'] else ''}" for t in r["tried"]) or "none predicted to pay"
+        low, high = (x * 1e3 for x in r["auto_iqr"])
         print(f"| {r['hosts']} | {r['rate']} | {r['workload']} | {r['dense_s'] * 1e3:.1f} | {r['best']} "
-              f"({r['best_s'] * 1e3:.1f}) | {r['auto_s'] * 1e3:.1f} | {r['auto_vs_best']:.2f} | "
+              f"({r['best_s'] * 1e3:.1f}) | {r['auto_s'] * 1e3:.1f} ({low:.1f}-{high:.1f}) | {r['auto_vs_best']:.2f} | "
               f"{r['auto_vs_dense']:.2f} | {r['label']}: {', '.join(methods)} | {tried} | "
               f"{r['tuning_steps']} steps, {r['tuning_s']:.1f} s |")
     if table:
