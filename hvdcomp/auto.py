@@ -371,6 +371,9 @@ class Tuner:
                 excluded[method] = unpriced
                 continue
             measured[method] = found
+        # ranks measured alone and may finish far apart (a big model, an out-of-memory error): meet first, without the
+        # step deadline, which knows nothing of measuring
+        profile.ProcessSetRanks(process_set, PREFIX).barrier()
         everywhere = _agreed({"kept": {m: float(m in measured) for m in methods}}, process_set, "min",
                              optimizer._wait)["kept"]
         for method, kept in everywhere.items():

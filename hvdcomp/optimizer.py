@@ -199,7 +199,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return None
         if not self._slots:  # one rank (or not in the process set): nothing is reduced, nothing to choose
             return {"phase": "settled", "label": "dense", "plan": [], "tried": [],
-                    "why": "one rank: nothing is reduced (as in Horovod)"}
+                    "why": "nothing is reduced on this rank (one rank, as in Horovod, or outside the process set)"}
         return copy.deepcopy(self._auto.report)
 
     def _replan(self, config: CompressionConfig) -> None:

@@ -832,7 +832,9 @@ def auto_run(candidates: dict | None, width: int = 1024,
         if turn:
             optimizer.retune()
             assert optimizer.auto_report()["phase"] == "measuring dense"
-        for _ in range(40):  # 6 dense steps and 2 tries of 5: 16 at most
+            step()  # the plan in force runs this step; every parameter is dense from the next
+            assert all(s.choice.reduction is None for s in optimizer._slots), "retune() did not go back to dense"
+        for _ in range(40):  # 6 dense steps and 2 tries of 5 (and a method's warm-up): about 16
             step()
             if optimizer.auto_report()["phase"] == "settled":
                 break
@@ -847,9 +849,10 @@ def assert_same_plan(report: dict, optimizer: torch.optim.Optimizer, label: str)
     every = hvd.allgather_object((report["plan"], report["tried"], report["dense_ms"], report["label"]),
                                  name=f"auto.{label}")
     assert all(other == every[0] for other in every), every
-    chosen = {c["name"]: c["method"] for c in report["plan"]}
-    running = {s.name: "none" if s.choice.compressor is None else s.choice.compressor.name for s in optimizer._slots}
-    assert all(running[name] == chosen.get(name, "none") for name in running), (running, chosen)
+    chosen = {c["name"]: (c["method"], c["collective"]) for c in report["plan"]}
+    running = {s.name: ("none", "allreduce") if s.choice.compressor is None else
+               (s.choice.compressor.name, s.choice.reduction.name) for s in optimizer._slots}
+    assert all(running[name] == chosen.get(name, ("none", "allreduce")) for name in running), (running, chosen)
 
 
 def scenario_auto() -> None:
@@ -868,7 +871,7 @@ def scenario_auto() -> None:
     assert_identical_across_ranks(model, "auto")
     print(hvdcomp.auto.table(report) if hvd.rank() == 0 else "", flush=True)
 
-    report, optimizer, model = auto_run({"scalar_test": {"sleep_s": 0.3}})
+    report, optimizer, model = auto_run({"scalar_test": {"sleep_s": 0.6}})  # dense: about 0.5 s a step
     assert report["phase"] == "settled" and report["label"] == "dense" and report["plan"] == [], report
     assert 1 <= len(report["tried"]) <= 2, report  # tries: 2
     assert all(not t["kept"] and t["measured_ms"] > 1.05 * report["dense_ms"] for t in report["tried"]), report

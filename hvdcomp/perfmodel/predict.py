@@ -16,7 +16,8 @@ each option for each gradient, what a per-tensor choice needs.
 ``--per-tensor N`` chooses per gradient, at N workers, a (method, collective) that hvdcomp can run, the way
 ``compression: auto`` does on a live job (:mod:`hvdcomp.auto`): :func:`choose_plans` ranks dense, each method alone,
 the per-gradient choice by isolated cost (:func:`per_tensor_plan`: encode, collectives, decode, no overlap with
-backward) and that choice refined on the timeline; the fastest is chosen if predicted at least 5% faster than dense.
+backward), and the fastest of these refined on the timeline; the fastest is chosen if predicted at least 5% faster
+than dense.
 Methods whose defaults lost accuracy on the shipped tasks (:data:`hvdcomp.auto.ACCURACY_GUARD`, with the reasons) are
 not candidates unless ``--allow`` names them. It prints the chosen plan as a table (tensor, size, method, collective,
 predicted ms alone, dense ms alone) and the plans ranked, and with ``--json`` writes them.

@@ -1,5 +1,8 @@
 """One training step as a timeline: wait-free backprop, Horovod's tensor fusion, hvdcomp's scheduling.
 
+:func:`simulate` prices one method on every gradient it compresses; :func:`simulate_mixed` a per-tensor plan (each
+gradient its own method and collective, or dense), what ``compression: auto`` and ``predict --per-tensor`` rank.
+
 The step is simulated on two resources, as it runs:
 
 * the rank's compute thread: forward; backward, during which each parameter's post-accumulate-grad hook

@@ -291,11 +291,12 @@ def with_epochs(compression: Any, steps_per_epoch: int) -> Any:
 
     top_method = setting.get("method", "none")
     result = dict(setting)
-    auto = setting.get("options")
-    candidates = auto.get("candidates") if top_method == "auto" and isinstance(auto, Mapping) else None
+    auto_options = setting.get("options")
+    candidates = (auto_options.get("candidates") if top_method == "auto" and isinstance(auto_options, Mapping)
+                  else None)
     if isinstance(candidates, Mapping):  # auto's, each filled
-        result["options"] = {**auto, "candidates": {method: filled(method, options)
-                                                    for method, options in candidates.items()}}
+        result["options"] = {**auto_options, "candidates": {method: filled(method, options)
+                                                            for method, options in candidates.items()}}
         return result
     top_options = filled(top_method, setting.get("options"))
     if top_options is not None:
@@ -371,7 +372,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="hvdcomp train", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workload", choices=sorted(WORKLOADS), help="default: digits")
-    parser.add_argument("--compression", help="a method name (see hvdcomp.METHODS); default: terngrad")
+    parser.add_argument("--compression", help="a method name (see hvdcomp.METHODS), or auto (chosen per tensor on the "
+                                              "running job); default: terngrad")
     parser.add_argument("--config", help="a job YAML file (see above)")
     parser.add_argument("--epochs", type=int)
     parser.add_argument("--batch-size", type=int, help="per rank")
