@@ -48,7 +48,9 @@ to measure on one rank (out of memory) is left out on all.
 
 A change of plan starts every compressed parameter's method state afresh on every rank, as an elastic reset does:
 error-feedback residuals (what a biased method has not sent yet, a few steps' worth of small entries) are dropped.
-The step counters go on, so the dense steps count towards a method's warm-up.
+The step counters go on, so the dense steps count towards a method's warm-up. A job resumed from a checkpoint
+(``load_state_dict``) starts dense and measures and chooses again: the saved method state belongs to the plan in force
+when it was saved, and only parameters compressed at loading take theirs back.
 ``optimizer.retune()`` starts again from step 1 (call it on every rank in the same step, after the cluster changed);
 an elastic reset does too. ``optimizer.auto_report()`` holds the plan in force (per tensor: size, method, collective,
 its predicted ms alone and dense's), the predicted and measured step times and every plan tried; ``hvdcomp train``
