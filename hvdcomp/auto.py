@@ -66,7 +66,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -265,6 +265,8 @@ class Tuner:
     def step_done(self, optimizer: Any) -> None:
         """After each step's ``synchronize()``, on every rank: records, and at a phase's end measures, chooses and
         applies (``optimizer._replan``)."""
+        if self.phase == "settled":
+            return
         if self._clock is None:
             self._clock = _Clock(optimizer._slots[0].param.device)
         now = time.perf_counter()
@@ -323,10 +325,10 @@ class Tuner:
     def _live_profile(self, optimizer: Any) -> tuple[Profile, dict[str, str], int]:
         """The job's profile from the measured dense steps and the candidates' costs on this step's gradients, agreed
         (the slowest rank's), the methods left out with why, and Horovod's fusion threshold (agreed too); sets
-        ``dense_ms``, the measured dense step. A candidate that fails to measure (out of memory) or to be priced on
-        any rank is left out on every rank."""
-        from hvdcomp.config import make_compressor
+        ``dense_ms``, the measured dense step. A candidate that fails to measure (out of memory) on any rank, or that
+        the timeline cannot price, is left out on every rank."""
         from hvdcomp.methods import METHODS
+        from hvdcomp.optimizer import nonfinite
         from hvdcomp.perfmodel import profile, schema, timeline
 
         settings, samples, process_set = self.settings, self.samples, optimizer.process_set
@@ -339,7 +341,7 @@ class Tuner:
             wire_size = 4 if grad.dtype == torch.bfloat16 else grad.element_size()  # bfloat16 travels as float32
             gradients.append({"name": name, "numel": grad.numel(), "bytes": grad.numel() * wire_size,
                               "ready_ms": 1e3 * statistics.median(samples.ready.get(name) or samples.backward),
-                              "check_ms": profile.median_ms(lambda g=grad: _nonfinite(g), settings.repeats, alone,
+                              "check_ms": profile.median_ms(lambda g=grad: nonfinite(g), settings.repeats, alone,
                                                             device=device)})
         momentum = any(group.get("momentum", 0) for group in optimizer.param_groups)
         methods = settings.methods()
@@ -349,7 +351,7 @@ class Tuner:
             if momentum and METHODS[method].applies_momentum:
                 excluded[method] = "applies momentum itself, and the optimizer has momentum"
                 continue
-            warm_until = make_compressor(method, options).steady_from()
+            warm_until = METHODS[method](**options).steady_from()
             if warm_until > optimizer._steps_done + MAX_GUARD_STEPS:
                 excluded[method] = (f"its warm-up runs to step {warm_until} (steady_from): past what the guard "
                                     f"waits for ({MAX_GUARD_STEPS} steps from here)")
@@ -365,13 +367,6 @@ class Tuner:
             if not found:
                 excluded[method] = "compresses none of the parameters"
                 continue
-            first = next(iter(found["gradients"].values()))
-            example = schema.Encoded(first["wire_bytes"], first["shared_ms"], first["encode_ms"], first["decode_ms"],
-                                     first["decode_extra_payload_ms"], first["finish_ms"], tuple(first["part_bytes"]))
-            unpriced = timeline.priced(make_compressor(method, options), example, process_set.size())
-            if unpriced:
-                excluded[method] = unpriced
-                continue
             measured[method] = found
         # ranks measured alone and may finish far apart (a big model, an out-of-memory error): meet first, without the
         # step deadline, which knows nothing of measuring
@@ -380,7 +375,7 @@ class Tuner:
                              optimizer._wait)["kept"]
         for method, kept in everywhere.items():
             if method in measured and not kept:
-                excluded[method] = "left out on another rank (its measurement or pricing failed there)"
+                excluded[method] = "left out on another rank (its measurement failed there)"
                 del measured[method]
         fusion = int(os.environ.get("HOROVOD_FUSION_THRESHOLD", schema.HOROVOD_FUSION_THRESHOLD_BYTES))
         document = _agreed({"kind": "profile", "model": "this job", "batch_size": 1, "device": device.type,
@@ -390,7 +385,15 @@ class Tuner:
                             "gradients": gradients, "compressors": measured}, process_set, "max", optimizer._wait)
         self.dense_ms = document.pop("dense_ms")
         fusion = document.pop("fusion")
-        return schema.parse_profile(document, "auto"), excluded, fusion
+        live = schema.parse_profile(document, "auto")
+        priced = {}
+        for method, compressor in live.compressors.items():  # agreed numbers: the same verdict on every rank
+            unpriced = timeline.priced(compressor, next(iter(compressor.gradients.values())), process_set.size())
+            if unpriced:
+                excluded[method] = unpriced
+            else:
+                priced[method] = compressor
+        return replace(live, compressors=priced), excluded, fusion
 
     def _next_plan(self, optimizer: Any) -> None:
         """Applies the next plan to measure; after the last, keeps the fastest measured if within ``margin`` of dense
@@ -417,6 +420,7 @@ class Tuner:
         self.report["phase"] = "settled"
 
     def _apply(self, optimizer: Any, plan: Plan) -> None:
+        from hvdcomp import reductions
         from hvdcomp.config import CompressionConfig
 
         methods = self.settings.methods()
@@ -424,7 +428,7 @@ class Tuner:
         for choice in plan.choices:
             if choice.method == "none":
                 continue
-            selectable = choice.collective in ("allgather", "two_phase")
+            selectable = choice.collective in reductions.selectable()  # else the method's only one: auto finds it
             overrides.append({"match": glob.escape(choice.name), "method": choice.method,
                               "options": dict(methods[choice.method]),
                               "collective": choice.collective if selectable else "auto"})
@@ -467,12 +471,6 @@ def _live_cluster(process_set: Any, device: torch.device, largest: int,
                                     "horovod": {"fusion_threshold_bytes": fusion}}, "auto")
     return cluster, {name: {"latency_us": link["latency_us"], "busbw_gbps": link["busbw_gbps"]}
                      for name, link in links.items()}
-
-
-def _nonfinite(grad: torch.Tensor) -> torch.Tensor:
-    from hvdcomp.optimizer import nonfinite
-
-    return nonfinite(grad)
 
 
 def _agreed(document: Any, process_set: Any, op: str, wait: Callable[[int, str], Any]) -> Any:

@@ -100,7 +100,7 @@ class ProcessSetRanks(Ranks):
         self.rank, self.size = process_set.rank(), process_set.size()
 
     def barrier(self) -> None:
-        self.hvd.allreduce(torch.zeros(1), name=f"{self.prefix}.barrier", process_set=self.process_set)
+        self.hvd.barrier(process_set=self.process_set)
 
     def slowest(self, value: float) -> float:
         return self.hvd.allreduce(torch.tensor([value], dtype=torch.float64), op=self.hvd.Max,
