@@ -1,5 +1,5 @@
 """``compression: auto``: per tensor, the method and collective this job's own measurements say pay, and never
-slower than dense by more than a margin, checked by measurement.
+slower than dense, checked by measurement.
 
     optimizer = hvdcomp.DistributedOptimizer(opt, named_parameters=model.named_parameters(), compression="auto")
 
@@ -16,9 +16,9 @@ in the same step on every rank):
 2. ``measure_steps`` dense steps, measured on every rank: the interval between consecutive steps' ends (the step
    time: data, forward, backward, communication, update), and, since the previous step's end, when each gradient
    became ready (its hook; on a GPU a CUDA event, read after the step) and when backward ended.
-3. Once, after the last of them: the links (Horovod's allreduce, allgather and alltoall on the job's process set and
-   device, 16 KiB up to a step's dense bytes (1 to 16 MiB), fitted as ``hvdcomp probe`` fits them:
-   :func:`hvdcomp.perfmodel.probe.horovod_collectives`);
+3. Once, after the last of them: the links (Horovod's negotiation round, then its allreduce, allgather and alltoall
+   on the job's process set and device, 16 KiB up to a step's dense bytes (1 to 16 MiB), fitted as ``hvdcomp probe``
+   fits them: :func:`hvdcomp.perfmodel.probe.horovod_round` and ``horovod_collectives``);
    each candidate's wire bytes, encoding and decoding on this step's gradients, configured as the optimizer would
    configure it (:func:`hvdcomp.perfmodel.profile.measure_compressor`, as ``hvdcomp profile`` measures); each
    gradient's non-finite check. All ranks measure at once, then every number is replaced by its maximum over the
@@ -27,14 +27,17 @@ in the same step on every rank):
 4. Every rank ranks plans by the step the timeline predicts from those agreed numbers
    (:func:`hvdcomp.perfmodel.predict.choose_plans`: dense, each candidate alone, the per-tensor choices): identical
    inputs, identical ranking (checked), no broadcast. A plan is applied by rebuilding the optimizer's plan at a step
-   boundary, checked across ranks as at start. If no plan is predicted ``margin`` faster than dense, the job stays
-   dense.
-5. The guard: the plans to try (of those predicted ``margin`` faster than dense, ``tries`` at most: the fastest, then
-   single methods in predicted order) are applied in turn, each measured for ``guard_steps`` steps, or ``guard_s``
-   seconds by its predicted step time if that is more (up to 50 steps), after 2 steps to settle (and the rest of its
-   methods' warm-ups, :meth:`Compressor.steady_from`, counted from the job's first step). The fastest by median step
-   (the slowest rank's) is kept if within ``margin`` of the dense step measured in 2 (applied again if another plan was
-   tried after it); otherwise every parameter goes back to dense.
+   boundary, checked across ranks as at start. If no plan is predicted ``margin`` faster than dense, and the
+   model predicted the dense step measured in 2 within ``margin``, the job stays dense.
+5. The guard: the plans to try (:func:`plans_to_try`: those predicted ``margin`` faster than dense, ``tries`` at
+   most, the fastest first, then single methods in predicted order; where the model misjudged the dense step by more
+   than ``margin``, as it does for millisecond steps, also those predicted within its error of dense, and if none is
+   predicted to pay beyond that error, every method alone within it and dense itself, last) are applied in turn,
+   each measured for ``guard_steps`` steps, or ``guard_s`` seconds by its predicted step time if that is more (up to
+   50 steps), after 2 steps to settle (and the rest of its methods' warm-ups, :meth:`Compressor.steady_from`,
+   counted from the job's first step). The fastest by median step (the slowest rank's) is kept if it measured faster
+   than dense (measured in the guard if it was, else in 2; applied again if another plan was tried after it);
+   otherwise every parameter goes back to dense.
 
 Candidates: every registered method (``hvdcomp.METHODS``: a method added later joins) with its default options, or
 those of ``candidates``, but those in :data:`ACCURACY_GUARD` unless ``allow`` names them, and, where the wrapped
@@ -65,7 +68,7 @@ import math
 import os
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
@@ -117,10 +120,12 @@ class AutoSettings:
         guard_steps: steps of a plan measured at least (after SETTLE_STEPS steps to settle).
         guard_s: seconds of a plan measured at least, by its predicted step time (up to MAX_GUARD_STEPS steps): a
             short step is a noisy one.
-        margin: a plan is applied only if predicted this fraction faster than dense, and kept only if measured no
-            more than this fraction slower.
+        margin: a plan is measured if predicted this fraction faster than dense (or, where the model misjudged
+            the dense step by more than this fraction, predicted within its error of dense), and kept only if
+            measured faster than dense.
         tries: plans measured at most: the fastest predicted to pay, then single methods in predicted order (where
-            steps take milliseconds the model cannot tell the candidates apart; measuring can).
+            the model cannot tell what pays, every method alone within its error, and dense, are measured:
+            :func:`plans_to_try`).
         repeats: timed runs of each candidate's encoding and decoding per gradient (the median is kept).
     """
 
@@ -192,6 +197,33 @@ class AutoSettings:
         if self.candidates is not None:
             return dict(self.candidates)
         return {m: {} for m in METHODS if m != "none" and (m not in ACCURACY_GUARD or m in self.allow)}
+
+
+def plans_to_try(plans: list[Plan], dense_ms: float, margin: float, tries: int,
+                 methods: Collection[str]) -> list[Plan]:
+    """The plans the guard measures, in order, from ``plans`` ranked by predicted step (dense among them) and the
+    dense step measured (``dense_ms``): those predicted ``margin`` faster than dense, ``tries`` at most: the fastest,
+    then ``methods`` alone (a single method leaves no mix for the model to misjudge) in predicted order, then the
+    rest. Where the model's prediction of the dense step is off by more than ``margin`` (millisecond steps, where
+    latency and bursts rule), plans it predicts within that error of dense may pay too: they fill the tries left.
+    If none of the plans is predicted faster than dense by more than the error, the model cannot tell what pays: every
+    method alone within the error is measured (at such steps measuring costs little), then dense itself, as they are
+    (last: a disturbance left by the link probe slows the first plan measured, which may drop a plan but can never
+    keep one slower than dense)."""
+    def distinct(found: list[Plan]) -> list[Plan]:
+        return list({id(p): p for p in found}.values())
+
+    dense = next(p for p in plans if p.label == "dense")
+    paying = [p for p in plans if p.step_ms * (1 + margin) < dense.step_ms]
+    chosen = distinct([*paying[:1], *(p for p in paying if p.label in methods), *paying[1:]])[:tries]
+    error = abs(dense.step_ms - dense_ms) / dense_ms
+    if error <= margin:
+        return chosen
+    unsure = [p for p in plans if p is not dense and p.step_ms < dense.step_ms * (1 + error)]
+    if any(p.step_ms < dense.step_ms * (1 - error) for p in chosen):
+        return distinct([*chosen, *unsure])[:tries]
+    chosen = distinct([*chosen, *(p for p in unsure if p.label in methods)])
+    return [*chosen, dense] if chosen else []
 
 
 class _Clock:
@@ -311,9 +343,7 @@ class Tuner:
         workers, margin = optimizer.process_set.size(), self.settings.margin
         plans = predict.choose_plans(cluster, live, workers, list(live.compressors), margin)
         dense = next(p for p in plans if p.label == "dense")
-        paying = [p for p in plans if p.step_ms * (1 + margin) < dense.step_ms]
-        single = [p for p in paying if p.label in live.compressors]  # a method alone: no mix for the model to misjudge
-        self.plans = list({id(p): p for p in [*paying[:1], *single, *paying[1:]]}.values())[:self.settings.tries]
+        self.plans = plans_to_try(plans, self.dense_ms, margin, self.settings.tries, live.compressors)
         # identical inputs give identical plans; checked, so that no rank replans alone
         _agreed({"plans": [[p.label, *(f"{n}={m}/{c}" for n, (m, c) in sorted(p.assignment().items()))]
                            for p in self.plans]}, optimizer.process_set, "max", optimizer._wait)
@@ -396,8 +426,8 @@ class Tuner:
         return replace(live, compressors=priced), excluded, fusion
 
     def _next_plan(self, optimizer: Any) -> None:
-        """Applies the next plan to measure; after the last, keeps the fastest measured if within ``margin`` of dense
-        (applied again if it is not the one in force), or goes back to dense."""
+        """Applies the next plan to measure; after the last, keeps the fastest measured if it measured faster than
+        dense (applied again if it is not the one in force), or goes back to dense."""
         self.phase, self.steps, self.samples = "guard", 0, _Samples()
         if self.plans:
             plan = self.plans.pop(0)
@@ -408,11 +438,14 @@ class Tuner:
             return
         tried = self.report["tried"]
         fastest = min(range(len(tried)), key=lambda i: tried[i]["measured_ms"], default=None)
-        if fastest is not None and tried[fastest]["measured_ms"] <= self.dense_ms * (1 + self.settings.margin):
+        dense_ms = next((t["measured_ms"] for t in tried if t["label"] == "dense"), self.dense_ms)
+        if fastest is not None and tried[fastest]["label"] != "dense" and tried[fastest]["measured_ms"] < dense_ms:
             tried[fastest]["kept"] = True
             if fastest != len(tried) - 1:
                 self._apply(optimizer, self.tried[fastest])
         else:
+            for trial in tried:
+                trial["kept"] = trial["label"] == "dense"
             self.report.update(label="dense", plan=[])
             if optimizer.config is not self.base:
                 optimizer._replan(self.base)
@@ -454,23 +487,28 @@ class Tuner:
 
 def _live_cluster(process_set: Any, device: torch.device, largest: int,
                   fusion: int) -> tuple[Cluster, dict[str, dict[str, float]]]:
-    """The links as the job's collectives see them: Horovod's allreduce, allgather and alltoall among the process
+    """The links as the job's collectives see them: Horovod's negotiation round
+    (:func:`hvdcomp.perfmodel.probe.horovod_round`), then its allreduce, allgather and alltoall among the process
     set's ranks on ``device``, at sizes up to ``largest`` bytes (:func:`link_sizes`), fitted (the slowest rank's
-    times), with Horovod's tensor fusion up to ``fusion`` bytes; and their latency and bus bandwidth. (These
-    collectives are Horovod's blocking calls, outside the optimizer's deadline.)"""
+    times), with Horovod's tensor fusion up to ``fusion`` bytes; and, for the report, the round's latency and each
+    collective's latency and bus bandwidth. (These collectives are Horovod's blocking calls, outside the optimizer's
+    deadline.)"""
     from hvdcomp.perfmodel import probe, profile, schema
 
     group = profile.ProcessSetRanks(process_set, PREFIX)
+    round_s = probe.horovod_round(group, device, process_set, budget_s=0.2, prefix=f"{PREFIX}.probe")
     links = probe.horovod_collectives(group, link_sizes(largest), device, process_set, budget_s=0.2,
-                                      prefix=f"{PREFIX}.probe")
+                                      prefix=f"{PREFIX}.probe", round_s=round_s)
     tier = {"latency_us": links["allreduce"]["latency_us"], "bandwidth_gbps": links["allreduce"]["busbw_gbps"],
             **links}
     # one rank per node: every collective is priced with what it measured among exactly these ranks
+    round_us = round(round_s * 1e6, 3)
     cluster = schema.parse_cluster({"kind": "cluster", "name": f"this job ({process_set.size()} ranks)",
                                     "nominal": False, "ranks_per_node": 1, "inter_node": tier,
-                                    "horovod": {"fusion_threshold_bytes": fusion}}, "auto")
-    return cluster, {name: {"latency_us": link["latency_us"], "busbw_gbps": link["busbw_gbps"]}
-                     for name, link in links.items()}
+                                    "horovod": {"fusion_threshold_bytes": fusion, "round_us": round_us}}, "auto")
+    return cluster, {"round": {"latency_us": round_us},
+                     **{name: {"latency_us": link["latency_us"], "busbw_gbps": link["busbw_gbps"]}
+                        for name, link in links.items()}}
 
 
 def _agreed(document: Any, process_set: Any, op: str, wait: Callable[[int, str], Any]) -> Any:
@@ -538,8 +576,8 @@ def table(report: Mapping[str, Any]) -> str:
                                                                f"{report['label']} (ms: isolated costs, this job's "
                                                                "links and gradients)"))
     else:
-        lines.append(f"auto's plan at {report['workers']} ranks: dense (no plan predicted {report['margin']:.0%} "
-                     "faster than dense, or none measured within that of dense)")
+        lines.append(f"auto's plan at {report['workers']} ranks: dense (no plan to try, or none measured faster "
+                     "than dense)")
     lines.append(f"dense step: measured {report['dense_ms']:.1f} ms, predicted {report['dense_predicted_ms']:.1f} ms; "
                  f"measuring took {report['measure_s']:.1f} s")
     for tried in report["tried"]:

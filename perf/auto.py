@@ -13,10 +13,12 @@ model (the same initial weights) with the loop of ``hvdcomp train`` (zero_grad, 
 momentum 0.9; 32 samples per rank). A method's timed steps come after its warm-up (5 steps, 1 for synthetic at 100
 Mbit/s, and PowerSGD's two dense steps), the first method's after a dense run of twice that (the first steps of a job
 run slower); ``auto``'s after it settled. The step time is the median over the timed steps of each step's slowest rank
-(with the quartiles): 3 steps at 100 Mbit/s for synthetic (a dense step on 4 hosts takes over 10 s), 6 on faster links,
-30 for digits. ``auto``'s rows also give the plan it settled on, the plans it tried (predicted and measured ms), the
-dense step it measured and predicted, and the steps and seconds its tuning took (not in its step time; they are one-off
-per job). Rows go to perf/results/auto.jsonl.
+(with the quartiles): 3 steps at 100 Mbit/s for synthetic (a dense step on 4 hosts takes over 10 s), 6 on faster links;
+for digits 200, in 5 rounds of 40 steps in which every run (dense, each method, auto) takes its turn. A millisecond
+step's time drifts between runs on the emulated links (their token buckets refill at 4 ms timer ticks), and
+interleaving compares the runs under the same drift. ``auto``'s rows also give the plan it settled on, the plans it
+tried (predicted and measured ms), the dense step it measured and predicted, and the steps and seconds its tuning took
+(not in its step time; they are one-off per job). Rows go to perf/results/auto.jsonl.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ WORKLOADS = ("synthetic", "digits")
 #: PowerSGD's warm-up shortened from 10 dense steps to 2, as in perf/cluster_training.py, for single runs and auto alike
 CANDIDATE_OPTIONS = {"powersgd": {"start_iter": 2}}
 AUTO = {"warmup_steps": 1, "measure_steps": 3, "repeats": 2}
-MAX_TUNING_STEPS = 400  # at most 5 tries x (2 settle + 50 guard steps) after the dense ones
+MAX_TUNING_STEPS = 1000  # up to 12 tries (every method alone, a mix, dense) x (2 settle + 50 guard steps), and more
+ROUNDS = 5  # digits' runs are timed in turn, 40 steps each, this many times
 BATCH = 32  # per rank
 
 
@@ -52,9 +55,11 @@ def worker(workloads: list[str], rate: str) -> None:
     candidates = {m: CANDIDATE_OPTIONS.get(m, {}) for m in hvdcomp.CompressionConfig.parse("auto").auto.methods()}
     loss_fn = nn.CrossEntropyLoss()
 
-    for workload in workloads:
+    def measure(workload: str) -> None:
         data = BUILT_IN[workload](0).data
-        timed_steps = 30 if workload == "digits" else 3 if rate == "100mbit" else 6
+        # digits: ROUNDS rounds of 40 steps, every run in turn (the same drift of the links for all); synthetic: one
+        block = 40 if workload == "digits" else 3 if rate == "100mbit" else 6
+        rounds = ROUNDS if workload == "digits" else 1
 
         def step_once(model: nn.Module, optimizer: torch.optim.Optimizer, step: int, data: Any = data) -> None:
             start = ((step * size + rank) * BATCH) % (len(data.train_x) - BATCH)
@@ -63,29 +68,21 @@ def worker(workloads: list[str], rate: str) -> None:
             optimizer.step()
 
         def timed(model: nn.Module, optimizer: torch.optim.Optimizer, first: int, label: str,
-                  steps: int) -> dict[str, float]:
-            """The median over the timed steps of each step's slowest rank, and the quartiles (a step ends on a rank
-            when its optimizer.step() returns; the next begins there)."""
+                  steps: int) -> list[float]:
+            """Each step's slowest rank's seconds (a step ends on a rank when its optimizer.step() returns; the next
+            begins there)."""
             hvd.allreduce(torch.zeros(1), name=f"{label}.barrier")
             times = []
             for step in range(first, first + steps):
                 start = time.perf_counter()
                 step_once(model, optimizer, step)
                 times.append(time.perf_counter() - start)
-            slowest = hvd.allreduce(torch.tensor(times, dtype=torch.float64), op=hvd.Max, name=f"{label}.time")
-            quartiles = statistics.quantiles(slowest.tolist(), n=4) if steps > 1 else [slowest.item()] * 3
-            return {"step_s": quartiles[1], "step_p25_s": quartiles[0], "step_p75_s": quartiles[2]}
+            return hvd.allreduce(torch.tensor(times, dtype=torch.float64), op=hvd.Max, name=f"{label}.time").tolist()
 
-        warmup = 1 if workload == "synthetic" and rate == "100mbit" else 5
-        # the job's first steps run slower (connections, Horovod's caches): a dense run, not reported, before the first
-        model = BUILT_IN[workload](0).model
-        optimizer = hvdcomp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
-                                                 named_parameters=model.named_parameters())
-        for step in range(2 * warmup):
-            step_once(model, optimizer, step)
-        for method in ["dense", *candidates, "auto"]:
-            label = f"{workload}.{method}"
-            model = BUILT_IN[workload](0).model  # the same initial parameters on every rank
+        def start(method: str) -> tuple[nn.Module, torch.optim.Optimizer, int, dict[str, Any]]:
+            """A fresh model (the same initial parameters on every rank) and its optimizer, warmed up (auto: until
+            it settled); the next step, and the row so far."""
+            model = BUILT_IN[workload](0).model
             sgd = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
             if method == "auto":
                 compression: Any = {"method": "auto", "options": {**AUTO, "candidates": candidates}}
@@ -96,28 +93,53 @@ def worker(workloads: list[str], rate: str) -> None:
             optimizer = hvdcomp.DistributedOptimizer(sgd, named_parameters=model.named_parameters(),
                                                      compression=compression)
             row: dict[str, Any] = {"workload": workload, "method": method, "ranks": size, "batch_size": BATCH,
-                                   "steps": timed_steps}
-            if method == "auto":
-                start, steps = time.perf_counter(), 0
-                while optimizer.auto_report()["phase"] != "settled":
-                    if steps == MAX_TUNING_STEPS:
-                        raise RuntimeError(f"auto did not settle in {steps} steps: {optimizer.auto_report()}")
-                    step_once(model, optimizer, steps)
-                    steps += 1
-                report = optimizer.auto_report()
-                row.update(tuning_steps=steps, tuning_s=time.perf_counter() - start, label=report["label"],
-                           plan={c["name"]: f"{c['method']}/{c['collective']}" for c in report["plan"]},
-                           tried=report["tried"], dense_ms=report["dense_ms"],
-                           dense_predicted_ms=report["dense_predicted_ms"], measure_s=report["measure_s"],
-                           links=report["links"])
-                first = steps
-            else:
+                                   "steps": block * rounds, "rounds": rounds}
+            if method != "auto":
                 first = warmup + 2 if method == "powersgd" else warmup
                 for step in range(first):
                     step_once(model, optimizer, step)
-            row.update(timed(model, optimizer, first, label, timed_steps))
-            if rank == 0:
-                clusterbench.emit(row)
+                return model, optimizer, first, row
+            began, steps = time.perf_counter(), 0
+            while optimizer.auto_report()["phase"] != "settled":
+                if steps == MAX_TUNING_STEPS:
+                    raise RuntimeError(f"auto did not settle in {steps} steps: {optimizer.auto_report()}")
+                step_once(model, optimizer, steps)
+                steps += 1
+            report = optimizer.auto_report()
+            row.update(tuning_steps=steps, tuning_s=time.perf_counter() - began, label=report["label"],
+                       plan={c["name"]: f"{c['method']}/{c['collective']}" for c in report["plan"]},
+                       tried=report["tried"], dense_ms=report["dense_ms"],
+                       dense_predicted_ms=report["dense_predicted_ms"], measure_s=report["measure_s"],
+                       links=report["links"])
+            return model, optimizer, steps, row
+
+        warmup = 1 if workload == "synthetic" and rate == "100mbit" else 5
+        # the job's first steps run slower (connections, Horovod's caches): a dense run, not reported, before the first
+        model = BUILT_IN[workload](0).model
+        optimizer = hvdcomp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                                 named_parameters=model.named_parameters())
+        for step in range(2 * warmup):
+            step_once(model, optimizer, step)
+        del model, optimizer
+        runs: dict[str, list[Any]] = {}
+        times: dict[str, list[float]] = {}
+        for turn in range(rounds):
+            for method in ["dense", *candidates, "auto"]:
+                if method not in runs:
+                    runs[method] = list(start(method))
+                model, optimizer, first, row = runs[method]
+                times.setdefault(method, []).extend(timed(model, optimizer, first, f"{workload}.{method}.{turn}",
+                                                          block))
+                runs[method][2] += block
+                if turn == rounds - 1:
+                    del runs[method]  # (synthetic: 25 M parameters and their method state per run)
+                    quartiles = statistics.quantiles(times[method], n=4)
+                    row.update(step_s=quartiles[1], step_p25_s=quartiles[0], step_p75_s=quartiles[2])
+                    if rank == 0:
+                        clusterbench.emit(row)
+
+    for workload in workloads:
+        measure(workload)
 
 
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -834,7 +834,9 @@ def auto_run(candidates: dict | None, width: int = 1024,
             assert optimizer.auto_report()["phase"] == "measuring dense"
             step()  # the plan in force runs this step; every parameter is dense from the next
             assert all(s.choice.reduction is None for s in optimizer._slots), "retune() did not go back to dense"
-        for _ in range(40):  # 6 dense steps and 2 tries of 5 (and a method's warm-up): about 16
+        # 6 dense steps and 2 tries of 5 (and a method's warm-up): about 16; where the model misjudged the dense step
+        # (shared memory's millisecond steps) every candidate alone and dense again: up to 14 tries of 5
+        for _ in range(120):
             step()
             if optimizer.auto_report()["phase"] == "settled":
                 break
@@ -858,14 +860,15 @@ def assert_same_plan(report: dict, optimizer: torch.optim.Optimizer, label: str)
 def scenario_auto() -> None:
     """compression: auto on a slow link (tests/test_cluster.py: 2 emulated hosts at 100 Mbit/s). A method cheaper
     than dense is chosen for the large weight, the same plan on every rank, and the fastest plan measured is kept;
-    the same method made slow in the job (not when measured alone) is tried, each plan predicted to pay measured
-    slower than dense, and every rank goes back to dense together. Parameters stay identical across ranks."""
+    the same method made slow in the job (not when measured alone) is tried, each plan tried measured slower than
+    dense, and every rank goes back to dense together. Parameters stay identical across ranks."""
     report, optimizer, model = auto_run({"scalar_test": {}})
     assert report["phase"] == "settled" and report["label"] != "dense", report
     chosen = {c["name"]: c["method"] for c in report["plan"]}
     assert chosen["0.weight"] == "scalar_test" and chosen["2.bias"] == "none", chosen  # 10 elements: under min_numel
     (kept,) = [t for t in report["tried"] if t["kept"]]
-    assert kept["measured_ms"] == min(t["measured_ms"] for t in report["tried"]) <= 1.05 * report["dense_ms"], report
+    dense_ms = next((t["measured_ms"] for t in report["tried"] if t["label"] == "dense"), report["dense_ms"])
+    assert kept["measured_ms"] == min(t["measured_ms"] for t in report["tried"]) < dense_ms, report
     assert report["label"] == kept["label"], report
     assert_same_plan(report, optimizer, "kept")
     assert_identical_across_ranks(model, "auto")
@@ -873,8 +876,10 @@ def scenario_auto() -> None:
 
     report, optimizer, model = auto_run({"scalar_test": {"sleep_s": 0.6}})  # dense: about 0.5 s a step
     assert report["phase"] == "settled" and report["label"] == "dense" and report["plan"] == [], report
-    assert 1 <= len(report["tried"]) <= 2, report  # tries: 2
-    assert all(not t["kept"] and t["measured_ms"] > 1.05 * report["dense_ms"] for t in report["tried"]), report
+    tried = [t for t in report["tried"] if t["label"] != "dense"]  # (dense too, if the model misjudged it)
+    dense_ms = next((t["measured_ms"] for t in report["tried"] if t["label"] == "dense"), report["dense_ms"])
+    assert 1 <= len(tried) <= 2, report  # tries: 2
+    assert all(not t["kept"] and t["measured_ms"] > dense_ms for t in tried), report
     assert all(s.choice.reduction is None for s in optimizer._slots)
     assert_same_plan(report, optimizer, "fallback")
     assert_identical_across_ranks(model, "auto.fallback")

@@ -16,6 +16,7 @@ import yaml
 from conftest import BIN, REPO, run_ranks
 
 from hvdcomp import LGC, METHODS
+from hvdcomp.auto import plans_to_try
 from hvdcomp.perfmodel import costs, predict, probe, schema, timeline
 from hvdcomp.perfmodel.costs import Link
 
@@ -86,6 +87,26 @@ def test_timeline_fuses_gradients_ready_together() -> None:
     step = timeline.simulate(_profile(ready_ms=100), _cluster(0.16, latency_us=1000), "none", 2)
     assert step.collectives == 1
     assert step.step_s == pytest.approx(0.115 + 0.002 + 1_000_004 * 8 / 0.16e9, rel=1e-4)
+
+
+def test_timeline_collectives_negotiated_together_share_a_round() -> None:
+    # Horovod negotiates in rounds (1 ms here, no latency per collective): the gathered gradient, the dense one and
+    # the vote, all submitted at backward's end, share one round; ready 90 ms apart, the first round is long over
+    # when the dense gradient comes, which starts a second
+    encoded = schema.Encoded(62_500, shared_ms=0, encode_ms=0, decode_ms=0, decode_extra_payload_ms=0)
+    gathered = {"g": schema.CompressorProfile("g", summable=False, fixed_size=True, shared_before_encode=False,
+                                              gradients={"a": encoded})}
+    rounds = dataclasses.replace(_cluster(0.16), round_us=1000)
+    for ready_ms, count in ((100, 1), (10, 2)):
+        profile = _profile(ready_ms, gathered)
+        step, alone = (timeline.simulate(profile, cluster, "g", 2) for cluster in (rounds, _cluster(0.16)))
+        assert step.collectives == 3
+        assert step.communication_s - alone.communication_s == pytest.approx(0.001 * count, rel=1e-6)
+    assert step.step_s - alone.step_s == pytest.approx(0.001, rel=1e-6)  # the first round hides under backward
+    # without a measured round, each collective's latency holds it: three of them
+    latency = timeline.simulate(_profile(100, gathered), _cluster(0.16, latency_us=250), "g", 2)
+    assert latency.step_s - timeline.simulate(_profile(100, gathered), _cluster(0.16), "g", 2).step_s == \
+        pytest.approx(3 * 2 * 250e-6 - 250e-6, rel=1e-6)  # allgather: p-1 steps, the allreduces 2(p-1)
 
 
 def test_timeline_gated_compressor_encodes_after_backward() -> None:
@@ -393,6 +414,7 @@ def test_probe_profile_predict_for_real(tmp_path: Path) -> None:
     assert document["gpus"][0]["devices"] == [] and document["gpus"][0]["status"].startswith("no GPU section")
     cluster = schema.load(cluster_path, "cluster")
     assert not cluster.nominal and cluster.ranks_per_node == 2 and cluster.inter_node is None
+    assert cluster.round_us == document["horovod"]["round_us"] > 0  # Horovod's negotiation round
     assert cluster.intra_node.bandwidth_gbps > 0.1 and set(cluster.intra_node.measured) == {
         "allreduce", "allgather", "alltoall"}
     done = _hvdcomp("profile", "--model", "digits", "--repeats", "3", "--out", str(profile_path))
@@ -602,3 +624,30 @@ def test_choose_plans_on_scripted_costs() -> None:
     assert "lgc reduction's costs (ReductionMethod.phases) failed" in timeline.priced(LGC(), example, 2)
 
 
+
+
+def test_auto_plans_to_try() -> None:
+    """What auto's guard measures: where the model predicted the measured dense step within the margin, only plans
+    predicted to pay (the fastest, then single methods); where it misjudged it (millisecond steps), the plans within
+    its error of dense fill the tries, and unless one is predicted to pay by more than the error, every method alone
+    within it and dense itself, last."""
+    def plans(**steps: float) -> list[predict.Plan]:
+        return sorted((predict.Plan(label, (), ms) for label, ms in steps.items()), key=lambda p: p.step_ms)
+
+    ranked = plans(mix=60, topk=70, fp16=98, onebit=90, dense=100, qsgd=130)
+    labels = [p.label for p in plans_to_try(ranked, 102, 0.05, 5, {"topk", "fp16", "onebit", "qsgd"})]
+    assert labels == ["mix", "topk", "onebit"]  # fp16: 2% faster, under the margin
+    assert [p.label for p in plans_to_try(ranked, 102, 0.05, 2, {"topk"})] == ["mix", "topk"]
+    assert plans_to_try(plans(fp16=98, dense=100), 101, 0.05, 5, {"fp16"}) == []  # stays dense
+    # dense predicted 100 ms, measured 40: error 1.5, so everything under 250 ms is measured, and dense again
+    unsure = [p.label for p in plans_to_try(ranked, 40, 0.05, 5, {"topk", "fp16", "onebit", "qsgd"})]
+    assert unsure == ["mix", "topk", "onebit", "fp16", "qsgd", "dense"]
+    # the model cannot tell what pays: every method alone within the error is measured, past the tries
+    assert [p.label for p in plans_to_try(ranked, 40, 0.05, 2, {"topk", "fp16", "onebit", "qsgd"})] == [
+        "mix", "topk", "onebit", "fp16", "qsgd", "dense"]
+    assert [p.label for p in plans_to_try(ranked, 40, 0.05, 1, {"topk", "qsgd"})] == ["mix", "topk", "qsgd", "dense"]
+    # measured 80 (error 0.25): up to 125 ms is measured; the mix, predicted 40% faster, pays beyond the error, so
+    # dense is not measured again
+    assert [p.label for p in plans_to_try(ranked, 80, 0.05, 5, {"topk"})] == ["mix", "topk", "onebit", "fp16"]
+    assert [p.label for p in plans_to_try(plans(fp16=98, dense=100), 80, 0.05, 5, {"fp16"})] == [
+        "fp16", "dense"]

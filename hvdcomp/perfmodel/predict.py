@@ -103,7 +103,7 @@ def _scaled(cluster: Cluster, tier: str, factor: float) -> Cluster:
     values = {"intra_node": cluster.intra_node, "inter_node": cluster.inter_node}
     values[tier] = values[tier].scaled(factor)
     return Cluster(cluster.name, cluster.nominal, cluster.ranks_per_node, values["intra_node"],
-                   values["inter_node"], cluster.fusion_threshold_bytes)
+                   values["inter_node"], cluster.fusion_threshold_bytes, cluster.round_us)
 
 
 def break_even(cluster: Cluster, profile: Profile, method: str, workers: int) -> BreakEven:

@@ -13,8 +13,10 @@
   allgather and alltoall from 16 KiB to 64 MiB, fitted the same way and stated as per-step latency and bus
   bandwidth (nccl-tests' busbw, see :mod:`hvdcomp.perfmodel.costs`). Bandwidth comes from the largest sizes
   (:func:`hvdcomp.perfmodel.costs.fit_line`): gradients are megabytes, and a shaped or congested link is
-  faster for small bursts than sustained. Ranks on the same host (same hostname
-  and network namespace) measure the ``intra_node`` tier, ranks on different hosts ``inter_node``.
+  faster for small bursts than sustained. Before them, Horovod's negotiation round (``horovod.round_us``:
+  :func:`horovod_round`), which the collectives negotiated together share; the collectives' latencies exclude it.
+  Ranks on the same host (same hostname and network namespace) measure the ``intra_node`` tier, ranks on different
+  hosts ``inter_node``.
   ``--device cuda`` times Horovod's collectives on CUDA tensors, each rank on its local GPU: NCCL where Horovod was
   built with it, the path training's gradients take on GPUs (``collectives_device`` in the document says which
   ran). NCCL takes one rank per GPU: on one GPU there is nothing to time.
@@ -40,6 +42,10 @@ from hvdcomp.perfmodel.schema import dump
 
 PINGPONG_BYTES = [8, 64, 512, 4096, 32768, 262144, 1 << 20, 4 << 20]
 COLLECTIVE_BYTES = [16384, 262144, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
+#: horovod_round's allreduces: this many bytes each, in these dtypes (Horovod fuses only tensors of one dtype; NCCL,
+#: MPI and Gloo all reduce these four)
+ROUND_BYTES = 16384
+ROUND_DTYPES = ("float32", "float64", "int32", "int64")
 TOPOLOGY_LEVELS = {0: "internal", 10: "single", 20: "multiple", 30: "hostbridge", 40: "node", 50: "system"}
 #: /sys/class/net/*/type (linux/if_arp.h)
 ARPHRD = {"1": "ethernet", "32": "infiniband (IPoIB)", "772": "loopback"}
@@ -250,12 +256,58 @@ def fit_tier(points: list[tuple[int, float]]) -> dict[str, float]:
     return {"latency_us": round(alpha * 1e6, 3), "bandwidth_gbps": round(8 / beta / 1e9, 4) if beta > 0 else 1e6}
 
 
+def _finished(device: Any) -> Callable[[Any], Any]:
+    """``done(result)``: returns ``result`` once ``device``'s work has finished (Horovod's completion may be
+    asynchronous on GPUs)."""
+    import torch
+
+    def done(result: Any) -> Any:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return result
+
+    return done
+
+
+def horovod_round(ranks: Any, device: Any = None, process_set: Any = None, budget_s: float = 0.5,
+                  prefix: str = "probe") -> float:
+    """Seconds of a negotiation round of Horovod's background thread (its wait for the next cycle, the ranks'
+    coordination), which every collective negotiated in the round shares: one ``ROUND_BYTES`` allreduce takes a round
+    and c, ``len(ROUND_DTYPES)`` of them in distinct dtypes submitted at once (they cannot fuse) a round and that many
+    c, so the round is the first time less c (clamped to [0, the first time]). Arguments as
+    :func:`horovod_collectives`'; every rank returns the same (the slowest rank's times)."""
+    import horovod.torch as hvd
+    import torch
+
+    device = device or torch.device("cpu")
+    done = _finished(device)
+    process_set = process_set or hvd.global_process_set
+    tensors = [done(torch.ones(ROUND_BYTES // getattr(torch, dtype).itemsize, dtype=getattr(torch, dtype),
+                               device=device)) for dtype in ROUND_DTYPES]
+
+    def together(count: int) -> None:
+        handles = [hvd.allreduce_async(tensor, name=f"{prefix}.round.{count}.{i}", op=hvd.Sum,
+                                       process_set=process_set) for i, tensor in enumerate(tensors[:count])]
+        done([hvd.synchronize(handle) for handle in handles])
+
+    times = {}
+    for count in (1, len(tensors)):
+        ranks.barrier()
+        times[count] = ranks.slowest(_repeat(lambda count=count: together(count), budget_s=budget_s,
+                                             agree=ranks.slowest))
+    alone = times[1]
+    each = max(times[len(tensors)] - alone, 0.0) / (len(tensors) - 1)
+    return min(max(alone - each, 0.0), alone)
+
+
 def horovod_collectives(ranks: Any, sizes: list[int], device: Any = None, process_set: Any = None,
-                        budget_s: float = 1.0, prefix: str = "probe") -> dict[str, dict[str, Any]]:
+                        budget_s: float = 1.0, prefix: str = "probe",
+                        round_s: float = 0.0) -> dict[str, dict[str, Any]]:
     """Horovod's allreduce, allgather and alltoall on ``device``'s tensors (CPU: MPI or Gloo; CUDA: NCCL) among
     ``process_set``'s ranks (default: all), fitted per collective; ``ranks`` (:class:`hvdcomp.perfmodel.profile.Ranks`:
     the same ranks) synchronizes the timing, and every rank returns the same (the slowest rank's times). About
-    ``budget_s`` per size and collective; the collectives are named under ``prefix``."""
+    ``budget_s`` per size and collective; the collectives are named under ``prefix``. ``round_s``, a negotiation
+    round's seconds (:func:`horovod_round`), is taken off each fitted latency: what remains is the collective's own."""
     import horovod.torch as hvd
     import torch
 
@@ -264,11 +316,7 @@ def horovod_collectives(ranks: Any, sizes: list[int], device: Any = None, proces
     on = {"device": device or torch.device("cpu")}
     # (the input for n bytes, the collective on it); the input is made once per size, outside the timed calls
     # (at 64 MiB its allocation and fill took 40 to 50 ms, a third of the allreduce, on the emulated cluster)
-    def done(result: Any) -> Any:  # the device's work finished (Horovod's completion may be asynchronous on GPUs)
-        if on["device"].type == "cuda":
-            torch.cuda.synchronize(on["device"])
-        return result
-
+    done = _finished(on["device"])
     within = {"process_set": process_set}
     calls = {
         "allreduce": (lambda n: done(torch.ones(n // 4, **on)),
@@ -292,7 +340,7 @@ def horovod_collectives(ranks: Any, sizes: list[int], device: Any = None, proces
         a, b = costs.fit_line(xs, [t for _, t in points])
         volume = {"allreduce": 2 * (p - 1) / p, "allgather": p - 1, "alltoall": (p - 1) / p}[collective]
         result[collective] = {
-            "latency_us": round(a / costs.steps(collective, p) * 1e6, 3),
+            "latency_us": round(max(a - round_s, 0.0) / costs.steps(collective, p) * 1e6, 3),
             "busbw_gbps": round(8 * volume / b / 1e9, 4) if b > 0 else 1e6,
             "ranks": p,
             "points": [{"bytes": int(n), "time_ms": round(t * 1e3, 4)} for n, t in points],
@@ -333,7 +381,9 @@ def probe(comm: Any = None, device: str = "cpu") -> dict[str, Any]:
 
         hvd.init()
         on = local_device(device)
-        measured = horovod_collectives(Ranks(comm), COLLECTIVE_BYTES, on)
+        round_s = horovod_round(Ranks(comm), on)
+        measured = horovod_collectives(Ranks(comm), COLLECTIVE_BYTES, on, round_s=round_s)
+        document["horovod"] = {"round_us": round(round_s * 1e6, 3)}
         # CUDA tensors go through NCCL only where Horovod was built with it; otherwise through host memory
         document["collectives_device"] = "cpu" if on.type == "cpu" else (
             f"cuda ({torch.cuda.get_device_name(on)}), "

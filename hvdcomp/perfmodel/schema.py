@@ -142,6 +142,10 @@ class Cluster:
     intra_node: Tier | None
     inter_node: Tier | None
     fusion_threshold_bytes: int = HOROVOD_FUSION_THRESHOLD_BYTES
+    #: Horovod's cost per negotiation round, shared by every collective negotiated in it (the background thread's
+    #: wait for its cycle, the ranks' coordination); measured collectives' latencies then exclude it. 0 if not
+    #: measured: each collective's fitted latency holds it.
+    round_us: float = 0.0
 
     def layout(self, workers: int) -> tuple[int, int]:
         """(ranks per node, nodes) for ``workers`` ranks, nodes filled first."""
@@ -176,11 +180,12 @@ def parse_cluster(data: Any, where: str) -> Cluster:
     if intra is None and inter is None:
         raise ValueError(f"{where}: missing field inter_node (a cluster needs intra_node or inter_node)")
     horovod = top.mapping("horovod", required=False)
-    fusion = HOROVOD_FUSION_THRESHOLD_BYTES
+    fusion, round_us = HOROVOD_FUSION_THRESHOLD_BYTES, 0.0
     if horovod is not None:
         fusion = horovod.integer("fusion_threshold_bytes", 0, default=HOROVOD_FUSION_THRESHOLD_BYTES)
+        round_us = horovod.number("round_us", default=0.0)
         horovod.done()
-    cluster = Cluster(top.string("name"), top.boolean("nominal"), ranks_per_node, intra, inter, fusion)
+    cluster = Cluster(top.string("name"), top.boolean("nominal"), ranks_per_node, intra, inter, fusion, round_us)
     top.informational("source", "gpus", "nics", "hosts", "network_status", "collectives_device")
     top.done()
     return cluster

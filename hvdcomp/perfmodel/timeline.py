@@ -12,7 +12,10 @@ The step is simulated on two resources, as it runs:
   order gradients became ready) and decodes (aggregates) it; the optimizer step;
 * Horovod's background thread: one collective at a time, in the order they were submitted; when it is
   free it fuses every waiting allreduce of the same kind into one, up to the fusion threshold (Sergeev and
-  Del Balso, "Horovod", arXiv:1802.05799, tensor fusion; Horovod 0.28's 128 MiB default).
+  Del Balso, "Horovod", arXiv:1802.05799, tensor fusion; Horovod 0.28's 128 MiB default). It negotiates in
+  rounds (a cycle every 1 ms, the ranks' coordination, horovod/common/operations.cc ``RunLoopOnce``): where the
+  cluster states the round's cost (``horovod.round_us``, measured by :func:`hvdcomp.perfmodel.probe.horovod_round`),
+  the collectives submitted before a round began share it, and each then pays only its own latency.
 
 Compressors whose encoding needs values shared by all ranks (TernGrad's scaler sharing) only compute their
 statistics in the hook; the vote then runs at the end of backward and all encoding follows it, so their
@@ -100,10 +103,16 @@ class Op:
 
 
 class BackgroundThread:
-    """Horovod's background thread: collectives one at a time, in submission order, with tensor fusion."""
+    """Horovod's background thread: collectives one at a time, in submission order, with tensor fusion, in
+    negotiation rounds: a collective submitted while none is under way, or after the round under way was negotiated,
+    starts a round, which costs ``round_s`` before its first collective; the collectives submitted by then run in it
+    (fused where they may), each paying only its own latency and bytes. With ``round_s`` 0 (not measured) every
+    collective is a round of its own, and its latency holds the round's cost."""
 
-    def __init__(self, cost: Callable[[str, float], float], fusion_threshold_bytes: int) -> None:
-        self.cost, self.threshold = cost, fusion_threshold_bytes
+    def __init__(self, cost: Callable[[str, float], float], fusion_threshold_bytes: int,
+                 round_s: float = 0.0) -> None:
+        self.cost, self.threshold, self.round_s = cost, fusion_threshold_bytes, round_s
+        self.negotiated = -math.inf  # when the round under way began its negotiation
         self.free = 0.0
         self.pending: list[Op] = []
         self.busy = 0.0
@@ -123,14 +132,17 @@ class BackgroundThread:
     def _run_next(self) -> None:
         head = self.pending.pop(0)
         start = max(self.free, head.issued)
+        negotiating = 0.0
+        if not self.round_s or head.issued > self.negotiated:  # not in the round under way: a new round
+            self.negotiated, negotiating = start, self.round_s
         batch, size = [head], head.nbytes
         if head.fuse is not None:
             for op in list(self.pending):
-                if op.fuse == head.fuse and op.issued <= start and size + op.nbytes <= self.threshold:
+                if op.fuse == head.fuse and op.issued <= self.negotiated and size + op.nbytes <= self.threshold:
                     batch.append(op)
                     self.pending.remove(op)
                     size += op.nbytes
-        duration = self.cost(head.plan, size)
+        duration = negotiating + self.cost(head.plan, size)
         self.free = start + duration
         self.busy += duration
         self.collectives += 1
@@ -239,7 +251,7 @@ def _timeline(profile: Profile, cluster: Cluster, workers: int, chosen: Mapping[
         return StepTime(method, label, 1, forward + backward + optimizer, forward, backward, 0.0, 0.0, optimizer,
                         0.0, 0.0, 0.0)
     network = Network(cluster, workers)
-    thread = BackgroundThread(network.time, cluster.fusion_threshold_bytes)
+    thread = BackgroundThread(network.time, cluster.fusion_threshold_bytes, cluster.round_us * 1e-6)
     gated = {name for name, (compressor, _) in chosen.items() if compressor.shared_before_encode}
     last_hook = max((i for i, g in enumerate(profile.gradients) if g.name in chosen), default=-1)
     ops: dict[str, Op] = {}
