@@ -27,17 +27,16 @@ in the same step on every rank):
 4. Every rank ranks plans by the step the timeline predicts from those agreed numbers
    (:func:`hvdcomp.perfmodel.predict.choose_plans`: dense, each candidate alone, the per-tensor choices): identical
    inputs, identical ranking (checked), no broadcast. A plan is applied by rebuilding the optimizer's plan at a step
-   boundary, checked across ranks as at start. If no plan is predicted ``margin`` faster than dense, and the
-   model predicted the dense step measured in 2 within ``margin``, the job stays dense.
+   boundary, checked across ranks as at start.
 5. The guard: the plans to try (:func:`plans_to_try`: those predicted ``margin`` faster than dense, ``tries`` at
-   most, the fastest first, then single methods in predicted order; where the model misjudged the dense step by more
-   than ``margin``, as it does for millisecond steps, also those predicted within its error of dense, and if none is
-   predicted to pay beyond that error, every method alone within it and dense itself, last) are applied in turn,
+   most, the fastest first, then single methods in predicted order; where the model misjudged the measured dense
+   step by more than ``margin``, as it does for millisecond steps, also those it predicts within its error of dense,
+   and dense itself, last: all of them if measuring them takes at most ``SURVEY_S`` (5 s)) are applied in turn,
    each measured for ``guard_steps`` steps, or ``guard_s`` seconds by its predicted step time if that is more (up to
    50 steps), after 2 steps to settle (and the rest of its methods' warm-ups, :meth:`Compressor.steady_from`,
-   counted from the job's first step). The fastest by median step (the slowest rank's) is kept if it measured faster
-   than dense (measured in the guard if it was, else in 2; applied again if another plan was tried after it);
-   otherwise every parameter goes back to dense.
+   counted from the job's first step). If there is none, the job stays dense. The fastest by median step (the
+   slowest rank's) is kept if it measured faster than dense (:func:`kept_plan`: dense measured in the guard if it
+   was, else in 2; applied again if another plan was tried after it); otherwise every parameter goes back to dense.
 
 Candidates: every registered method (``hvdcomp.METHODS``: a method added later joins) with its default options, or
 those of ``candidates``, but those in :data:`ACCURACY_GUARD` unless ``allow`` names them, and, where the wrapped
@@ -98,6 +97,9 @@ PREFIX = "hvdcomp.auto"
 SETTLE_STEPS = 2
 #: the most steps the guard measures one plan for by ``guard_s`` (and waits for a method's warm-up)
 MAX_GUARD_STEPS = 50
+#: seconds, at the dense step, within which the guard measures every method alone and dense where the model misjudged
+#: the dense step (millisecond steps), rather than only ``tries`` plans (:func:`plans_to_try`)
+SURVEY_S = 5.0
 
 
 def link_sizes(largest: int) -> list[int]:
@@ -124,8 +126,8 @@ class AutoSettings:
             the dense step by more than this fraction, predicted within its error of dense), and kept only if
             measured faster than dense.
         tries: plans measured at most: the fastest predicted to pay, then single methods in predicted order (where
-            the model cannot tell what pays, every method alone within its error, and dense, are measured:
-            :func:`plans_to_try`).
+            the model misjudged the dense step and measuring is cheap, every method alone within its error, and
+            dense, are measured, past ``tries``: :func:`plans_to_try`).
         repeats: timed runs of each candidate's encoding and decoding per gradient (the median is kept).
     """
 
@@ -199,31 +201,47 @@ class AutoSettings:
         return {m: {} for m in METHODS if m != "none" and (m not in ACCURACY_GUARD or m in self.allow)}
 
 
-def plans_to_try(plans: list[Plan], dense_ms: float, margin: float, tries: int,
-                 methods: Collection[str]) -> list[Plan]:
-    """The plans the guard measures, in order, from ``plans`` ranked by predicted step (dense among them) and the
-    dense step measured (``dense_ms``): those predicted ``margin`` faster than dense, ``tries`` at most: the fastest,
-    then ``methods`` alone (a single method leaves no mix for the model to misjudge) in predicted order, then the
-    rest. Where the model's prediction of the dense step is off by more than ``margin`` (millisecond steps, where
-    latency and bursts rule), plans it predicts within that error of dense may pay too: they fill the tries left.
-    If none of the plans is predicted faster than dense by more than the error, the model cannot tell what pays: every
-    method alone within the error is measured (at such steps measuring costs little), then dense itself, as they are
-    (last: a disturbance left by the link probe slows the first plan measured, which may drop a plan but can never
-    keep one slower than dense)."""
+def plans_to_try(plans: list[Plan], dense_ms: float, margin: float, tries: int, methods: Collection[str],
+                 try_ms: float) -> list[Plan]:
+    """The plans the guard measures, in order, from ``plans`` ranked by predicted step (dense among them), the dense
+    step measured (``dense_ms``) and what measuring one plan takes at about that step (``try_ms``): those predicted
+    ``margin`` faster than dense, ``tries`` at most: the fastest, then ``methods`` alone (a single method leaves no
+    mix for the model to misjudge) in predicted order, then the rest.
+
+    Where the model misjudged the dense step by more than ``margin`` (a ratio r between predicted and measured; at
+    millisecond steps latency and bursts rule), plans it predicts within r of dense may pay too, and it can tell what
+    pays only if a plan is predicted faster than dense by more than r. If measuring every method alone within r and
+    dense takes at most SURVEY_S, all of them are measured; otherwise plans within r fill the tries left, and dense
+    itself is measured unless a plan is predicted to pay beyond r. Dense comes last: a disturbance left by the link
+    probe slows the first plan measured, which may drop a plan but can never keep one slower than dense."""
     def distinct(found: list[Plan]) -> list[Plan]:
         return list({id(p): p for p in found}.values())
 
     dense = next(p for p in plans if p.label == "dense")
     paying = [p for p in plans if p.step_ms * (1 + margin) < dense.step_ms]
     chosen = distinct([*paying[:1], *(p for p in paying if p.label in methods), *paying[1:]])[:tries]
-    error = abs(dense.step_ms - dense_ms) / dense_ms
-    if error <= margin:
+    if dense_ms <= 0 or dense.step_ms <= 0:  # nothing measured or predicted to judge the model by
         return chosen
-    unsure = [p for p in plans if p is not dense and p.step_ms < dense.step_ms * (1 + error)]
-    if any(p.step_ms < dense.step_ms * (1 - error) for p in chosen):
-        return distinct([*chosen, *unsure])[:tries]
-    chosen = distinct([*chosen, *(p for p in unsure if p.label in methods)])
-    return [*chosen, dense] if chosen else []
+    ratio = max(dense.step_ms, dense_ms) / min(dense.step_ms, dense_ms)
+    if ratio - 1 <= margin:
+        return chosen
+    unsure = [p for p in plans if p is not dense and p.step_ms < dense.step_ms * ratio]
+    survey = distinct([*chosen, *(p for p in unsure if p.label in methods)])
+    if survey and (len(survey) + 1) * try_ms <= SURVEY_S * 1e3:
+        return [*survey, dense]
+    chosen = distinct([*chosen, *unsure])[:tries]
+    clear = any(p.step_ms < dense.step_ms / ratio for p in chosen)
+    return [*chosen, dense] if chosen and not clear else chosen
+
+
+def kept_plan(tried: list[Mapping[str, Any]], dense_ms: float) -> int | None:
+    """Which of the plans ``tried`` (label, measured_ms) to keep: the fastest, if it is not dense and measured faster
+    than dense (measured among them if it was, else ``dense_ms``); None keeps dense."""
+    fastest = min(range(len(tried)), key=lambda i: tried[i]["measured_ms"], default=None)
+    dense_ms = next((t["measured_ms"] for t in tried if t["label"] == "dense"), dense_ms)
+    if fastest is None or tried[fastest]["label"] == "dense" or tried[fastest]["measured_ms"] >= dense_ms:
+        return None
+    return fastest
 
 
 class _Clock:
@@ -343,7 +361,8 @@ class Tuner:
         workers, margin = optimizer.process_set.size(), self.settings.margin
         plans = predict.choose_plans(cluster, live, workers, list(live.compressors), margin)
         dense = next(p for p in plans if p.label == "dense")
-        self.plans = plans_to_try(plans, self.dense_ms, margin, self.settings.tries, live.compressors)
+        self.plans = plans_to_try(plans, self.dense_ms, margin, self.settings.tries, live.compressors,
+                                  self.dense_ms * (SETTLE_STEPS + self._guard_steps(self.dense_ms)))
         # identical inputs give identical plans; checked, so that no rank replans alone
         _agreed({"plans": [[p.label, *(f"{n}={m}/{c}" for n, (m, c) in sorted(p.assignment().items()))]
                            for p in self.plans]}, optimizer.process_set, "max", optimizer._wait)
@@ -437,9 +456,8 @@ class Tuner:
             self._apply(optimizer, plan)
             return
         tried = self.report["tried"]
-        fastest = min(range(len(tried)), key=lambda i: tried[i]["measured_ms"], default=None)
-        dense_ms = next((t["measured_ms"] for t in tried if t["label"] == "dense"), self.dense_ms)
-        if fastest is not None and tried[fastest]["label"] != "dense" and tried[fastest]["measured_ms"] < dense_ms:
+        fastest = kept_plan(tried, self.dense_ms)
+        if fastest is not None:
             tried[fastest]["kept"] = True
             if fastest != len(tried) - 1:
                 self._apply(optimizer, self.tried[fastest])
@@ -473,8 +491,12 @@ class Tuner:
         # SETTLE_STEPS settle the plan, and its methods' warm-ups (Compressor.steady_from) run out unmeasured
         self.settle = SETTLE_STEPS + max([0, *(slot.choice.compressor.unwrapped().steady_from() - slot.step
                                                for slot in optimizer._slots if slot.choice.compressor is not None)])
-        wanted = math.ceil(self.settings.guard_s * 1e3 / plan.step_ms)  # the predicted step: agreed, like the count
-        self.guard = max(self.settings.guard_steps, min(wanted, MAX_GUARD_STEPS))
+        self.guard = self._guard_steps(plan.step_ms)  # the predicted step: agreed, like the count
+
+    def _guard_steps(self, step_ms: float) -> int:
+        """The steps the guard measures a plan for, at ``step_ms`` a step."""
+        wanted = math.ceil(self.settings.guard_s * 1e3 / step_ms) if step_ms > 0 else MAX_GUARD_STEPS
+        return max(self.settings.guard_steps, min(wanted, MAX_GUARD_STEPS))
 
     def _judge(self, optimizer: Any) -> None:
         from hvdcomp.perfmodel import profile

@@ -14,11 +14,12 @@ momentum 0.9; 32 samples per rank). A method's timed steps come after its warm-u
 Mbit/s, and PowerSGD's two dense steps), the first method's after a dense run of twice that (the first steps of a job
 run slower); ``auto``'s after it settled. The step time is the median over the timed steps of each step's slowest rank
 (with the quartiles): 3 steps at 100 Mbit/s for synthetic (a dense step on 4 hosts takes over 10 s), 6 on faster links;
-for digits 200, in 5 rounds of 40 steps in which every run (dense, each method, auto) takes its turn. A millisecond
-step's time drifts between runs on the emulated links (their token buckets refill at 4 ms timer ticks), and
-interleaving compares the runs under the same drift. ``auto``'s rows also give the plan it settled on, the plans it
-tried (predicted and measured ms), the dense step it measured and predicted, and the steps and seconds its tuning took
-(not in its step time; they are one-off per job). Rows go to perf/results/auto.jsonl.
+for digits 200, in 5 rounds of 40 steps in which every run (dense, each method, auto) takes its turn (each round in
+another order, and after one untimed step). A millisecond step's time drifts between runs on the emulated links
+(their token buckets refill at 4 ms timer ticks), and interleaving compares the runs under the same drift.
+``auto``'s rows also give the plan it settled on, the plans it tried (predicted and measured ms), the dense step it
+measured and predicted, and the steps and seconds its tuning took (not in its step time; they are one-off per job).
+Rows go to perf/results/auto.jsonl.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ WORKLOADS = ("synthetic", "digits")
 #: PowerSGD's warm-up shortened from 10 dense steps to 2, as in perf/cluster_training.py, for single runs and auto alike
 CANDIDATE_OPTIONS = {"powersgd": {"start_iter": 2}}
 AUTO = {"warmup_steps": 1, "measure_steps": 3, "repeats": 2}
-MAX_TUNING_STEPS = 1000  # up to 12 tries (every method alone, a mix, dense) x (2 settle + 50 guard steps), and more
+MAX_TUNING_STEPS = 1000  # up to 13 tries (every method alone, two mixes, dense) x (2 settle + 50 guard steps)
 ROUNDS = 5  # digits' runs are timed in turn, 40 steps each, this many times
 BATCH = 32  # per rank
 
@@ -123,14 +124,20 @@ def worker(workloads: list[str], rate: str) -> None:
         del model, optimizer
         runs: dict[str, list[Any]] = {}
         times: dict[str, list[float]] = {}
+        methods = ["dense", *candidates, "auto"]
         for turn in range(rounds):
-            for method in ["dense", *candidates, "auto"]:
+            # each round in another order (no run always follows the same one), and from the second on one untimed
+            # step per run first (the runs share collective names, which Horovod negotiates anew for each)
+            for method in methods[turn % len(methods):] + methods[:turn % len(methods)]:
                 if method not in runs:
                     runs[method] = list(start(method))
                 model, optimizer, first, row = runs[method]
+                if turn:
+                    step_once(model, optimizer, first)
+                    first += 1
                 times.setdefault(method, []).extend(timed(model, optimizer, first, f"{workload}.{method}.{turn}",
                                                           block))
-                runs[method][2] += block
+                runs[method][2] = first + block
                 if turn == rounds - 1:
                     del runs[method]  # (synthetic: 25 M parameters and their method state per run)
                     quartiles = statistics.quantiles(times[method], n=4)
@@ -172,7 +179,7 @@ def report(rows: list[dict[str, Any]]) -> None:
     for r in table:
         methods = sorted(set(r["plan"].values()) - {"none/allreduce"}) or ["dense"]
         tried = "; ".join(f"{t['label']}: {t['predicted_ms']:.0f} -> {t['measured_ms']:.0f}"
-                          f"{' kept' if t['kept'] else ''}" for t in r["tried"]) or "none predicted to pay"
+                          f"{' kept' if t['kept'] else ''}" for t in r["tried"]) or "none tried"
         low, high = (x * 1e3 for x in r["auto_iqr"])
         print(f"| {r['hosts']} | {r['rate']} | {r['workload']} | {r['dense_s'] * 1e3:.1f} | {r['best']} "
               f"({r['best_s'] * 1e3:.1f}) | {r['auto_s'] * 1e3:.1f} ({low:.1f}-{high:.1f}) | {r['auto_vs_best']:.2f} | "

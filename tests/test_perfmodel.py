@@ -15,8 +15,7 @@ import pytest
 import yaml
 from conftest import BIN, REPO, run_ranks
 
-from hvdcomp import LGC, METHODS
-from hvdcomp.auto import plans_to_try
+from hvdcomp import LGC, METHODS, auto
 from hvdcomp.perfmodel import costs, predict, probe, schema, timeline
 from hvdcomp.perfmodel.costs import Link
 
@@ -624,30 +623,45 @@ def test_choose_plans_on_scripted_costs() -> None:
     assert "lgc reduction's costs (ReductionMethod.phases) failed" in timeline.priced(LGC(), example, 2)
 
 
-
-
 def test_auto_plans_to_try() -> None:
     """What auto's guard measures: where the model predicted the measured dense step within the margin, only plans
-    predicted to pay (the fastest, then single methods); where it misjudged it (millisecond steps), the plans within
-    its error of dense fill the tries, and unless one is predicted to pay by more than the error, every method alone
-    within it and dense itself, last."""
+    predicted to pay (the fastest, then single methods); where it misjudged it (millisecond steps), plans within its
+    error of dense fill the tries, and dense itself comes last unless one is predicted to pay beyond the error; or,
+    if measuring them costs at most SURVEY_S, every method alone within the error and dense."""
     def plans(**steps: float) -> list[predict.Plan]:
         return sorted((predict.Plan(label, (), ms) for label, ms in steps.items()), key=lambda p: p.step_ms)
 
+    def labels(ranked: list[predict.Plan], dense_ms: float, tries: int, methods: set[str],
+               try_ms: float = 1e9) -> list[str]:
+        return [p.label for p in auto.plans_to_try(ranked, dense_ms, 0.05, tries, methods, try_ms)]
+
     ranked = plans(mix=60, topk=70, fp16=98, onebit=90, dense=100, qsgd=130)
-    labels = [p.label for p in plans_to_try(ranked, 102, 0.05, 5, {"topk", "fp16", "onebit", "qsgd"})]
-    assert labels == ["mix", "topk", "onebit"]  # fp16: 2% faster, under the margin
-    assert [p.label for p in plans_to_try(ranked, 102, 0.05, 2, {"topk"})] == ["mix", "topk"]
-    assert plans_to_try(plans(fp16=98, dense=100), 101, 0.05, 5, {"fp16"}) == []  # stays dense
-    # dense predicted 100 ms, measured 40: error 1.5, so everything under 250 ms is measured, and dense again
-    unsure = [p.label for p in plans_to_try(ranked, 40, 0.05, 5, {"topk", "fp16", "onebit", "qsgd"})]
-    assert unsure == ["mix", "topk", "onebit", "fp16", "qsgd", "dense"]
-    # the model cannot tell what pays: every method alone within the error is measured, past the tries
-    assert [p.label for p in plans_to_try(ranked, 40, 0.05, 2, {"topk", "fp16", "onebit", "qsgd"})] == [
-        "mix", "topk", "onebit", "fp16", "qsgd", "dense"]
-    assert [p.label for p in plans_to_try(ranked, 40, 0.05, 1, {"topk", "qsgd"})] == ["mix", "topk", "qsgd", "dense"]
-    # measured 80 (error 0.25): up to 125 ms is measured; the mix, predicted 40% faster, pays beyond the error, so
-    # dense is not measured again
-    assert [p.label for p in plans_to_try(ranked, 80, 0.05, 5, {"topk"})] == ["mix", "topk", "onebit", "fp16"]
-    assert [p.label for p in plans_to_try(plans(fp16=98, dense=100), 80, 0.05, 5, {"fp16"})] == [
-        "fp16", "dense"]
+    singles = {"topk", "fp16", "onebit", "qsgd"}
+    assert labels(ranked, 102, 5, singles) == ["mix", "topk", "onebit"]  # fp16: 2% faster, under the margin
+    assert labels(ranked, 102, 2, {"topk"}) == ["mix", "topk"]
+    assert labels(plans(fp16=98, dense=100), 101, 5, {"fp16"}) == []  # stays dense
+    assert labels(ranked, 0, 5, singles) == ["mix", "topk", "onebit"]  # no dense step to judge the model by
+    # dense predicted 100 ms, measured 40 (2.5x): everything under 250 ms may pay, nothing beyond 2.5x: dense too
+    assert labels(ranked, 40, 5, singles) == ["mix", "topk", "onebit", "fp16", "qsgd", "dense"]
+    assert labels(ranked, 40, 2, singles) == ["mix", "topk", "dense"]
+    # ... and where measuring is cheap (6 plans of 0.8 s within SURVEY_S, not 6 of 1 s), every method alone too
+    assert labels(ranked, 40, 2, singles, try_ms=800) == ["mix", "topk", "onebit", "fp16", "qsgd", "dense"]
+    assert labels(ranked, 40, 1, {"topk", "qsgd"}, try_ms=800) == ["mix", "topk", "qsgd", "dense"]
+    assert labels(ranked, 40, 2, singles, try_ms=1000) == ["mix", "topk", "dense"]
+    # measured 80 (1.25x): up to 125 ms may pay; the mix, predicted 40% faster, pays beyond that: dense is not
+    # measured again, unless measuring is cheap
+    assert labels(ranked, 80, 5, {"topk"}) == ["mix", "topk", "onebit", "fp16"]
+    assert labels(ranked, 80, 5, {"topk"}, try_ms=1) == ["mix", "topk", "onebit", "dense"]
+    assert labels(plans(fp16=98, dense=100), 80, 5, {"fp16"}) == ["fp16", "dense"]
+
+
+def test_auto_keeps_only_a_plan_measured_faster_than_dense() -> None:
+    def tried(*measured: tuple[str, float]) -> list[dict]:
+        return [{"label": label, "measured_ms": ms} for label, ms in measured]
+
+    assert auto.kept_plan(tried(("a", 3.0), ("dense", 2.8)), 2.0) is None  # dense measured in the guard wins
+    assert auto.kept_plan(tried(("a", 3.0), ("dense", 3.2)), 2.0) == 0  # ... or loses; the earlier 2.0 is not used
+    assert auto.kept_plan(tried(("a", 2.8), ("dense", 2.8)), 5.0) is None  # a tie keeps dense
+    assert auto.kept_plan(tried(("a", 3.0), ("b", 2.5)), 2.7) == 1  # dense not measured again: the dense phase's step
+    assert auto.kept_plan(tried(("a", 3.0), ("b", 2.5)), 2.4) is None
+    assert auto.kept_plan([], 2.0) is None

@@ -274,7 +274,7 @@ def horovod_round(ranks: Any, device: Any = None, process_set: Any = None, budge
     """Seconds of a negotiation round of Horovod's background thread (its wait for the next cycle, the ranks'
     coordination), which every collective negotiated in the round shares: one ``ROUND_BYTES`` allreduce takes a round
     and c, ``len(ROUND_DTYPES)`` of them in distinct dtypes submitted at once (they cannot fuse) a round and that many
-    c, so the round is the first time less c (clamped to [0, the first time]). Arguments as
+    c, so the round is the first time less c (at least 0). Arguments as
     :func:`horovod_collectives`'; every rank returns the same (the slowest rank's times)."""
     import horovod.torch as hvd
     import torch
@@ -297,7 +297,7 @@ def horovod_round(ranks: Any, device: Any = None, process_set: Any = None, budge
                                              agree=ranks.slowest))
     alone = times[1]
     each = max(times[len(tensors)] - alone, 0.0) / (len(tensors) - 1)
-    return min(max(alone - each, 0.0), alone)
+    return max(alone - each, 0.0)
 
 
 def horovod_collectives(ranks: Any, sizes: list[int], device: Any = None, process_set: Any = None,
