@@ -31,7 +31,8 @@ in the same step on every rank):
 5. The guard: the plans to try (:func:`plans_to_try`: those predicted ``margin`` faster than dense, ``tries`` at
    most, the fastest first, then single methods in predicted order; where the model misjudged the measured dense
    step by more than ``margin``, as it does for millisecond steps, also those it predicts within its error of dense,
-   and dense itself, last: all of them if measuring them takes at most ``SURVEY_S`` (5 s)) are applied in turn,
+   up to ``tries``, and dense itself, last, unless a plan is predicted to pay beyond that error; or every method
+   alone within it and dense, where measuring them is estimated at ``SURVEY_S`` (5 s) at most) are applied in turn,
    each measured for ``guard_steps`` steps, or ``guard_s`` seconds by its predicted step time if that is more (up to
    50 steps), after 2 steps to settle (and the rest of its methods' warm-ups, :meth:`Compressor.steady_from`,
    counted from the job's first step). If there is none, the job stays dense. The fastest by median step (the
@@ -211,9 +212,11 @@ def plans_to_try(plans: list[Plan], dense_ms: float, margin: float, tries: int, 
     Where the model misjudged the dense step by more than ``margin`` (a ratio r between predicted and measured; at
     millisecond steps latency and bursts rule), plans it predicts within r of dense may pay too, and it can tell what
     pays only if a plan is predicted faster than dense by more than r. If measuring every method alone within r and
-    dense takes at most SURVEY_S, all of them are measured; otherwise plans within r fill the tries left, and dense
-    itself is measured unless a plan is predicted to pay beyond r. Dense comes last: a disturbance left by the link
-    probe slows the first plan measured, which may drop a plan but can never keep one slower than dense."""
+    dense is estimated at SURVEY_S at most (``try_ms`` each: an estimate at the dense step, while the guard sizes each
+    plan by its predicted step, so up to MAX_GUARD_STEPS of its real one), all of them are measured; otherwise plans
+    within r fill the tries left, and dense itself is measured unless a plan is predicted to pay beyond r. Dense
+    comes last: a disturbance left by the link probe slows the first plan measured, which may drop a plan but can
+    never keep one slower than dense."""
     def distinct(found: list[Plan]) -> list[Plan]:
         return list({id(p): p for p in found}.values())
 

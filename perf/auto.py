@@ -126,7 +126,7 @@ def worker(workloads: list[str], rate: str) -> None:
         times: dict[str, list[float]] = {}
         methods = ["dense", *candidates, "auto"]
         for turn in range(rounds):
-            # each round in another order (no run always follows the same one), and from the second on one untimed
+            # each round starting from another run (the order rotated), and from the second on one untimed
             # step per run first (the runs share collective names, which Horovod negotiates anew for each)
             for method in methods[turn % len(methods):] + methods[:turn % len(methods)]:
                 if method not in runs:

@@ -413,7 +413,7 @@ def test_probe_profile_predict_for_real(tmp_path: Path) -> None:
     assert document["gpus"][0]["devices"] == [] and document["gpus"][0]["status"].startswith("no GPU section")
     cluster = schema.load(cluster_path, "cluster")
     assert not cluster.nominal and cluster.ranks_per_node == 2 and cluster.inter_node is None
-    assert cluster.round_us == document["horovod"]["round_us"] > 0  # Horovod's negotiation round
+    assert cluster.round_us == document["horovod"]["round_us"] >= 0  # Horovod's negotiation round (0: lost in noise)
     assert cluster.intra_node.bandwidth_gbps > 0.1 and set(cluster.intra_node.measured) == {
         "allreduce", "allgather", "alltoall"}
     done = _hvdcomp("profile", "--model", "digits", "--repeats", "3", "--out", str(profile_path))
