@@ -58,6 +58,7 @@ def worker(workloads: list[str], rate: str) -> None:
 
     def measure(workload: str) -> None:
         data = BUILT_IN[workload](0).data
+        warmup = 1 if workload == "synthetic" and rate == "100mbit" else 5
         # digits: ROUNDS rounds of 40 steps, every run in turn (the same drift of the links for all); synthetic: one
         block = 40 if workload == "digits" else 3 if rate == "100mbit" else 6
         rounds = ROUNDS if workload == "digits" else 1
@@ -114,7 +115,6 @@ def worker(workloads: list[str], rate: str) -> None:
                        links=report["links"])
             return model, optimizer, steps, row
 
-        warmup = 1 if workload == "synthetic" and rate == "100mbit" else 5
         # the job's first steps run slower (connections, Horovod's caches): a dense run, not reported, before the first
         model = BUILT_IN[workload](0).model
         optimizer = hvdcomp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),

@@ -381,8 +381,9 @@ def probe(comm: Any = None, device: str = "cpu") -> dict[str, Any]:
 
         hvd.init()
         on = local_device(device)
-        round_s = horovod_round(Ranks(comm), on)
-        measured = horovod_collectives(Ranks(comm), COLLECTIVE_BYTES, on, round_s=round_s)
+        ranks = Ranks(comm)
+        round_s = horovod_round(ranks, on)
+        measured = horovod_collectives(ranks, COLLECTIVE_BYTES, on, round_s=round_s)
         document["horovod"] = {"round_us": round(round_s * 1e6, 3)}
         # CUDA tensors go through NCCL only where Horovod was built with it; otherwise through host memory
         document["collectives_device"] = "cpu" if on.type == "cpu" else (
