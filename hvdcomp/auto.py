@@ -35,9 +35,12 @@ in the same step on every rank):
    alone within it and dense, where measuring them is estimated at ``SURVEY_S`` (5 s) at most) are applied in turn,
    each measured for ``guard_steps`` steps, or ``guard_s`` seconds by its predicted step time if that is more (up to
    50 steps), after 2 steps to settle (and the rest of its methods' warm-ups, :meth:`Compressor.steady_from`,
-   counted from the job's first step). If there is none, the job stays dense. The fastest by median step (the
-   slowest rank's) is kept if it measured faster than dense (:func:`kept_plan`: dense measured in the guard if it
-   was, else in 2; applied again if another plan was tried after it); otherwise every parameter goes back to dense.
+   counted from the job's first step), by its median step (the slowest rank's). If there is none, the job stays
+   dense. Where the two fastest measured (dense among them: measured in the guard if it was, else in 2) are within
+   ``runoff_band`` (10%) of each other, a runoff measures each ``runoff`` (2) more times, alternately, as a
+   benchmark interleaves its runs: one measurement can be off by as much as they differ. Each plan's step is the
+   median of its measurements. The fastest is kept if it measured faster than dense (:func:`kept_plan`; applied
+   again if it is not the plan in force); otherwise every parameter goes back to dense.
 
 Candidates: every registered method (``hvdcomp.METHODS``: a method added later joins) with its default options, or
 those of ``candidates``, but those in :data:`ACCURACY_GUARD` unless ``allow`` names them, and, where the wrapped
@@ -129,6 +132,11 @@ class AutoSettings:
         tries: plans measured at most: the fastest predicted to pay, then single methods in predicted order (where
             the model misjudged the dense step and measuring is cheap, every method alone within its error, and
             dense, are measured, past ``tries``: :func:`plans_to_try`).
+        runoff: rounds of the runoff: where the two fastest plans measured (dense among them) are within
+            ``runoff_band`` of each other, each is measured this many more times, alternately, and every plan is
+            judged by the median of its measurements (:func:`runoff_pair`); 0: none.
+        runoff_band: the fraction within which two plans' measured steps go to a runoff: at millisecond steps on
+            the emulated cluster one plan measured twice in one job differed by up to about 20%.
         repeats: timed runs of each candidate's encoding and decoding per gradient (the median is kept).
     """
 
@@ -140,6 +148,8 @@ class AutoSettings:
     guard_s: float = 0.25
     margin: float = 0.05
     tries: int = 5
+    runoff: int = 2
+    runoff_band: float = 0.1
     repeats: int = 3
 
     @classmethod
@@ -155,16 +165,17 @@ class AutoSettings:
             if key not in valid:
                 raise ValueError(f"unknown option for auto {key!r}; valid: {', '.join(valid)}")
         for key, least in (("warmup_steps", 1), ("measure_steps", 2), ("guard_steps", 1), ("tries", 1),
-                           ("repeats", 1)):
+                           ("runoff", 0), ("repeats", 1)):
             value = options.get(key, getattr(cls, key))
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"auto's {key} must be an integer >= {least}; got {value!r}")
         margin = options.get("margin", cls.margin)
         if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 1:
             raise ValueError(f"auto's margin must be a fraction in [0, 1); got {margin!r}")
-        guard_s = options.get("guard_s", cls.guard_s)
-        if isinstance(guard_s, bool) or not isinstance(guard_s, (int, float)) or guard_s < 0:
-            raise ValueError(f"auto's guard_s must be a number of seconds >= 0; got {guard_s!r}")
+        for key, unit in (("guard_s", "a number of seconds"), ("runoff_band", "a fraction")):
+            value = options.get(key, getattr(cls, key))
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(f"auto's {key} must be {unit} >= 0; got {value!r}")
         allow = options.get("allow") or ()
         if not isinstance(allow, (list, tuple)) or not all(isinstance(m, str) for m in allow):
             raise ValueError(f"auto's allow must be a list of method names; got {allow!r}")
@@ -191,7 +202,7 @@ class AutoSettings:
                 make_compressor(method, method_options)  # its options, checked now
         return cls(tuple(allow), candidates, *(options.get(key, getattr(cls, key)) for key in
                                                ("warmup_steps", "measure_steps", "guard_steps", "guard_s", "margin",
-                                                "tries", "repeats")))
+                                                "tries", "runoff", "runoff_band", "repeats")))
 
     def methods(self) -> dict[str, Mapping[str, Any]]:
         """The candidate methods and their options."""
@@ -237,12 +248,30 @@ def plans_to_try(plans: list[Plan], dense_ms: float, margin: float, tries: int, 
     return [*chosen, dense] if chosen and not clear else chosen
 
 
+def measured_ms(trial: Mapping[str, Any]) -> float:
+    """A plan's measured step: the median of the guard's measurement and the runoff's (``runoff_ms``)."""
+    return statistics.median([trial["measured_ms"], *trial.get("runoff_ms", ())])
+
+
+def runoff_pair(tried: list[Mapping[str, Any]], dense_ms: float, band: float) -> list[str]:
+    """The labels of the two fastest plans ``tried`` (label, measured_ms), dense among them (measured in the guard
+    if it was, else ``dense_ms``), fastest first, if they measured within ``band`` (a fraction) of each other; else
+    none."""
+    steps = {t["label"]: measured_ms(t) for t in tried}
+    if not steps:
+        return []
+    steps.setdefault("dense", dense_ms)
+    first, second = sorted(steps, key=steps.__getitem__)[:2]
+    return [first, second] if steps[second] <= steps[first] * (1 + band) else []
+
+
 def kept_plan(tried: list[Mapping[str, Any]], dense_ms: float) -> int | None:
-    """Which of the plans ``tried`` (label, measured_ms) to keep: the fastest, if it is not dense and measured faster
-    than dense (measured among them if it was, else ``dense_ms``); None keeps dense."""
-    fastest = min(range(len(tried)), key=lambda i: tried[i]["measured_ms"], default=None)
-    dense_ms = next((t["measured_ms"] for t in tried if t["label"] == "dense"), dense_ms)
-    if fastest is None or tried[fastest]["label"] == "dense" or tried[fastest]["measured_ms"] >= dense_ms:
+    """Which of the plans ``tried`` (label, measured_ms and any runoff_ms: :func:`measured_ms`) to keep: the fastest,
+    if it is not dense and measured faster than dense (measured among them if it was, else ``dense_ms``); None keeps
+    dense."""
+    fastest = min(range(len(tried)), key=lambda i: measured_ms(tried[i]), default=None)
+    dense_ms = next((measured_ms(t) for t in tried if t["label"] == "dense"), dense_ms)
+    if fastest is None or tried[fastest]["label"] == "dense" or measured_ms(tried[fastest]) >= dense_ms:
         return None
     return fastest
 
@@ -294,7 +323,9 @@ class Tuner:
         self.guard = self.settings.guard_steps  # and the steps it measures
         self.samples = _Samples()
         self.plans: list[Plan] = []  # to measure
-        self.tried: list[Plan] = []  # measured or being measured
+        self.tried: dict[str, Plan] = {}  # by label: measured or being measured, and dense
+        self.trial = 0  # the entry of report["tried"] being measured
+        self.runoff = False  # the runoff (or that there is none) is decided
         self.dense_ms = 0.0
         self.report: dict[str, Any] = {"phase": "measuring dense", "tried": []}
         self._clock: _Clock | None = None
@@ -364,6 +395,7 @@ class Tuner:
         workers, margin = optimizer.process_set.size(), self.settings.margin
         plans = predict.choose_plans(cluster, live, workers, list(live.compressors), margin)
         dense = next(p for p in plans if p.label == "dense")
+        self.tried = {"dense": dense}
         self.plans = plans_to_try(plans, self.dense_ms, margin, self.settings.tries, live.compressors,
                                   self.dense_ms * (SETTLE_STEPS + self._guard_steps(self.dense_ms)))
         # identical inputs give identical plans; checked, so that no rank replans alone
@@ -448,22 +480,37 @@ class Tuner:
         return replace(live, compressors=priced), excluded, fusion
 
     def _next_plan(self, optimizer: Any) -> None:
-        """Applies the next plan to measure; after the last, keeps the fastest measured if it measured faster than
-        dense (applied again if it is not the one in force), or goes back to dense."""
+        """Applies the next plan to measure: those to try, then, if the two fastest measured are close, the runoff
+        (:func:`runoff_pair`: each again ``runoff`` times, alternately, starting with the one not in force); after the
+        last, keeps the fastest measured if it measured faster than dense (applied again if it is not the one in
+        force), or goes back to dense."""
         self.phase, self.steps, self.samples = "guard", 0, _Samples()
+        tried = self.report["tried"]
+        if not self.plans and not self.runoff:
+            self.runoff = True
+            pair = runoff_pair(tried, self.dense_ms, self.settings.runoff_band) if self.settings.runoff else []
+            if pair and pair[0] == self.report.get("label"):
+                pair.reverse()
+            if "dense" in pair and all(t["label"] != "dense" for t in tried):  # measured in the dense phase only
+                tried.append({"label": "dense", "predicted_ms": self.tried["dense"].step_ms,
+                              "measured_ms": round(self.dense_ms, 3), "kept": False})
+            self.plans = [self.tried[label] for label in pair * self.settings.runoff]
         if self.plans:
             plan = self.plans.pop(0)
-            self.tried.append(plan)
-            self.report["tried"].append({"label": plan.label, "predicted_ms": plan.step_ms, "measured_ms": None,
-                                         "kept": False})
+            if self.runoff:
+                self.trial = next(i for i, t in enumerate(tried) if t["label"] == plan.label)
+                tried[self.trial].setdefault("runoff_ms", [])
+            else:
+                self.tried[plan.label] = plan
+                self.trial = len(tried)
+                tried.append({"label": plan.label, "predicted_ms": plan.step_ms, "measured_ms": None, "kept": False})
             self._apply(optimizer, plan)
             return
-        tried = self.report["tried"]
         fastest = kept_plan(tried, self.dense_ms)
         if fastest is not None:
             tried[fastest]["kept"] = True
-            if fastest != len(tried) - 1:
-                self._apply(optimizer, self.tried[fastest])
+            if tried[fastest]["label"] != self.report["label"]:
+                self._apply(optimizer, self.tried[tried[fastest]["label"]])
         else:
             for trial in tried:
                 trial["kept"] = trial["label"] == "dense"
@@ -505,8 +552,12 @@ class Tuner:
         from hvdcomp.perfmodel import profile
 
         group = profile.ProcessSetRanks(optimizer.process_set, PREFIX)
-        measured = 1e3 * group.slowest(statistics.median(self.samples.intervals))
-        self.report["tried"][-1]["measured_ms"] = round(measured, 3)
+        measured = round(1e3 * group.slowest(statistics.median(self.samples.intervals)), 3)
+        trial = self.report["tried"][self.trial]
+        if self.runoff:
+            trial["runoff_ms"].append(measured)
+        else:
+            trial["measured_ms"] = measured
         self._next_plan(optimizer)
 
 
@@ -607,6 +658,8 @@ def table(report: Mapping[str, Any]) -> str:
                  f"measuring took {report['measure_s']:.1f} s")
     for tried in report["tried"]:
         measured = "not measured" if tried["measured_ms"] is None else f"measured {tried['measured_ms']:.1f} ms"
+        if tried.get("runoff_ms"):
+            measured += ", in the runoff " + ", ".join(f"{ms:.1f}" for ms in tried["runoff_ms"]) + " ms"
         lines.append(f"tried {tried['label']}: predicted {tried['predicted_ms']:.1f} ms, {measured}, "
                      f"{'kept' if tried['kept'] else 'dropped'}")
     if report.get("excluded"):

@@ -17,8 +17,9 @@ run slower); ``auto``'s after it settled. The step time is the median over the t
 for digits 200, in 5 rounds of 40 steps in which every run (dense, each method, auto) takes its turn (each round in
 another order, and after one untimed step). A millisecond step's time drifts between runs on the emulated links
 (their token buckets refill at 4 ms timer ticks), and interleaving compares the runs under the same drift.
-``auto``'s rows also give the plan it settled on, the plans it tried (predicted and measured ms), the dense step it
-measured and predicted, and the steps and seconds its tuning took (not in its step time; they are one-off per job).
+``auto``'s rows also give the plan it settled on, the plans it tried (predicted and measured ms, and the runoff's), the
+dense step it measured and predicted, and the steps and seconds its tuning took (not in its step time; they are
+one-off per job).
 Rows go to perf/results/auto.jsonl.
 """
 
@@ -37,7 +38,7 @@ WORKLOADS = ("synthetic", "digits")
 #: PowerSGD's warm-up shortened from 10 dense steps to 2, as in perf/cluster_training.py, for single runs and auto alike
 CANDIDATE_OPTIONS = {"powersgd": {"start_iter": 2}}
 AUTO = {"warmup_steps": 1, "measure_steps": 3, "repeats": 2}
-MAX_TUNING_STEPS = 1000  # up to 13 tries (every method alone, two mixes, dense) x (2 settle + 50 guard steps)
+MAX_TUNING_STEPS = 1000  # up to 13 tries (every method alone, two mixes, dense) and 4 in the runoff, x (2 + 50 steps)
 ROUNDS = 5  # digits' runs are timed in turn, 40 steps each, this many times
 BATCH = 32  # per rank
 
@@ -179,7 +180,8 @@ def report(rows: list[dict[str, Any]]) -> None:
     for r in table:
         methods = sorted(set(r["plan"].values()) - {"none/allreduce"}) or ["dense"]
         tried = "; ".join(f"{t['label']}: {t['predicted_ms']:.0f} -> {t['measured_ms']:.0f}"
-                          f"{' kept' if t['kept'] else ''}" for t in r["tried"]) or "none tried"
+                          + (f" (runoff {', '.join(f'{ms:.1f}' for ms in t['runoff_ms'])})" if "runoff_ms" in t else "")
+                          + (" kept" if t["kept"] else "") for t in r["tried"]) or "none tried"
         low, high = (x * 1e3 for x in r["auto_iqr"])
         print(f"| {r['hosts']} | {r['rate']} | {r['workload']} | {r['dense_s'] * 1e3:.1f} | {r['best']} "
               f"({r['best_s'] * 1e3:.1f}) | {r['auto_s'] * 1e3:.1f} ({low:.1f}-{high:.1f}) | {r['auto_vs_best']:.2f} | "

@@ -665,3 +665,22 @@ def test_auto_keeps_only_a_plan_measured_faster_than_dense() -> None:
     assert auto.kept_plan(tried(("a", 3.0), ("b", 2.5)), 2.7) == 1  # dense not measured again: the dense phase's step
     assert auto.kept_plan(tried(("a", 3.0), ("b", 2.5)), 2.4) is None
     assert auto.kept_plan([], 2.0) is None
+    # after a runoff a plan's step is the median of its measurements: the guard's fast one is outvoted
+    assert auto.kept_plan([{"label": "a", "measured_ms": 2.0, "runoff_ms": [3.0, 3.1]},
+                           {"label": "dense", "measured_ms": 2.8, "runoff_ms": [2.9, 2.7]}], 5.0) is None
+    assert auto.kept_plan([{"label": "a", "measured_ms": 4.3, "runoff_ms": [4.2, 4.4]},
+                           {"label": "dense", "measured_ms": 4.2, "runoff_ms": [5.1, 5.3]}], 4.0) == 0
+
+
+def test_auto_runs_off_the_two_fastest_plans_only_when_close() -> None:
+    def tried(*measured: tuple[str, float]) -> list[dict]:
+        return [{"label": label, "measured_ms": ms} for label, ms in measured]
+
+    # 4 hosts at 1 Gbit/s, digits: fp16 and dense measured 0.3% apart in the guard (5.2 against 4.3 ms when timed)
+    assert auto.runoff_pair(tried(("powersgd", 8.46), ("fp16", 4.258), ("dense", 4.247)), 4.3, 0.1) == ["dense", "fp16"]
+    assert auto.runoff_pair(tried(("a", 3.0), ("b", 2.5)), 2.7, 0.1) == ["b", "dense"]  # dense: the dense phase's
+    assert auto.runoff_pair(tried(("a", 3.0), ("b", 2.5)), 2.8, 0.1) == []  # 12% apart
+    assert auto.runoff_pair(tried(("a", 3.0), ("b", 2.5)), 2.8, 0.2) == ["b", "dense"]
+    assert auto.runoff_pair(tried(("a", 2.6), ("b", 2.5)), 9.0, 0.1) == ["b", "a"]  # dense far behind: the two plans
+    assert auto.runoff_pair([{"label": "a", "measured_ms": 2.0, "runoff_ms": [3.0, 3.1]}], 2.9, 0.1) == ["dense", "a"]
+    assert auto.runoff_pair([], 2.0, 0.1) == []  # nothing tried: no runoff
