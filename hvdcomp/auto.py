@@ -36,11 +36,12 @@ in the same step on every rank):
    each measured for ``guard_steps`` steps, or ``guard_s`` seconds by its predicted step time if that is more (up to
    50 steps), after 2 steps to settle (and the rest of its methods' warm-ups, :meth:`Compressor.steady_from`,
    counted from the job's first step), by its median step (the slowest rank's). If there is none, the job stays
-   dense. Where the two fastest measured (dense among them: measured in the guard if it was, else in 2) are within
-   ``runoff_band`` (10%) of each other, a runoff measures each ``runoff`` (2) more times, alternately, as a
-   benchmark interleaves its runs: one measurement can be off by as much as they differ. Each plan's step is the
-   median of its measurements. The fastest is kept if it measured faster than dense (:func:`kept_plan`; applied
-   again if it is not the plan in force); otherwise every parameter goes back to dense.
+   dense. Where the two fastest measured (dense among them: measured in the guard if it was, else in 2; then it
+   is added to the plans tried, marked ``dense_steps``) are within ``runoff_band`` (10%) of each other, a runoff
+   measures each ``runoff`` (2) more times, in turn, as a benchmark interleaves its runs: one measurement can be off
+   by as much as they differ. The faster of the two by the median of its measurements (else the fastest measured)
+   is kept if it is not dense and faster than dense (:func:`kept_plan`; applied again if it is not the plan in
+   force); otherwise every parameter goes back to dense.
 
 Candidates: every registered method (``hvdcomp.METHODS``: a method added later joins) with its default options, or
 those of ``candidates``, but those in :data:`ACCURACY_GUARD` unless ``allow`` names them, and, where the wrapped
@@ -133,10 +134,13 @@ class AutoSettings:
             the model misjudged the dense step and measuring is cheap, every method alone within its error, and
             dense, are measured, past ``tries``: :func:`plans_to_try`).
         runoff: rounds of the runoff: where the two fastest plans measured (dense among them) are within
-            ``runoff_band`` of each other, each is measured this many more times, alternately, and every plan is
-            judged by the median of its measurements (:func:`runoff_pair`); 0: none.
-        runoff_band: the fraction within which two plans' measured steps go to a runoff: at millisecond steps on
-            the emulated cluster one plan measured twice in one job differed by up to about 20%.
+            ``runoff_band`` of each other (:func:`runoff_pair`), each is measured this many more times, alternately,
+            and the faster of the two by the median of its measurements (:func:`judged_ms`) is kept if it is not
+            dense and faster than dense (:func:`kept_plan`); 0: none.
+        runoff_band: the runoff's two are the two fastest if the slower measured at most this fraction above the
+            faster: closer than that, one measurement cannot tell them apart (at millisecond steps on the emulated
+            cluster one plan measured twice in one job differed by up to about 20%; the target is within 10% of
+            the best).
         repeats: timed runs of each candidate's encoding and decoding per gradient (the median is kept).
     """
 
@@ -248,30 +252,32 @@ def plans_to_try(plans: list[Plan], dense_ms: float, margin: float, tries: int, 
     return [*chosen, dense] if chosen and not clear else chosen
 
 
-def measured_ms(trial: Mapping[str, Any]) -> float:
-    """A plan's measured step: the median of the guard's measurement and the runoff's (``runoff_ms``)."""
+def judged_ms(trial: Mapping[str, Any]) -> float:
+    """A plan's step as the guard judges it: the median of its measurement (``measured_ms``) and the runoff's
+    (``runoff_ms``)."""
     return statistics.median([trial["measured_ms"], *trial.get("runoff_ms", ())])
 
 
 def runoff_pair(tried: list[Mapping[str, Any]], dense_ms: float, band: float) -> list[str]:
     """The labels of the two fastest plans ``tried`` (label, measured_ms), dense among them (measured in the guard
-    if it was, else ``dense_ms``), fastest first, if they measured within ``band`` (a fraction) of each other; else
-    none."""
-    steps = {t["label"]: measured_ms(t) for t in tried}
-    if not steps:
-        return []
+    if it was, else ``dense_ms``), fastest first, if the slower measured at most ``band`` (a fraction) above the
+    faster; else none."""
+    steps = {t["label"]: t["measured_ms"] for t in tried}
     steps.setdefault("dense", dense_ms)
+    if len(steps) < 2:
+        return []
     first, second = sorted(steps, key=steps.__getitem__)[:2]
     return [first, second] if steps[second] <= steps[first] * (1 + band) else []
 
 
 def kept_plan(tried: list[Mapping[str, Any]], dense_ms: float) -> int | None:
-    """Which of the plans ``tried`` (label, measured_ms and any runoff_ms: :func:`measured_ms`) to keep: the fastest,
-    if it is not dense and measured faster than dense (measured among them if it was, else ``dense_ms``); None keeps
-    dense."""
-    fastest = min(range(len(tried)), key=lambda i: measured_ms(tried[i]), default=None)
-    dense_ms = next((measured_ms(t) for t in tried if t["label"] == "dense"), dense_ms)
-    if fastest is None or tried[fastest]["label"] == "dense" or measured_ms(tried[fastest]) >= dense_ms:
+    """Which of the plans ``tried`` (label, measured_ms and any runoff_ms: :func:`judged_ms`) to keep: the fastest
+    (after a runoff, the faster of its two: a plan measured once does not win over them on that one measurement),
+    if it is not dense and faster than dense (measured among them if it was, else ``dense_ms``); None keeps dense."""
+    ran_off = [i for i, t in enumerate(tried) if "runoff_ms" in t]
+    fastest = min(ran_off or range(len(tried)), key=lambda i: judged_ms(tried[i]), default=None)
+    dense_ms = next((judged_ms(t) for t in tried if t["label"] == "dense"), dense_ms)
+    if fastest is None or tried[fastest]["label"] == "dense" or judged_ms(tried[fastest]) >= dense_ms:
         return None
     return fastest
 
@@ -323,9 +329,9 @@ class Tuner:
         self.guard = self.settings.guard_steps  # and the steps it measures
         self.samples = _Samples()
         self.plans: list[Plan] = []  # to measure
-        self.tried: dict[str, Plan] = {}  # by label: measured or being measured, and dense
+        self.by_label: dict[str, Plan] = {}  # every plan ranked
         self.trial = 0  # the entry of report["tried"] being measured
-        self.runoff = False  # the runoff (or that there is none) is decided
+        self.runoff_decided = False  # the runoff is under way, or there is none
         self.dense_ms = 0.0
         self.report: dict[str, Any] = {"phase": "measuring dense", "tried": []}
         self._clock: _Clock | None = None
@@ -395,7 +401,7 @@ class Tuner:
         workers, margin = optimizer.process_set.size(), self.settings.margin
         plans = predict.choose_plans(cluster, live, workers, list(live.compressors), margin)
         dense = next(p for p in plans if p.label == "dense")
-        self.tried = {"dense": dense}
+        self.by_label = {p.label: p for p in plans}
         self.plans = plans_to_try(plans, self.dense_ms, margin, self.settings.tries, live.compressors,
                                   self.dense_ms * (SETTLE_STEPS + self._guard_steps(self.dense_ms)))
         # identical inputs give identical plans; checked, so that no rank replans alone
@@ -481,27 +487,26 @@ class Tuner:
 
     def _next_plan(self, optimizer: Any) -> None:
         """Applies the next plan to measure: those to try, then, if the two fastest measured are close, the runoff
-        (:func:`runoff_pair`: each again ``runoff`` times, alternately, starting with the one not in force); after the
-        last, keeps the fastest measured if it measured faster than dense (applied again if it is not the one in
+        (:func:`runoff_pair`: each again ``runoff`` times, in turn, ending on the faster so far unless the slower is
+        in force); after the last, keeps the plan :func:`kept_plan` says (applied again if it is not the one in
         force), or goes back to dense."""
         self.phase, self.steps, self.samples = "guard", 0, _Samples()
         tried = self.report["tried"]
-        if not self.plans and not self.runoff:
-            self.runoff = True
+        if not self.plans and not self.runoff_decided:
+            self.runoff_decided = True
             pair = runoff_pair(tried, self.dense_ms, self.settings.runoff_band) if self.settings.runoff else []
-            if pair and pair[0] == self.report.get("label"):
+            if pair and pair[1] != self.report.get("label"):
                 pair.reverse()
-            if "dense" in pair and all(t["label"] != "dense" for t in tried):  # measured in the dense phase only
-                tried.append({"label": "dense", "predicted_ms": self.tried["dense"].step_ms,
-                              "measured_ms": round(self.dense_ms, 3), "kept": False})
-            self.plans = [self.tried[label] for label in pair * self.settings.runoff]
+            if "dense" in pair and all(t["label"] != "dense" for t in tried):  # measured in the dense steps only
+                tried.append({"label": "dense", "predicted_ms": self.by_label["dense"].step_ms,
+                              "measured_ms": round(self.dense_ms, 3), "dense_steps": True, "kept": False})
+            self.plans = [self.by_label[label] for label in pair * self.settings.runoff]
         if self.plans:
             plan = self.plans.pop(0)
-            if self.runoff:
+            if self.runoff_decided:
                 self.trial = next(i for i, t in enumerate(tried) if t["label"] == plan.label)
                 tried[self.trial].setdefault("runoff_ms", [])
             else:
-                self.tried[plan.label] = plan
                 self.trial = len(tried)
                 tried.append({"label": plan.label, "predicted_ms": plan.step_ms, "measured_ms": None, "kept": False})
             self._apply(optimizer, plan)
@@ -510,7 +515,7 @@ class Tuner:
         if fastest is not None:
             tried[fastest]["kept"] = True
             if tried[fastest]["label"] != self.report["label"]:
-                self._apply(optimizer, self.tried[tried[fastest]["label"]])
+                self._apply(optimizer, self.by_label[tried[fastest]["label"]])
         else:
             for trial in tried:
                 trial["kept"] = trial["label"] == "dense"
@@ -554,7 +559,7 @@ class Tuner:
         group = profile.ProcessSetRanks(optimizer.process_set, PREFIX)
         measured = round(1e3 * group.slowest(statistics.median(self.samples.intervals)), 3)
         trial = self.report["tried"][self.trial]
-        if self.runoff:
+        if self.runoff_decided:
             trial["runoff_ms"].append(measured)
         else:
             trial["measured_ms"] = measured
@@ -658,8 +663,11 @@ def table(report: Mapping[str, Any]) -> str:
                  f"measuring took {report['measure_s']:.1f} s")
     for tried in report["tried"]:
         measured = "not measured" if tried["measured_ms"] is None else f"measured {tried['measured_ms']:.1f} ms"
+        if tried.get("dense_steps"):
+            measured += " (in the dense steps)"
         if tried.get("runoff_ms"):
-            measured += ", in the runoff " + ", ".join(f"{ms:.1f}" for ms in tried["runoff_ms"]) + " ms"
+            measured += (", in the runoff " + ", ".join(f"{ms:.1f}" for ms in tried["runoff_ms"]) +
+                         f" ms: median {judged_ms(tried):.1f} ms")
         lines.append(f"tried {tried['label']}: predicted {tried['predicted_ms']:.1f} ms, {measured}, "
                      f"{'kept' if tried['kept'] else 'dropped'}")
     if report.get("excluded"):

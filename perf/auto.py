@@ -172,15 +172,23 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return result
 
 
+def ms(value: float) -> str:
+    return f"{value:.0f}" if value >= 100 else f"{value:.1f}"
+
+
 def report(rows: list[dict[str, Any]]) -> None:
+    from hvdcomp.auto import judged_ms
+
     table = summarize(rows)
     print("| hosts | rate | workload | dense ms | best single (ms) | auto ms (quartiles) | auto / best | auto / dense "
           "| auto's plan | tried: predicted -> measured ms | tuning |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in table:
         methods = sorted(set(r["plan"].values()) - {"none/allreduce"}) or ["dense"]
-        tried = "; ".join(f"{t['label']}: {t['predicted_ms']:.0f} -> {t['measured_ms']:.0f}"
-                          + (f" (runoff {', '.join(f'{ms:.1f}' for ms in t['runoff_ms'])})" if "runoff_ms" in t else "")
+        tried = "; ".join(f"{t['label']}: {ms(t['predicted_ms'])} -> {ms(t['measured_ms'])}"
+                          + (" (dense steps)" if t.get("dense_steps") else "")
+                          + (f" (runoff {', '.join(map(ms, t['runoff_ms']))}: median {ms(judged_ms(t))})"
+                             if "runoff_ms" in t else "")
                           + (" kept" if t["kept"] else "") for t in r["tried"]) or "none tried"
         low, high = (x * 1e3 for x in r["auto_iqr"])
         print(f"| {r['hosts']} | {r['rate']} | {r['workload']} | {r['dense_s'] * 1e3:.1f} | {r['best']} "

@@ -670,17 +670,82 @@ def test_auto_keeps_only_a_plan_measured_faster_than_dense() -> None:
                            {"label": "dense", "measured_ms": 2.8, "runoff_ms": [2.9, 2.7]}], 5.0) is None
     assert auto.kept_plan([{"label": "a", "measured_ms": 4.3, "runoff_ms": [4.2, 4.4]},
                            {"label": "dense", "measured_ms": 4.2, "runoff_ms": [5.1, 5.3]}], 4.0) == 0
+    # ... and only the runoff's two compete: c, measured once, does not win over them on that one measurement
+    ran_off = [{"label": "a", "measured_ms": 4.0, "runoff_ms": [4.6, 4.7]}, {"label": "c", "measured_ms": 4.45},
+               {"label": "b", "measured_ms": 4.1, "runoff_ms": [4.7, 4.8]}]
+    assert auto.kept_plan(ran_off, 5.0) == 0
+    assert auto.kept_plan(ran_off, 4.5) is None  # dense, measured once, is still the bar
 
 
 def test_auto_runs_off_the_two_fastest_plans_only_when_close() -> None:
     def tried(*measured: tuple[str, float]) -> list[dict]:
         return [{"label": label, "measured_ms": ms} for label, ms in measured]
 
-    # 4 hosts at 1 Gbit/s, digits: fp16 and dense measured 0.3% apart in the guard (5.2 against 4.3 ms when timed)
+    # 4 hosts at 1 Gbit/s, digits: fp16 and dense measured 0.3% apart in the guard (timed: fp16 4.3 ms, dense 5.2)
     assert auto.runoff_pair(tried(("powersgd", 8.46), ("fp16", 4.258), ("dense", 4.247)), 4.3, 0.1) == ["dense", "fp16"]
     assert auto.runoff_pair(tried(("a", 3.0), ("b", 2.5)), 2.7, 0.1) == ["b", "dense"]  # dense: the dense phase's
     assert auto.runoff_pair(tried(("a", 3.0), ("b", 2.5)), 2.8, 0.1) == []  # 12% apart
     assert auto.runoff_pair(tried(("a", 3.0), ("b", 2.5)), 2.8, 0.2) == ["b", "dense"]
     assert auto.runoff_pair(tried(("a", 2.6), ("b", 2.5)), 9.0, 0.1) == ["b", "a"]  # dense far behind: the two plans
-    assert auto.runoff_pair([{"label": "a", "measured_ms": 2.0, "runoff_ms": [3.0, 3.1]}], 2.9, 0.1) == ["dense", "a"]
+    assert auto.runoff_pair(tried(("dense", 2.0)), 2.1, 0.1) == []  # dense alone: no pair
     assert auto.runoff_pair([], 2.0, 0.1) == []  # nothing tried: no runoff
+
+
+def test_auto_tuner_runs_off_the_close_pair_in_turn(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The guard's state machine on one rank, with the step times scripted (the slowest rank's: here the one's):
+    which plans it applies in which order, where each measurement goes, and what it keeps."""
+    class OneRank:  # ProcessSetRanks among one rank: the slowest is this one
+        def __init__(self, *args: object) -> None:
+            pass
+
+        def slowest(self, value: float) -> float:
+            return value
+
+    def guard(runoff: int, guard_ms: dict[str, float], dense_ms: float,
+              runoff_ms: dict[str, list[float]]) -> tuple[list[str], dict, list]:
+        """The plans applied in turn, the report, the configs replanned to directly (dense: the base config)."""
+        tuner, base, applied, replanned = auto.Tuner(auto.AutoSettings(runoff=runoff), "base"), "base", [], []
+
+        def apply(self: auto.Tuner, optimizer: object, plan: predict.Plan) -> None:
+            applied.append(plan.label)
+            self.report["label"] = plan.label
+            optimizer.config = plan.label
+
+        monkeypatch.setattr(auto.Tuner, "_apply", apply)
+        optimizer = types.SimpleNamespace(config=base, process_set=None, _replan=replanned.append)
+        plans = [predict.Plan(label, (), 1.0) for label in guard_ms]
+        tuner.by_label = {p.label: p for p in [*plans, predict.Plan("dense", (), 2.0)]}
+        tuner.plans, tuner.dense_ms = plans, dense_ms
+        measured = {label: [ms, *runoff_ms.get(label, [])] for label, ms in guard_ms.items()}
+        measured.setdefault("dense", runoff_ms.get("dense", []))
+        tuner._next_plan(optimizer)
+        while tuner.phase != "settled":
+            tuner.samples.intervals = [measured[tuner.report["label"]].pop(0) / 1e3]
+            tuner._judge(optimizer)
+        assert not any(measured.values()), measured  # every scripted measurement was taken
+        return applied, tuner.report, replanned
+
+    monkeypatch.setattr("hvdcomp.perfmodel.profile.ProcessSetRanks", OneRank)
+    # a and b within 10%: each twice more, in turn, ending on the faster so far; a (median 4.6) beats b (4.7), and
+    # c, measured once at 4.45, is not kept on that one measurement; a, in force after the runoff, is not re-applied
+    applied, report, replanned = guard(2, {"a": 4.0, "b": 4.1, "c": 4.45}, 5.0, {"a": [4.6, 4.7], "b": [4.7, 4.8]})
+    assert applied == ["a", "b", "c", "b", "a", "b", "a"] and replanned == [], applied
+    assert [(t["label"], t.get("runoff_ms"), t["kept"]) for t in report["tried"]] == [
+        ("a", [4.6, 4.7], True), ("b", [4.7, 4.8], False), ("c", None, False)], report
+    assert report["label"] == "a" and report["phase"] == "settled"
+    # fp16 0.3% behind dense's dense steps: dense joins the runoff (its entry says where its first step came from)
+    # and loses it; the runoff starts from dense (fp16 is in force) and ends on fp16, which is kept
+    applied, report, replanned = guard(2, {"fp16": 4.26}, 4.25, {"fp16": [4.3, 4.4], "dense": [5.1, 5.3]})
+    assert applied == ["fp16", "dense", "fp16", "dense", "fp16"] and replanned == [], applied
+    assert report["tried"][1] == {"label": "dense", "predicted_ms": 2.0, "measured_ms": 4.25, "dense_steps": True,
+                                  "runoff_ms": [5.1, 5.3], "kept": False}, report
+    assert report["label"] == "fp16" and report["tried"][0]["kept"]
+    # ... or wins it: every parameter goes back to dense (the base config)
+    applied, report, replanned = guard(2, {"fp16": 4.26}, 4.25, {"fp16": [4.3, 4.4], "dense": [4.0, 4.1]})
+    assert replanned == ["base"] and report["label"] == "dense" and report["plan"] == [], report
+    assert [t["kept"] for t in report["tried"]] == [False, True]
+    # runoff: 0, or the two fastest 13% apart (dense's 4.25, fp16's 4.8): none; the guard's measurements decide
+    for runoff, guard_ms in ((0, {"fp16": 4.26}), (2, {"fp16": 4.8, "b": 5.0})):
+        applied, report, replanned = guard(runoff, guard_ms, 4.25, {})
+        assert applied == list(guard_ms) and replanned == ["base"] and report["label"] == "dense", report
+        assert not any("runoff_ms" in t for t in report["tried"]), report
