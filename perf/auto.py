@@ -7,16 +7,18 @@ dense).
 
 One launch per (hosts, rate) runs, for each workload, in turn and on the same links: dense (``compression="none"``),
 every candidate ``auto`` has by default (every registered method but those of ``hvdcomp.ACCURACY_GUARD``; PowerSGD with
-``start_iter: 2``, in both), each alone at its defaults with ``collective: auto``, and ``auto`` itself with short dense
-phases (1 warm-up and 3 measured dense steps, 2 repeats per cost; the guard at its defaults). Every run trains a fresh
-model (the same initial weights) with the loop of ``hvdcomp train`` (zero_grad, forward, backward, step; SGD with
-momentum 0.9; 32 samples per rank). A method's timed steps come after its warm-up (5 steps, 1 for synthetic at 100
-Mbit/s, and PowerSGD's two dense steps), the first method's after a dense run of twice that (the first steps of a job
-run slower); ``auto``'s after it settled. The step time is the median over the timed steps of each step's slowest rank
-(with the quartiles): 3 steps at 100 Mbit/s for synthetic (a dense step on 4 hosts takes over 10 s), 6 on faster links;
-for digits 200, in 5 rounds of 40 steps in which every run (dense, each method, auto) takes its turn (each round in
-another order, and after one untimed step). A millisecond step's time drifts between runs on the emulated links
-(their token buckets refill at 4 ms timer ticks), and interleaving compares the runs under the same drift.
+``start_iter: 2``, in both), each alone at its defaults with ``collective: auto``, ``auto`` itself with short dense
+phases (1 warm-up and 3 measured dense steps, 2 repeats per cost; the guard at its defaults), and dense again (a
+control: what the same plan measures in another run of the same launch, the benchmark's resolution). Every run
+trains a fresh model (the same initial weights) with the loop of ``hvdcomp train`` (zero_grad, forward, backward,
+step; SGD with momentum 0.9; 32 samples per rank). A method's timed steps come after its warm-up (5 steps, 1 for
+synthetic at 100 Mbit/s, and PowerSGD's two dense steps), the first method's after a dense run of twice that (the
+first steps of a job run slower); ``auto``'s after it settled. The step time is the median over the timed steps of
+each step's slowest rank (with the quartiles): 3 steps at 100 Mbit/s for synthetic (a dense step on 4 hosts takes
+over 10 s), 6 on faster links; for digits 200, in 10 rounds of 20 steps in which every run (dense, each method, auto,
+dense again) takes its turn (each round in another order, and after one untimed step). A millisecond step's time
+drifts between runs on the emulated links (their token buckets refill at 4 ms timer ticks), and interleaving
+compares the runs under the same drift.
 ``auto``'s rows also give the plan it settled on, the plans it tried (predicted and measured ms, and the runoff's), the
 dense step it measured and predicted, and the steps and seconds its tuning took (not in its step time; they are
 one-off per job).
@@ -26,6 +28,7 @@ Rows go to perf/results/auto.jsonl.
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 import time
@@ -39,7 +42,8 @@ WORKLOADS = ("synthetic", "digits")
 CANDIDATE_OPTIONS = {"powersgd": {"start_iter": 2}}
 AUTO = {"warmup_steps": 1, "measure_steps": 3, "repeats": 2}
 MAX_TUNING_STEPS = 1000  # up to 13 tries (every method alone, two mixes, dense) and 4 in the runoff, x (2 + 50 steps)
-ROUNDS = 5  # digits' runs are timed in turn, 40 steps each, this many times
+ROUNDS = 10  # digits' runs are timed in turn, 20 steps each, this many times
+CONTROL = "dense again"
 BATCH = 32  # per rank
 
 
@@ -60,8 +64,8 @@ def worker(workloads: list[str], rate: str) -> None:
     def measure(workload: str) -> None:
         data = BUILT_IN[workload](0).data
         warmup = 1 if workload == "synthetic" and rate == "100mbit" else 5
-        # digits: ROUNDS rounds of 40 steps, every run in turn (the same drift of the links for all); synthetic: one
-        block = 40 if workload == "digits" else 3 if rate == "100mbit" else 6
+        # digits: ROUNDS rounds of 20 steps, every run in turn (the same drift of the links for all); synthetic: one
+        block = 20 if workload == "digits" else 3 if rate == "100mbit" else 6
         rounds = ROUNDS if workload == "digits" else 1
 
         def step_once(model: nn.Module, optimizer: torch.optim.Optimizer, step: int, data: Any = data) -> None:
@@ -89,7 +93,7 @@ def worker(workloads: list[str], rate: str) -> None:
             sgd = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
             if method == "auto":
                 compression: Any = {"method": "auto", "options": {**AUTO, "candidates": candidates}}
-            elif method == "dense":
+            elif method in ("dense", CONTROL):
                 compression = "none"
             else:
                 compression = {"method": method, "options": candidates[method]}
@@ -125,7 +129,7 @@ def worker(workloads: list[str], rate: str) -> None:
         del model, optimizer
         runs: dict[str, list[Any]] = {}
         times: dict[str, list[float]] = {}
-        methods = ["dense", *candidates, "auto"]
+        methods = ["dense", *candidates, "auto", CONTROL]
         for turn in range(rounds):
             # each round starting from another run (the order rotated), and from the second on one untimed
             # step per run first (the runs share collective names, which Horovod negotiates anew for each)
@@ -151,7 +155,8 @@ def worker(workloads: list[str], rate: str) -> None:
 
 
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per (hosts, rate, workload): auto, dense, and the best single method in hindsight (dense among them)."""
+    """Per (hosts, rate, workload): auto, dense, the best single method in hindsight (dense among them) and the
+    control's ratio to dense (nan where it was not run)."""
     settings: dict[tuple, dict[str, dict[str, Any]]] = {}
     for row in rows:
         settings.setdefault((row["hosts"], row["rate_bps"], row["rate"], row["workload"]), {})[row["method"]] = row
@@ -160,12 +165,13 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if "auto" not in methods or "dense" not in methods:
             continue
         auto, dense = methods["auto"], methods["dense"]
-        best = min((r for m, r in methods.items() if m != "auto"), key=lambda r: r["step_s"])
+        best = min((r for m, r in methods.items() if m not in ("auto", CONTROL)), key=lambda r: r["step_s"])
         result.append({"hosts": hosts, "rate": rate, "workload": workload, "auto_s": auto["step_s"],
                        "auto_iqr": (auto["step_p25_s"], auto["step_p75_s"]),
                        "dense_s": dense["step_s"], "best": best["method"], "best_s": best["step_s"],
                        "auto_vs_best": auto["step_s"] / best["step_s"],
                        "auto_vs_dense": auto["step_s"] / dense["step_s"],
+                       "control_vs_dense": methods.get(CONTROL, {"step_s": math.nan})["step_s"] / dense["step_s"],
                        "label": auto["label"], "plan": auto["plan"], "tried": auto["tried"],
                        "tuning_steps": auto["tuning_steps"], "tuning_s": auto["tuning_s"],
                        "dense_predicted_ms": auto["dense_predicted_ms"], "dense_ms": auto["dense_ms"]})
@@ -181,8 +187,8 @@ def report(rows: list[dict[str, Any]]) -> None:
 
     table = summarize(rows)
     print("| hosts | rate | workload | dense ms | best single (ms) | auto ms (quartiles) | auto / best | auto / dense "
-          "| auto's plan | tried: predicted -> measured ms | tuning |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          "| dense again / dense | auto's plan | tried: predicted -> measured ms | tuning |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in table:
         methods = sorted(set(r["plan"].values()) - {"none/allreduce"}) or ["dense"]
         tried = "; ".join(f"{t['label']}: {ms(t['predicted_ms'])} -> {ms(t['measured_ms'])}"
@@ -193,8 +199,8 @@ def report(rows: list[dict[str, Any]]) -> None:
         low, high = (x * 1e3 for x in r["auto_iqr"])
         print(f"| {r['hosts']} | {r['rate']} | {r['workload']} | {r['dense_s'] * 1e3:.1f} | {r['best']} "
               f"({r['best_s'] * 1e3:.1f}) | {r['auto_s'] * 1e3:.1f} ({low:.1f}-{high:.1f}) | {r['auto_vs_best']:.2f} | "
-              f"{r['auto_vs_dense']:.2f} | {r['label']}: {', '.join(methods)} | {tried} | "
-              f"{r['tuning_steps']} steps, {r['tuning_s']:.1f} s |")
+              f"{r['auto_vs_dense']:.2f} | {r['control_vs_dense']:.2f} | {r['label']}: {', '.join(methods)} | "
+              f"{tried} | {r['tuning_steps']} steps, {r['tuning_s']:.1f} s |")
     if table:
         worst_best = max(r["auto_vs_best"] for r in table)
         worst_dense = max(r["auto_vs_dense"] for r in table)
@@ -202,6 +208,10 @@ def report(rows: list[dict[str, Any]]) -> None:
         print(f"\nauto within 10% of the best in hindsight in {within} of {len(table)} settings (worst "
               f"{worst_best:.2f}x); at most {worst_dense:.2f}x dense's step time; median auto/best "
               f"{statistics.median(r['auto_vs_best'] for r in table):.2f}")
+        controls = [r["control_vs_dense"] for r in table if not math.isnan(r["control_vs_dense"])]
+        if controls:
+            print(f"dense again / dense (the same plan in another run of the launch): {min(controls):.2f} to "
+                  f"{max(controls):.2f} in {len(controls)} settings")
 
 
 def main() -> None:
