@@ -36,12 +36,13 @@ in the same step on every rank):
    each measured for ``guard_steps`` steps, or ``guard_s`` seconds by its predicted step time if that is more (up to
    50 steps), after 2 steps to settle (and the rest of its methods' warm-ups, :meth:`Compressor.steady_from`,
    counted from the job's first step), by its median step (the slowest rank's). If there is none, the job stays
-   dense. Where the two fastest measured (dense among them: measured in the guard if it was, else in 2; then it
-   is added to the plans tried, marked ``dense_steps``) are within ``runoff_band`` (10%) of each other, a runoff
-   measures each ``runoff`` (2) more times, in turn, as a benchmark interleaves its runs: one measurement can be off
-   by as much as they differ. The faster of the two by the median of its measurements (else the fastest measured)
-   is kept if it is not dense and faster than dense (:func:`kept_plan`; applied again if it is not the plan in
-   force); otherwise every parameter goes back to dense.
+   dense. Where the two fastest measured (dense among them: measured in the guard if it was, else in 2, and then,
+   if it goes to the runoff, added to the plans tried, marked ``dense_steps``) are within ``runoff_band`` (10%) of
+   each other, a runoff measures each ``runoff`` (2) more times, in turn, as a benchmark interleaves its runs: one
+   measurement can be off by as much as they differ. The faster of the two by the median of its measurements
+   (without a runoff, the fastest measured) is kept if it is not dense and faster than dense (dense's median, else
+   its one measurement: :func:`kept_plan`; applied again if it is not the plan in force); otherwise every
+   parameter goes back to dense.
 
 Candidates: every registered method (``hvdcomp.METHODS``: a method added later joins) with its default options, or
 those of ``candidates``, but those in :data:`ACCURACY_GUARD` unless ``allow`` names them, and, where the wrapped

@@ -9,7 +9,8 @@ One launch per (hosts, rate) runs, for each workload, in turn and on the same li
 every candidate ``auto`` has by default (every registered method but those of ``hvdcomp.ACCURACY_GUARD``; PowerSGD with
 ``start_iter: 2``, in both), each alone at its defaults with ``collective: auto``, ``auto`` itself with short dense
 phases (1 warm-up and 3 measured dense steps, 2 repeats per cost; the guard at its defaults), and dense again (a
-control: what the same plan measures in another run of the same launch, the benchmark's resolution). Every run
+control: what the same plan measures in another run of the same launch; for digits it runs next to dense, and
+auto before it, in each round but the first). Every run
 trains a fresh model (the same initial weights) with the loop of ``hvdcomp train`` (zero_grad, forward, backward,
 step; SGD with momentum 0.9; 32 samples per rank). A method's timed steps come after its warm-up (5 steps, 1 for
 synthetic at 100 Mbit/s, and PowerSGD's two dense steps), the first method's after a dense run of twice that (the
@@ -144,7 +145,7 @@ def worker(workloads: list[str], rate: str) -> None:
                                                           block))
                 runs[method][2] = first + block
                 if turn == rounds - 1:
-                    del runs[method]  # (synthetic: 25 M parameters and their method state per run)
+                    del runs[method], model, optimizer  # (synthetic: 25 M parameters and their method state per run)
                     quartiles = statistics.quantiles(times[method], n=4)
                     row.update(step_s=quartiles[1], step_p25_s=quartiles[0], step_p75_s=quartiles[2])
                     if rank == 0:

@@ -744,8 +744,20 @@ def test_auto_tuner_runs_off_the_close_pair_in_turn(monkeypatch: pytest.MonkeyPa
     applied, report, replanned = guard(2, {"fp16": 4.26}, 4.25, {"fp16": [4.3, 4.4], "dense": [4.0, 4.1]})
     assert replanned == ["base"] and report["label"] == "dense" and report["plan"] == [], report
     assert [t["kept"] for t in report["tried"]] == [False, True]
+    # the faster of the two in force: the runoff starts from the other and ends on it
+    applied, report, _ = guard(2, {"b": 4.1, "a": 4.0}, 5.0, {"a": [4.6, 4.7], "b": [4.7, 4.8]})
+    assert applied == ["b", "a", "b", "a", "b", "a"] and report["label"] == "a", applied
+    # the slower in force: the runoff ends on it; the faster wins, and is applied again
+    applied, report, _ = guard(2, {"a": 4.0, "b": 4.1}, 5.0, {"a": [4.2, 4.3], "b": [4.6, 4.7]})
+    assert applied == ["a", "b", "a", "b", "a", "b", "a"] and report["label"] == "a", applied
+    # dense measured in the guard runs off as it is (no entry from the dense steps), and loses
+    applied, report, replanned = guard(2, {"dense": 4.0, "a": 4.1}, 5.0, {"dense": [4.5, 4.6], "a": [4.2, 4.3]})
+    assert applied == ["dense", "a", "dense", "a", "dense", "a"] and replanned == [], applied
+    assert [(t["label"], "dense_steps" in t, t["kept"]) for t in report["tried"]] == [
+        ("dense", False, False), ("a", False, True)], report
     # runoff: 0, or the two fastest 13% apart (dense's 4.25, fp16's 4.8): none; the guard's measurements decide
     for runoff, guard_ms in ((0, {"fp16": 4.26}), (2, {"fp16": 4.8, "b": 5.0})):
         applied, report, replanned = guard(runoff, guard_ms, 4.25, {})
         assert applied == list(guard_ms) and replanned == ["base"] and report["label"] == "dense", report
+        assert [t["label"] for t in report["tried"]] == list(guard_ms), report
         assert not any("runoff_ms" in t for t in report["tried"]), report
