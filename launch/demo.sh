@@ -27,6 +27,6 @@ fi
 "${launch[@]}" "${train[@]}" --compression terngrad --compare dense "$@" | sed '/^\[{/d'
 echo
 echo "hvdcomp demo: the same job with compression: auto (dense first, then per tensor what the measurements say pays),"
-echo "for 40 epochs rather than 20: on millisecond steps its guard may measure every method for up to about 500 steps:"
+echo "for 40 epochs rather than 20: at millisecond steps its guard can take several hundred steps:"
 # (time to 95% counts the tuning steps all the same)
 "${launch[@]}" "${train[@]}" --compression auto --epochs 40 | sed '/^\[{/d'
