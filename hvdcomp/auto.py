@@ -139,9 +139,9 @@ class AutoSettings:
             and the faster of the two by the median of its measurements (:func:`judged_ms`) is kept if it is not
             dense and faster than dense (:func:`kept_plan`); 0: none.
         runoff_band: the runoff's two are the two fastest if the slower measured at most this fraction above the
-            faster: closer than that, one measurement cannot tell them apart (at millisecond steps on the emulated
-            cluster one plan measured twice in one job differed by up to about 20%; the target is within 10% of
-            the best).
+            faster: closer than that, one measurement cannot tell them apart (on the emulated cluster dense run twice
+            in one launch measured 0.74x to 1.20x of itself, perf/RESULTS.md; the target is within 10% of the
+            best).
         repeats: timed runs of each candidate's encoding and decoding per gradient (the median is kept).
     """
 
@@ -401,8 +401,8 @@ class Tuner:
                                        fusion)
         workers, margin = optimizer.process_set.size(), self.settings.margin
         plans = predict.choose_plans(cluster, live, workers, list(live.compressors), margin)
-        dense = next(p for p in plans if p.label == "dense")
         self.by_label = {p.label: p for p in plans}
+        dense = self.by_label["dense"]
         self.plans = plans_to_try(plans, self.dense_ms, margin, self.settings.tries, live.compressors,
                                   self.dense_ms * (SETTLE_STEPS + self._guard_steps(self.dense_ms)))
         # identical inputs give identical plans; checked, so that no rank replans alone
