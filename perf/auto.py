@@ -9,17 +9,16 @@ One launch per (hosts, rate) runs, for each workload, in turn and on the same li
 every candidate ``auto`` has by default (every registered method but those of ``hvdcomp.ACCURACY_GUARD``; PowerSGD with
 ``start_iter: 2``, in both), each alone at its defaults with ``collective: auto``, ``auto`` itself with short dense
 phases (1 warm-up and 3 measured dense steps, 2 repeats per cost; the guard at its defaults), and dense again (a
-control: what the same plan measures in another run of the same launch; for digits it runs next to dense, and
-auto before it, in each round but the first). Every run
-trains a fresh model (the same initial weights) with the loop of ``hvdcomp train`` (zero_grad, forward, backward,
-step; SGD with momentum 0.9; 32 samples per rank). A method's timed steps come after its warm-up (5 steps, 1 for
-synthetic at 100 Mbit/s, and PowerSGD's two dense steps), the first method's after a dense run of twice that (the
-first steps of a job run slower); ``auto``'s after it settled. The step time is the median over the timed steps of
-each step's slowest rank (with the quartiles): 3 steps at 100 Mbit/s for synthetic (a dense step on 4 hosts takes
-over 10 s), 6 on faster links; for digits 200, in 10 rounds of 20 steps in which every run (dense, each method, auto,
-dense again) takes its turn (each round in another order, and after one untimed step). A millisecond step's time
-drifts between runs on the emulated links (their token buckets refill at 4 ms timer ticks), and interleaving
-compares the runs under the same drift.
+control: what the same plan measures in another run of the same launch; for digits it runs next to dense, and auto
+before it, in each round but the first). Every run trains a fresh model (the same initial weights) with the loop of
+``hvdcomp train`` (zero_grad, forward, backward, step; SGD with momentum 0.9; 32 samples per rank). A method's timed
+steps come after its warm-up (5 steps, 1 for synthetic at 100 Mbit/s, and PowerSGD's two dense steps), the first
+method's after a dense run of twice that (the first steps of a job run slower); ``auto``'s after it settled. The step
+time is the median over the timed steps of each step's slowest rank (with the quartiles): 3 steps at 100 Mbit/s for
+synthetic (a dense step on 4 hosts takes over 10 s), 6 on faster links; for digits 200, in 10 rounds of 20 steps in
+which every run (dense, each method, auto, dense again) takes its turn (each round in another order, and after one
+untimed step). A millisecond step's time drifts between runs on the emulated links (their token buckets refill at 4 ms
+timer ticks), and interleaving compares the runs under the same drift.
 ``auto``'s rows also give the plan it settled on, the plans it tried (predicted and measured ms, and the runoff's), the
 dense step it measured and predicted, and the steps and seconds its tuning took (not in its step time; they are
 one-off per job).
