@@ -655,15 +655,17 @@ def test_auto_plans_to_try() -> None:
     assert labels(plans(fp16=98, dense=100), 80, 5, {"fp16"}) == ["fp16", "dense"]
 
 
-def test_auto_keeps_only_a_plan_measured_faster_than_dense() -> None:
-    def tried(*measured: tuple[str, float]) -> list[dict]:
-        return [{"label": label, "measured_ms": ms} for label, ms in measured]
+def _tried(*measured: tuple[str, float]) -> list[dict]:
+    """Guard trials (label, measured ms), as auto's report holds them."""
+    return [{"label": label, "measured_ms": ms} for label, ms in measured]
 
-    assert auto.kept_plan(tried(("a", 3.0), ("dense", 2.8)), 2.0) is None  # dense measured in the guard wins
-    assert auto.kept_plan(tried(("a", 3.0), ("dense", 3.2)), 2.0) == 0  # ... or loses; the earlier 2.0 is not used
-    assert auto.kept_plan(tried(("a", 2.8), ("dense", 2.8)), 5.0) is None  # a tie keeps dense
-    assert auto.kept_plan(tried(("a", 3.0), ("b", 2.5)), 2.7) == 1  # dense not measured again: the dense phase's step
-    assert auto.kept_plan(tried(("a", 3.0), ("b", 2.5)), 2.4) is None
+
+def test_auto_keeps_only_a_plan_measured_faster_than_dense() -> None:
+    assert auto.kept_plan(_tried(("a", 3.0), ("dense", 2.8)), 2.0) is None  # dense measured in the guard wins
+    assert auto.kept_plan(_tried(("a", 3.0), ("dense", 3.2)), 2.0) == 0  # ... or loses; the earlier 2.0 is not used
+    assert auto.kept_plan(_tried(("a", 2.8), ("dense", 2.8)), 5.0) is None  # a tie keeps dense
+    assert auto.kept_plan(_tried(("a", 3.0), ("b", 2.5)), 2.7) == 1  # dense not measured again: the dense phase's step
+    assert auto.kept_plan(_tried(("a", 3.0), ("b", 2.5)), 2.4) is None
     assert auto.kept_plan([], 2.0) is None
     # after a runoff a plan's step is the median of its measurements: the guard's fast one is outvoted
     assert auto.kept_plan([{"label": "a", "measured_ms": 2.0, "runoff_ms": [3.0, 3.1]},
@@ -678,16 +680,14 @@ def test_auto_keeps_only_a_plan_measured_faster_than_dense() -> None:
 
 
 def test_auto_runs_off_the_two_fastest_plans_only_when_close() -> None:
-    def tried(*measured: tuple[str, float]) -> list[dict]:
-        return [{"label": label, "measured_ms": ms} for label, ms in measured]
-
     # 4 hosts at 1 Gbit/s, digits: fp16 and dense measured 0.3% apart in the guard (timed: fp16 4.3 ms, dense 5.2)
-    assert auto.runoff_pair(tried(("powersgd", 8.46), ("fp16", 4.258), ("dense", 4.247)), 4.3, 0.1) == ["dense", "fp16"]
-    assert auto.runoff_pair(tried(("a", 3.0), ("b", 2.5)), 2.7, 0.1) == ["b", "dense"]  # dense: the dense phase's
-    assert auto.runoff_pair(tried(("a", 3.0), ("b", 2.5)), 2.8, 0.1) == []  # 12% apart
-    assert auto.runoff_pair(tried(("a", 3.0), ("b", 2.5)), 2.8, 0.2) == ["b", "dense"]
-    assert auto.runoff_pair(tried(("a", 2.6), ("b", 2.5)), 9.0, 0.1) == ["b", "a"]  # dense far behind: the two plans
-    assert auto.runoff_pair(tried(("dense", 2.0)), 2.1, 0.1) == []  # dense alone: no pair
+    close = _tried(("powersgd", 8.46), ("fp16", 4.258), ("dense", 4.247))
+    assert auto.runoff_pair(close, 4.3, 0.1) == ["dense", "fp16"]
+    assert auto.runoff_pair(_tried(("a", 3.0), ("b", 2.5)), 2.7, 0.1) == ["b", "dense"]  # dense: the dense phase's
+    assert auto.runoff_pair(_tried(("a", 3.0), ("b", 2.5)), 2.8, 0.1) == []  # 12% apart
+    assert auto.runoff_pair(_tried(("a", 3.0), ("b", 2.5)), 2.8, 0.2) == ["b", "dense"]
+    assert auto.runoff_pair(_tried(("a", 2.6), ("b", 2.5)), 9.0, 0.1) == ["b", "a"]  # dense far behind: the two plans
+    assert auto.runoff_pair(_tried(("dense", 2.0)), 2.1, 0.1) == []  # dense alone: no pair
     assert auto.runoff_pair([], 2.0, 0.1) == []  # nothing tried: no runoff
 
 
