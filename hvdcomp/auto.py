@@ -36,13 +36,14 @@ in the same step on every rank):
    each measured for ``guard_steps`` steps, or ``guard_s`` seconds by its predicted step time if that is more (up to
    50 steps), after 2 steps to settle (and the rest of its methods' warm-ups, :meth:`Compressor.steady_from`,
    counted from the job's first step), by its median step (the slowest rank's). If there is none, the job stays
-   dense. Where the two fastest measured (dense among them: measured in the guard if it was, else in 2, and then,
-   if it goes to the runoff, added to the plans tried, marked ``dense_steps``) are within ``runoff_band`` (10%) of
-   each other, a runoff measures each ``runoff`` (2) more times, in turn, as a benchmark interleaves its runs: one
-   measurement can be off by as much as they differ. The faster of the two by the median of its measurements
-   (without a runoff, the fastest measured) is kept if it is not dense and faster than dense (dense's median, else
-   its one measurement: :func:`kept_plan`; applied again if it is not the plan in force); otherwise every
-   parameter goes back to dense.
+   dense. The runoff (:func:`runoff_plans`): where the two fastest measured (dense among them: measured in the guard
+   if it was, else in 2, and then, if it goes to the runoff, added to the plans tried, marked ``dense_steps``) are
+   within ``runoff_band`` (10%) of each other, both, and where the fastest is not dense but dense measured within
+   ``dense_band`` (50%) of it, dense too, are measured ``runoff`` (2) more times each, in turn, as a benchmark
+   interleaves its runs: one measurement can be off by as much as they differ. The fastest of them by the median of
+   its measurements (without a runoff, the fastest measured) is kept if it is not dense and faster than dense
+   (dense's median, else its one measurement: :func:`kept_plan`; applied again if it is not the plan in force);
+   otherwise every parameter goes back to dense.
 
 Candidates: every registered method (``hvdcomp.METHODS``: a method added later joins) with its default options, or
 those of ``candidates``, but those in :data:`ACCURACY_GUARD` unless ``allow`` names them, and, where the wrapped
@@ -135,13 +136,16 @@ class AutoSettings:
             the model misjudged the dense step and measuring is cheap, every method alone within its error, and
             dense, are measured, past ``tries``: :func:`plans_to_try`).
         runoff: rounds of the runoff: where the two fastest plans measured (dense among them) are within
-            ``runoff_band`` of each other (:func:`runoff_pair`), each is measured this many more times, alternately,
-            and the faster of the two by the median of its measurements (:func:`judged_ms`) is kept if it is not
-            dense and faster than dense (:func:`kept_plan`); 0: none.
-        runoff_band: the runoff's two are the two fastest if the slower measured at most this fraction above the
-            faster: closer than that, one measurement cannot tell them apart (on the emulated cluster dense run twice
-            in one launch measured 0.74x to 1.20x of itself, perf/RESULTS.md; the target is within 10% of the
-            best).
+            ``runoff_band`` of each other, or dense within ``dense_band`` of the fastest (:func:`runoff_plans`), each
+            of them is measured this many more times, in turn, and the fastest by the median of its measurements
+            (:func:`judged_ms`) is kept if it is not dense and faster than dense (:func:`kept_plan`); 0: none.
+        runoff_band: the two fastest run off if the slower measured at most this fraction above the faster: closer
+            than that, one measurement cannot tell them apart (on the emulated cluster dense run twice in one launch
+            measured 0.74x to 1.20x of itself, perf/RESULTS.md; the target is within 10% of the best).
+        dense_band: dense runs off too if the fastest is not dense and dense measured at most this fraction above
+            it: a plan is kept only if it beats dense in turn, unless it measured clearly faster (on the emulated
+            cluster one measurement of fp16's 4.2 ms step read 2.6 ms, against dense's 3.6, and fp16 was kept,
+            1.33x slower than dense: perf/RESULTS.md).
         repeats: timed runs of each candidate's encoding and decoding per gradient (the median is kept).
     """
 
@@ -155,6 +159,7 @@ class AutoSettings:
     tries: int = 5
     runoff: int = 2
     runoff_band: float = 0.1
+    dense_band: float = 0.5
     repeats: int = 3
 
     @classmethod
@@ -177,7 +182,8 @@ class AutoSettings:
         margin = options.get("margin", cls.margin)
         if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 1:
             raise ValueError(f"auto's margin must be a fraction in [0, 1); got {margin!r}")
-        for key, unit in (("guard_s", "a number of seconds"), ("runoff_band", "a fraction")):
+        for key, unit in (("guard_s", "a number of seconds"), ("runoff_band", "a fraction"),
+                          ("dense_band", "a fraction")):
             value = options.get(key, getattr(cls, key))
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise ValueError(f"auto's {key} must be {unit} >= 0; got {value!r}")
@@ -207,7 +213,8 @@ class AutoSettings:
                 make_compressor(method, method_options)  # its options, checked now
         return cls(tuple(allow), candidates, *(options.get(key, getattr(cls, key)) for key in
                                                ("warmup_steps", "measure_steps", "guard_steps", "guard_s", "margin",
-                                                "tries", "runoff", "runoff_band", "repeats")))
+                                                "tries", "runoff", "runoff_band", "dense_band",
+                                                "repeats")))
 
     def methods(self) -> dict[str, Mapping[str, Any]]:
         """The candidate methods and their options."""
@@ -259,21 +266,25 @@ def judged_ms(trial: Mapping[str, Any]) -> float:
     return statistics.median([trial["measured_ms"], *trial.get("runoff_ms", ())])
 
 
-def runoff_pair(tried: list[Mapping[str, Any]], dense_ms: float, band: float) -> list[str]:
-    """The labels of the two fastest plans ``tried`` (label, measured_ms), dense among them (measured in the guard
-    if it was, else ``dense_ms``), fastest first, if the slower measured at most ``band`` (a fraction) above the
-    faster; else none."""
+def runoff_plans(tried: list[Mapping[str, Any]], dense_ms: float, band: float, dense_band: float) -> list[str]:
+    """The labels of the plans to run off, fastest first, from the plans ``tried`` (label, measured_ms) and dense
+    (measured in the guard if it was, else ``dense_ms``): the two fastest if the slower measured at most ``band`` (a
+    fraction) above the faster, and dense if the fastest is not dense and dense measured at most ``dense_band``
+    above it; else none."""
     steps = {t["label"]: t["measured_ms"] for t in tried}
     steps.setdefault("dense", dense_ms)
     if len(steps) < 2:
         return []
     first, second = sorted(steps, key=steps.__getitem__)[:2]
-    return [first, second] if steps[second] <= steps[first] * (1 + band) else []
+    close = [second] if steps[second] <= steps[first] * (1 + band) else []
+    if first != "dense" and "dense" not in close and steps["dense"] <= steps[first] * (1 + dense_band):
+        close.append("dense")
+    return [first, *close] if close else []
 
 
 def kept_plan(tried: list[Mapping[str, Any]], dense_ms: float) -> int | None:
     """Which of the plans ``tried`` (label, measured_ms and any runoff_ms: :func:`judged_ms`) to keep: the fastest
-    (after a runoff, the faster of its two: a plan measured once does not win over them on that one measurement),
+    (after a runoff, of the runoff's plans: a plan measured once does not win over them on that one measurement),
     if it is not dense and faster than dense (measured among them if it was, else ``dense_ms``); None keeps dense."""
     ran_off = [i for i, t in enumerate(tried) if "runoff_ms" in t]
     fastest = min(ran_off or range(len(tried)), key=lambda i: judged_ms(tried[i]), default=None)
@@ -487,21 +498,24 @@ class Tuner:
         return replace(live, compressors=priced), excluded, fusion
 
     def _next_plan(self, optimizer: Any) -> None:
-        """Applies the next plan to measure: those to try, then, if the two fastest measured are close, the runoff
-        (:func:`runoff_pair`: each again ``runoff`` times, in turn, ending on the faster so far unless the slower is
-        in force); after the last, keeps the plan :func:`kept_plan` says (applied again if it is not the one in
-        force), or goes back to dense."""
+        """Applies the next plan to measure: those to try, then the runoff, if :func:`runoff_plans` names plans
+        (each again ``runoff`` times, in turn, slowest first, so ending on the fastest so far, but on the plan in
+        force if it is among them: no plan is measured twice in a row); after the last, keeps the plan
+        :func:`kept_plan` says (applied again if it is not the one in force), or goes back to dense."""
         self.phase, self.steps, self.samples = "guard", 0, _Samples()
         tried = self.report["tried"]
         if not self.plans and not self.runoff_decided:
             self.runoff_decided = True
-            pair = runoff_pair(tried, self.dense_ms, self.settings.runoff_band) if self.settings.runoff else []
-            if pair and pair[1] != self.report.get("label"):
-                pair.reverse()
-            if "dense" in pair and all(t["label"] != "dense" for t in tried):  # measured in the dense steps only
+            settings = self.settings
+            order = runoff_plans(tried, self.dense_ms, settings.runoff_band, settings.dense_band)[::-1] \
+                if settings.runoff else []
+            if self.report.get("label") in order:
+                last = order.index(self.report["label"])
+                order = [*order[last + 1:], *order[:last + 1]]
+            if "dense" in order and all(t["label"] != "dense" for t in tried):  # measured in the dense steps only
                 tried.append({"label": "dense", "predicted_ms": self.by_label["dense"].step_ms,
                               "measured_ms": round(self.dense_ms, 3), "dense_steps": True, "kept": False})
-            self.plans = [self.by_label[label] for label in pair * self.settings.runoff]
+            self.plans = [self.by_label[label] for label in order * settings.runoff]
         if self.plans:
             plan = self.plans.pop(0)
             if self.runoff_decided:

@@ -41,7 +41,7 @@ WORKLOADS = ("synthetic", "digits")
 #: PowerSGD's warm-up shortened from 10 dense steps to 2, as in perf/cluster_training.py, for single runs and auto alike
 CANDIDATE_OPTIONS = {"powersgd": {"start_iter": 2}}
 AUTO = {"warmup_steps": 1, "measure_steps": 3, "repeats": 2}
-MAX_TUNING_STEPS = 1000  # up to 13 tries (every method alone, two mixes, dense) and 4 in the runoff, x (2 + 50 steps)
+MAX_TUNING_STEPS = 1100  # up to 13 tries (every method alone, two mixes, dense) and 6 in the runoff, x (2 + 50 steps)
 ROUNDS = 10  # digits' runs are timed in turn, 20 steps each, this many times
 CONTROL = "dense again"
 BATCH = 32  # per rank

@@ -839,8 +839,8 @@ def auto_run(candidates: dict | None, width: int = 1024, retune: bool = False,
             assert all(s.choice.reduction is None for s in optimizer._slots), "retune() did not go back to dense"
         # 6 dense steps and 2 tries of 5 (and a method's warm-up): about 16; where the model misjudged the dense step
         # (shared memory's millisecond steps) every candidate alone and dense again: up to 14 tries of 5, and a
-        # runoff of 4 more: about 96
-        for _ in range(120):
+        # runoff of up to 6 more: about 106
+        for _ in range(140):
             step()
             if optimizer.auto_report()["phase"] == "settled":
                 break
@@ -864,17 +864,19 @@ def assert_same_plan(report: dict, optimizer: torch.optim.Optimizer, label: str)
 def scenario_auto() -> None:
     """compression: auto on a slow link (tests/test_cluster.py: 2 emulated hosts at 100 Mbit/s). A method cheaper
     than dense is chosen for the large weight, the same plan on every rank, and the fastest plan measured is kept
-    (after a runoff, made certain by a wide band: the two fastest measured twice more each, and judged by the median);
+    (after a runoff, made certain by wide bands: the two fastest and dense measured twice more each, and judged by the
+    median);
     the same method made slow in the job (not when measured alone) is tried, each plan tried measured slower than
     dense, and every rank goes back to dense together. Parameters stay identical across ranks."""
-    report, optimizer, model = auto_run({"scalar_test": {}}, runoff_band=1e9)
+    report, optimizer, model = auto_run({"scalar_test": {}}, runoff_band=1e9, dense_band=1e9)
     assert report["phase"] == "settled" and report["label"] != "dense", report
     chosen = {c["name"]: c["method"] for c in report["plan"]}
     assert chosen["0.weight"] == "scalar_test" and chosen["2.bias"] == "none", chosen  # 10 elements: under min_numel
     ran_off = [t for t in report["tried"] if "runoff_ms" in t]
-    assert len(ran_off) == 2 and all(len(t["runoff_ms"]) == 2 for t in ran_off), report  # runoff: 2
+    assert "dense" in [t["label"] for t in ran_off] and 2 <= len(ran_off) <= 3, report  # of the two, or a third
+    assert all(len(t["runoff_ms"]) == 2 for t in ran_off), report  # runoff: 2
     (kept,) = [t for t in report["tried"] if t["kept"]]
-    steps = {t["label"]: hvdcomp.auto.judged_ms(t) for t in ran_off}  # only the runoff's two compete
+    steps = {t["label"]: hvdcomp.auto.judged_ms(t) for t in ran_off}  # only the runoff's plans compete
     dense_ms = next((hvdcomp.auto.judged_ms(t) for t in report["tried"] if t["label"] == "dense"), report["dense_ms"])
     assert hvdcomp.auto.judged_ms(kept) == min(steps.values()) < dense_ms, report
     assert report["label"] == kept["label"], report

@@ -679,16 +679,21 @@ def test_auto_keeps_only_a_plan_measured_faster_than_dense() -> None:
     assert auto.kept_plan(ran_off, 4.5) is None  # dense, measured once, is still the bar
 
 
-def test_auto_runs_off_the_two_fastest_plans_only_when_close() -> None:
+def test_auto_runs_off_the_close_plans_and_dense() -> None:
     # 4 hosts at 1 Gbit/s, digits: fp16 and dense measured 0.3% apart in the guard (timed: fp16 4.3 ms, dense 5.2)
     close = _tried(("powersgd", 8.46), ("fp16", 4.258), ("dense", 4.247))
-    assert auto.runoff_pair(close, 4.3, 0.1) == ["dense", "fp16"]
-    assert auto.runoff_pair(_tried(("a", 3.0), ("b", 2.5)), 2.7, 0.1) == ["b", "dense"]  # dense: the dense phase's
-    assert auto.runoff_pair(_tried(("a", 3.0), ("b", 2.5)), 2.8, 0.1) == []  # 12% apart
-    assert auto.runoff_pair(_tried(("a", 3.0), ("b", 2.5)), 2.8, 0.2) == ["b", "dense"]
-    assert auto.runoff_pair(_tried(("a", 2.6), ("b", 2.5)), 9.0, 0.1) == ["b", "a"]  # dense far behind: the two plans
-    assert auto.runoff_pair(_tried(("dense", 2.0)), 2.1, 0.1) == []  # dense alone: no pair
-    assert auto.runoff_pair([], 2.0, 0.1) == []  # nothing tried: no runoff
+    assert auto.runoff_plans(close, 4.3, 0.1, 0.5) == ["dense", "fp16"]
+    assert auto.runoff_plans(_tried(("a", 3.0), ("b", 2.5)), 2.7, 0.1, 0) == ["b", "dense"]  # dense: the dense phase's
+    assert auto.runoff_plans(_tried(("a", 3.0), ("b", 2.5)), 2.8, 0.1, 0) == []  # 12% apart
+    assert auto.runoff_plans(_tried(("a", 3.0), ("b", 2.5)), 2.8, 0.2, 0) == ["b", "dense"]
+    assert auto.runoff_plans(_tried(("a", 3.0), ("b", 2.5)), 2.8, 0.1, 0.5) == ["b", "dense"]  # dense within 50%
+    # 2 hosts at 1 Gbit/s, digits: fp16 measured 2.6 ms in the guard, dense 3.6 (timed: fp16 4.2, dense 3.2)
+    assert auto.runoff_plans(_tried(("onebit", 4.5), ("fp16", 2.6)), 3.6, 0.1, 0.5) == ["fp16", "dense"]
+    assert auto.runoff_plans(_tried(("a", 2.6), ("b", 2.5)), 9.0, 0.1, 0.5) == ["b", "a"]  # dense far behind
+    assert auto.runoff_plans(_tried(("a", 2.6), ("b", 2.5)), 3.0, 0.1, 0.5) == ["b", "a", "dense"]
+    assert auto.runoff_plans(_tried(("a", 2.0)), 3.5, 0.1, 0.5) == []  # clearly faster than dense
+    assert auto.runoff_plans(_tried(("dense", 2.0)), 2.1, 0.1, 0.5) == []  # dense alone: no runoff
+    assert auto.runoff_plans([], 2.0, 0.1, 0.5) == []  # nothing tried: no runoff
 
 
 def test_auto_tuner_runs_off_the_close_pair_in_turn(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -701,10 +706,12 @@ def test_auto_tuner_runs_off_the_close_pair_in_turn(monkeypatch: pytest.MonkeyPa
         def slowest(self, value: float) -> float:
             return value
 
-    def guard(runoff: int, guard_ms: dict[str, float], dense_ms: float,
-              runoff_ms: dict[str, list[float]]) -> tuple[list[str], dict, list]:
-        """The plans applied in turn, the report, the configs replanned to directly (dense: the base config)."""
-        tuner, base, applied, replanned = auto.Tuner(auto.AutoSettings(runoff=runoff), "base"), "base", [], []
+    def guard(runoff: int, guard_ms: dict[str, float], dense_ms: float, runoff_ms: dict[str, list[float]],
+              dense_band: float = 0) -> tuple[list[str], dict, list]:
+        """The plans applied in turn, the report, the configs replanned to directly (dense: the base config).
+        ``dense_band`` 0: dense runs off only as one of the two fastest."""
+        settings = auto.AutoSettings(runoff=runoff, dense_band=dense_band)
+        tuner, base, applied, replanned = auto.Tuner(settings, "base"), "base", [], []
 
         def apply(self: auto.Tuner, optimizer: object, plan: predict.Plan) -> None:
             applied.append(plan.label)
@@ -755,6 +762,18 @@ def test_auto_tuner_runs_off_the_close_pair_in_turn(monkeypatch: pytest.MonkeyPa
     assert applied == ["dense", "a", "dense", "a", "dense", "a"] and replanned == [], applied
     assert [(t["label"], "dense_steps" in t, t["kept"]) for t in report["tried"]] == [
         ("dense", False, False), ("a", False, True)], report
+    # dense within dense_band of the fastest joins the two close ones: three run off, slowest first but ending on c,
+    # in force; c (median 4.2) beats dense (4.5) and a (4.6), and stays in force
+    applied, report, replanned = guard(2, {"a": 4.0, "b": 4.3, "c": 4.1}, 5.0,
+                                       {"a": [4.6, 4.7], "c": [4.2, 4.3], "dense": [4.4, 4.5]}, dense_band=0.5)
+    assert applied == ["a", "b", "c", "a", "dense", "c", "a", "dense", "c"] and replanned == [], applied
+    assert [(t["label"], t.get("runoff_ms"), t["kept"]) for t in report["tried"]] == [
+        ("a", [4.6, 4.7], False), ("b", None, False), ("c", [4.2, 4.3], True), ("dense", [4.4, 4.5], False)], report
+    # 2 hosts at 1 Gbit/s, digits: fp16's one fast measurement (2.6 ms) is outvoted in turn with dense: dense is kept
+    applied, report, replanned = guard(2, {"fp16": 2.6}, 3.6, {"fp16": [4.1, 4.3], "dense": [3.2, 3.3]},
+                                       dense_band=0.5)
+    assert applied == ["fp16", "dense", "fp16", "dense", "fp16"] and replanned == ["base"], applied
+    assert report["label"] == "dense" and [t["kept"] for t in report["tried"]] == [False, True], report
     # runoff: 0, or the two fastest 13% apart (dense's 4.25, fp16's 4.8): none; the guard's measurements decide
     for runoff, guard_ms in ((0, {"fp16": 4.26}), (2, {"fp16": 4.8, "b": 5.0})):
         applied, report, replanned = guard(runoff, guard_ms, 4.25, {})

@@ -238,6 +238,7 @@ def test_memory_policy_is_the_same_for_names_configs_and_objects() -> None:
     ({"method": "auto", "options": {"margin": 1.5}}, r"auto's margin must be a fraction in \[0, 1\)"),
     ({"method": "auto", "options": {"runoff": -1}}, "auto's runoff must be an integer >= 0; got -1"),
     ({"method": "auto", "options": {"runoff_band": "10%"}}, "auto's runoff_band must be a fraction >= 0; got '10%'"),
+    ({"method": "auto", "options": {"dense_band": -0.5}}, "auto's dense_band must be a fraction >= 0; got -0.5"),
     ({"method": "auto", "options": {"allow": ["topk"]}}, "auto's allow: 'topk' is not held back; held back: dgc"),
     ({"method": "auto", "options": {"candidates": {"randomk": {}}}}, "randomk is held back .*add it to allow"),
     ({"method": "auto", "options": {"candidates": {"zip": {}}}}, "auto's candidates: unknown compression method"),
