@@ -39,11 +39,11 @@ in the same step on every rank):
    dense. The runoff (:func:`runoff_plans`): where the two fastest measured (dense among them: measured in the guard
    if it was, else in 2, and then, if it goes to the runoff, added to the plans tried, marked ``dense_steps``) are
    within ``runoff_band`` (10%) of each other, both, and where the fastest is not dense but dense measured within
-   ``dense_band`` (50%) of it, dense too, are measured ``runoff`` (2) more times each, in turn, as a benchmark
-   interleaves its runs: one measurement can be off by as much as they differ. The fastest of them by the median of
-   its measurements (without a runoff, the fastest measured) is kept if it is not dense and faster than dense
-   (dense's median, else its one measurement: :func:`kept_plan`; applied again if it is not the plan in force);
-   otherwise every parameter goes back to dense.
+   ``dense_band`` (50%) of it, the fastest and dense (all three if both hold), are measured ``runoff`` (2) more times
+   each, in turn, as a benchmark interleaves its runs: one measurement can be off by as much as they differ. The
+   fastest of them by the median of its measurements (without a runoff, the fastest measured) is kept if it is not
+   dense and faster than dense (dense's median, else its one measurement: :func:`kept_plan`; applied again if it is
+   not the plan in force); otherwise every parameter goes back to dense.
 
 Candidates: every registered method (``hvdcomp.METHODS``: a method added later joins) with its default options, or
 those of ``candidates``, but those in :data:`ACCURACY_GUARD` unless ``allow`` names them, and, where the wrapped
@@ -136,16 +136,17 @@ class AutoSettings:
             the model misjudged the dense step and measuring is cheap, every method alone within its error, and
             dense, are measured, past ``tries``: :func:`plans_to_try`).
         runoff: rounds of the runoff: where the two fastest plans measured (dense among them) are within
-            ``runoff_band`` of each other, or dense within ``dense_band`` of the fastest (:func:`runoff_plans`), each
-            of them is measured this many more times, in turn, and the fastest by the median of its measurements
-            (:func:`judged_ms`) is kept if it is not dense and faster than dense (:func:`kept_plan`); 0: none.
+            ``runoff_band`` of each other, or dense within ``dense_band`` of the fastest (:func:`runoff_plans`: then
+            the fastest and dense), each is measured this many more times, in turn, and the fastest by the median of
+            its measurements (:func:`judged_ms`) is kept if it is not dense and faster than dense
+            (:func:`kept_plan`); 0: none.
         runoff_band: the two fastest run off if the slower measured at most this fraction above the faster: closer
             than that, one measurement cannot tell them apart (on the emulated cluster dense run twice in one launch
             measured 0.74x to 1.20x of itself, perf/RESULTS.md; the target is within 10% of the best).
         dense_band: dense runs off too if the fastest is not dense and dense measured at most this fraction above
             it: a plan is kept only if it beats dense in turn, unless it measured clearly faster (on the emulated
-            cluster one measurement of fp16's 4.2 ms step read 2.6 ms, against dense's 3.6, and fp16 was kept,
-            1.33x slower than dense: perf/RESULTS.md).
+            cluster one measurement of fp16's 4.2 ms step read 2.6 ms, against dense's 3.6, and fp16 was kept: auto
+            ran at 1.33x dense's step, perf/RESULTS.md).
         repeats: timed runs of each candidate's encoding and decoding per gradient (the median is kept).
     """
 
@@ -213,8 +214,7 @@ class AutoSettings:
                 make_compressor(method, method_options)  # its options, checked now
         return cls(tuple(allow), candidates, *(options.get(key, getattr(cls, key)) for key in
                                                ("warmup_steps", "measure_steps", "guard_steps", "guard_s", "margin",
-                                                "tries", "runoff", "runoff_band", "dense_band",
-                                                "repeats")))
+                                                "tries", "runoff", "runoff_band", "dense_band", "repeats")))
 
     def methods(self) -> dict[str, Mapping[str, Any]]:
         """The candidate methods and their options."""
@@ -499,8 +499,8 @@ class Tuner:
 
     def _next_plan(self, optimizer: Any) -> None:
         """Applies the next plan to measure: those to try, then the runoff, if :func:`runoff_plans` names plans
-        (each again ``runoff`` times, in turn, slowest first, so ending on the fastest so far, but on the plan in
-        force if it is among them: no plan is measured twice in a row); after the last, keeps the plan
+        (each again ``runoff`` times, in turn: slowest first, so ending on the fastest so far, the cycle rotated to end
+        on the plan in force if it is among them: no plan is measured twice in a row); after the last, keeps the plan
         :func:`kept_plan` says (applied again if it is not the one in force), or goes back to dense."""
         self.phase, self.steps, self.samples = "guard", 0, _Samples()
         tried = self.report["tried"]

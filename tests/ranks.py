@@ -865,9 +865,8 @@ def scenario_auto() -> None:
     """compression: auto on a slow link (tests/test_cluster.py: 2 emulated hosts at 100 Mbit/s). A method cheaper
     than dense is chosen for the large weight, the same plan on every rank, and the fastest plan measured is kept
     (after a runoff, made certain by wide bands: the two fastest and dense measured twice more each, and judged by the
-    median);
-    the same method made slow in the job (not when measured alone) is tried, each plan tried measured slower than
-    dense, and every rank goes back to dense together. Parameters stay identical across ranks."""
+    median); the same method made slow in the job (not when measured alone) is tried, each plan tried measured slower
+    than dense, and every rank goes back to dense together. Parameters stay identical across ranks."""
     report, optimizer, model = auto_run({"scalar_test": {}}, runoff_band=1e9, dense_band=1e9)
     assert report["phase"] == "settled" and report["label"] != "dense", report
     chosen = {c["name"]: c["method"] for c in report["plan"]}

@@ -672,11 +672,16 @@ def test_auto_keeps_only_a_plan_measured_faster_than_dense() -> None:
                            {"label": "dense", "measured_ms": 2.8, "runoff_ms": [2.9, 2.7]}], 5.0) is None
     assert auto.kept_plan([{"label": "a", "measured_ms": 4.3, "runoff_ms": [4.2, 4.4]},
                            {"label": "dense", "measured_ms": 4.2, "runoff_ms": [5.1, 5.3]}], 4.0) == 0
-    # ... and only the runoff's two compete: c, measured once, does not win over them on that one measurement
+    # ... and only the runoff's plans compete: c, measured once, does not win over them on that one measurement
     ran_off = [{"label": "a", "measured_ms": 4.0, "runoff_ms": [4.6, 4.7]}, {"label": "c", "measured_ms": 4.45},
                {"label": "b", "measured_ms": 4.1, "runoff_ms": [4.7, 4.8]}]
     assert auto.kept_plan(ran_off, 5.0) == 0
     assert auto.kept_plan(ran_off, 4.5) is None  # dense, measured once, is still the bar
+    # dense among three in the runoff: the lowest median of the three wins, dense's included
+    ran_off.append({"label": "dense", "measured_ms": 5.0, "runoff_ms": [4.4, 4.5]})
+    assert auto.kept_plan(ran_off, 5.0) is None
+    ran_off[-1]["runoff_ms"] = [4.9, 4.8]
+    assert auto.kept_plan(ran_off, 4.0) == 0  # dense's median in the runoff is the bar, not its dense steps'
 
 
 def test_auto_runs_off_the_close_plans_and_dense() -> None:
@@ -696,7 +701,7 @@ def test_auto_runs_off_the_close_plans_and_dense() -> None:
     assert auto.runoff_plans([], 2.0, 0.1, 0.5) == []  # nothing tried: no runoff
 
 
-def test_auto_tuner_runs_off_the_close_pair_in_turn(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_tuner_runs_off_the_close_plans_in_turn(monkeypatch: pytest.MonkeyPatch) -> None:
     """The guard's state machine on one rank, with the step times scripted (the slowest rank's: here the one's):
     which plans it applies in which order, where each measurement goes, and what it keeps."""
     class OneRank:  # ProcessSetRanks among one rank: the slowest is this one
@@ -762,8 +767,8 @@ def test_auto_tuner_runs_off_the_close_pair_in_turn(monkeypatch: pytest.MonkeyPa
     assert applied == ["dense", "a", "dense", "a", "dense", "a"] and replanned == [], applied
     assert [(t["label"], "dense_steps" in t, t["kept"]) for t in report["tried"]] == [
         ("dense", False, False), ("a", False, True)], report
-    # dense within dense_band of the fastest joins the two close ones: three run off, slowest first but ending on c,
-    # in force; c (median 4.2) beats dense (4.5) and a (4.6), and stays in force
+    # dense within dense_band of the fastest joins the two close ones: three run off, the cycle dense, c, a (slowest
+    # first) rotated to end on c, in force; c (median 4.2) beats dense (4.5) and a (4.6), and stays in force
     applied, report, replanned = guard(2, {"a": 4.0, "b": 4.3, "c": 4.1}, 5.0,
                                        {"a": [4.6, 4.7], "c": [4.2, 4.3], "dense": [4.4, 4.5]}, dense_band=0.5)
     assert applied == ["a", "b", "c", "a", "dense", "c", "a", "dense", "c"] and replanned == [], applied
@@ -774,6 +779,17 @@ def test_auto_tuner_runs_off_the_close_pair_in_turn(monkeypatch: pytest.MonkeyPa
                                        dense_band=0.5)
     assert applied == ["fp16", "dense", "fp16", "dense", "fp16"] and replanned == ["base"], applied
     assert report["label"] == "dense" and [t["kept"] for t in report["tried"]] == [False, True], report
+    # ... as it ran there: dense measured last in the guard (3.6 ms, in force), so the runoff starts from fp16
+    applied, report, replanned = guard(2, {"fp16": 2.6, "dense": 3.6}, 3.2, {"fp16": [4.1, 4.3], "dense": [3.2, 3.3]},
+                                       dense_band=0.5)
+    assert applied == ["fp16", "dense", "fp16", "dense", "fp16", "dense"] and replanned == ["base"], applied
+    assert [(t["label"], "dense_steps" in t, t["kept"]) for t in report["tried"]] == [
+        ("fp16", False, False), ("dense", False, True)], report
+    # three run off, the plan in force (b, measured last) not among them: slowest first, ending on a, which wins
+    applied, report, replanned = guard(2, {"a": 4.0, "c": 4.1, "b": 4.9}, 5.0,
+                                       {"a": [4.2, 4.3], "c": [4.6, 4.7], "dense": [4.8, 4.9]}, dense_band=0.5)
+    assert applied == ["a", "c", "b", "dense", "c", "a", "dense", "c", "a"] and replanned == [], applied
+    assert report["label"] == "a" and [t["kept"] for t in report["tried"]] == [True, False, False, False], report
     # runoff: 0, or the two fastest 13% apart (dense's 4.25, fp16's 4.8): none; the guard's measurements decide
     for runoff, guard_ms in ((0, {"fp16": 4.26}), (2, {"fp16": 4.8, "b": 5.0})):
         applied, report, replanned = guard(runoff, guard_ms, 4.25, {})
