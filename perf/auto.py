@@ -4,6 +4,7 @@ dense).
 
     .venv/bin/python perf/auto.py [--hosts 2 4] [--rates 100mbit 1gbit 10gbit] [--workloads synthetic digits]
     .venv/bin/python perf/auto.py --report          # the table from perf/results/auto.jsonl
+    .venv/bin/python perf/auto.py --report --before 2026-11-24T09:10    # an earlier launch's
 
 One launch per (hosts, rate) runs, for each workload, in turn and on the same links: dense (``compression="none"``),
 every candidate ``auto`` has by default (every registered method but those of ``hvdcomp.ACCURACY_GUARD``; PowerSGD with
@@ -155,8 +156,9 @@ def worker(workloads: list[str], rate: str) -> None:
 
 
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per (hosts, rate, workload): auto, dense, the best single method in hindsight (dense among them) and the
-    control's ratio to dense (nan where it was not run)."""
+    """Per (hosts, rate, workload): auto, dense, the best single method in hindsight (dense among them), the
+    control's ratio to dense, auto's to its plan run alone, and that run's to the best (nan where it was not run: a
+    per-tensor mix)."""
     settings: dict[tuple, dict[str, dict[str, Any]]] = {}
     for row in rows:
         settings.setdefault((row["hosts"], row["rate_bps"], row["rate"], row["workload"]), {})[row["method"]] = row
@@ -165,6 +167,7 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if "auto" not in methods or "dense" not in methods:
             continue
         auto, dense = methods["auto"], methods["dense"]
+        alone = methods.get("dense" if auto["label"] == "dense" else auto["label"], {"step_s": math.nan})
         best = min((r for m, r in methods.items() if m not in ("auto", CONTROL)), key=lambda r: r["step_s"])
         result.append({"hosts": hosts, "rate": rate, "workload": workload, "auto_s": auto["step_s"],
                        "auto_iqr": (auto["step_p25_s"], auto["step_p75_s"]),
@@ -172,6 +175,8 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                        "auto_vs_best": auto["step_s"] / best["step_s"],
                        "auto_vs_dense": auto["step_s"] / dense["step_s"],
                        "control_vs_dense": methods.get(CONTROL, {"step_s": math.nan})["step_s"] / dense["step_s"],
+                       "auto_vs_alone": auto["step_s"] / alone["step_s"],
+                       "alone_vs_best": alone["step_s"] / best["step_s"],
                        "label": auto["label"], "plan": auto["plan"], "tried": auto["tried"],
                        "tuning_steps": auto["tuning_steps"], "tuning_s": auto["tuning_s"],
                        "dense_predicted_ms": auto["dense_predicted_ms"], "dense_ms": auto["dense_ms"]})
@@ -208,10 +213,13 @@ def report(rows: list[dict[str, Any]]) -> None:
         print(f"\nauto within 10% of the best in hindsight in {within} of {len(table)} settings (worst "
               f"{worst_best:.2f}x); at most {worst_dense:.2f}x dense's step time; median auto/best "
               f"{statistics.median(r['auto_vs_best'] for r in table):.2f}")
-        controls = [r["control_vs_dense"] for r in table if not math.isnan(r["control_vs_dense"])]
-        if controls:
-            print(f"dense again / dense (the same plan in another run of the launch): {min(controls):.2f} to "
-                  f"{max(controls):.2f} in {len(controls)} settings")
+        for key, what in (("control_vs_dense", "dense again / dense (the same plan in another run of the launch)"),
+                          ("auto_vs_alone", "auto / its plan run alone (where it kept dense or one method)"),
+                          ("alone_vs_best", "its plan run alone / the best")):
+            ratios = [r[key] for r in table if not math.isnan(r[key])]
+            if ratios:
+                print(f"{what}: {min(ratios):.2f} to {max(ratios):.2f} in {len(ratios)} settings, median "
+                      f"{statistics.median(ratios):.2f}")
 
 
 def main() -> None:
@@ -221,6 +229,8 @@ def main() -> None:
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
     parser.add_argument("--controller", choices=["mpi", "gloo"], default="mpi", help="Horovod's controller")
     parser.add_argument("--report", action="store_true", help="only print the table of the latest rows")
+    parser.add_argument("--before", metavar="TIME", help="the table of the latest rows measured before TIME (ISO, "
+                        "as the rows' time: 2026-11-24T09:10), an earlier launch's")
     parser.add_argument("--worker", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker is not None:
@@ -231,7 +241,8 @@ def main() -> None:
         for rate in args.rates:
             clusterbench.run_settings(__file__, [rate, *args.workloads], args.hosts, [rate], timeout=3000,
                                       results=RESULTS, controller=args.controller)
-    report(clusterbench.latest(clusterbench.load(RESULTS), "controller", "hosts", "rate", "workload", "method"))
+    rows = [r for r in clusterbench.load(RESULTS) if args.before is None or r["time"] < args.before]
+    report(clusterbench.latest(rows, "controller", "hosts", "rate", "workload", "method"))
 
 
 if __name__ == "__main__":
