@@ -167,7 +167,7 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if "auto" not in methods or "dense" not in methods:
             continue
         auto, dense = methods["auto"], methods["dense"]
-        alone = methods.get("dense" if auto["label"] == "dense" else auto["label"], {"step_s": math.nan})
+        alone = methods.get(auto["label"], {"step_s": math.nan})  # a per-tensor mix was not run alone
         best = min((r for m, r in methods.items() if m not in ("auto", CONTROL)), key=lambda r: r["step_s"])
         result.append({"hosts": hosts, "rate": rate, "workload": workload, "auto_s": auto["step_s"],
                        "auto_iqr": (auto["step_p25_s"], auto["step_p75_s"]),
