@@ -62,8 +62,8 @@ The step counters go on, so the dense steps count towards a method's warm-up. A 
 when it was saved, and only parameters compressed at loading take theirs back.
 ``optimizer.retune()`` starts again from step 1 (call it on every rank in the same step, after the cluster changed);
 an elastic reset does too. ``optimizer.auto_report()`` holds the plan in force (per tensor: size, method, collective,
-its predicted ms alone and dense's), the predicted and measured step times and every plan tried; ``hvdcomp train``
-prints it and saves it in its JSON summary.
+its predicted ms alone and dense's), the predicted step of every plan ranked (``predicted``, fastest first), the
+measured step times and every plan tried; ``hvdcomp train`` prints it and saves it in its JSON summary.
 """
 
 from __future__ import annotations
@@ -423,6 +423,7 @@ class Tuner:
         self.report.update({"workers": workers, "margin": margin, "candidates": list(live.compressors),
                             "excluded": excluded, "dense_ms": round(self.dense_ms, 3),
                             "dense_predicted_ms": dense.step_ms, "links": links,
+                            "predicted": {p.label: round(p.step_ms, 3) for p in plans},
                             "measure_s": round(time.perf_counter() - started, 3)})
 
     def _live_profile(self, optimizer: Any) -> tuple[Profile, dict[str, str], int]:

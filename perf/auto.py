@@ -20,9 +20,9 @@ synthetic (a dense step on 4 hosts takes over 10 s), 6 on faster links; for digi
 which every run (dense, each method, auto, dense again) takes its turn (each round in another order, and after one
 untimed step). A millisecond step's time drifts between runs on the emulated links (their token buckets refill at 4 ms
 timer ticks), and interleaving compares the runs under the same drift.
-``auto``'s rows also give the plan it settled on, the plans it tried (predicted and measured ms, and the runoff's), the
-dense step it measured and predicted, and the steps and seconds its tuning took (not in its step time; they are
-one-off per job).
+``auto``'s rows also give the plan it settled on, the plans it tried (predicted and measured ms, and the runoff's),
+every plan it ranked with its predicted ms, the dense step it measured and predicted, and the steps and seconds its
+tuning took (not in its step time; they are one-off per job).
 Rows go to perf/results/auto.jsonl.
 """
 
@@ -116,7 +116,7 @@ def worker(workloads: list[str], rate: str) -> None:
             report = optimizer.auto_report()
             row.update(tuning_steps=steps, tuning_s=time.perf_counter() - began, label=report["label"],
                        plan={c["name"]: f"{c['method']}/{c['collective']}" for c in report["plan"]},
-                       tried=report["tried"], dense_ms=report["dense_ms"],
+                       tried=report["tried"], predicted=report["predicted"], dense_ms=report["dense_ms"],
                        dense_predicted_ms=report["dense_predicted_ms"], measure_s=report["measure_s"],
                        links=report["links"])
             return model, optimizer, steps, row

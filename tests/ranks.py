@@ -850,11 +850,14 @@ def auto_run(candidates: dict | None, width: int = 1024, retune: bool = False,
 
 
 def assert_same_plan(report: dict, optimizer: torch.optim.Optimizer, label: str) -> None:
-    """Every rank holds the same plan, the same trials and the same agreed dense step time, and runs the plan it
-    reports."""
-    every = hvd.allgather_object((report["plan"], report["tried"], report["dense_ms"], report["label"]),
-                                 name=f"auto.{label}")
+    """Every rank holds the same plan, the same trials, the same ranking (every plan's predicted step, fastest first,
+    dense and each plan tried among them) and the same agreed dense step time, and runs the plan it reports."""
+    every = hvd.allgather_object((report["plan"], report["tried"], report["predicted"], report["dense_ms"],
+                                  report["label"]), name=f"auto.{label}")
     assert all(other == every[0] for other in every), every
+    predicted = list(report["predicted"].values())  # every plan ranked, fastest first: dense and each one tried
+    assert predicted == sorted(predicted) and {"dense", *(t["label"] for t in report["tried"])} <= set(
+        report["predicted"]), report
     chosen = {c["name"]: (c["method"], c["collective"]) for c in report["plan"]}
     running = {s.name: ("none", "allreduce") if s.choice.compressor is None else
                (s.choice.compressor.name, s.choice.reduction.name) for s in optimizer._slots}
