@@ -655,6 +655,35 @@ def test_auto_plans_to_try() -> None:
     assert labels(plans(fp16=98, dense=100), 80, 5, {"fp16"}) == ["fp16", "dense"]
 
 
+def test_auto_widens_the_plans_tried_where_the_model_misranks_them() -> None:
+    """After the plans tried, methods alone the model ranked lower are measured where the plans measured show its
+    ranking off: those that would beat the fastest measured at their prediction x the lowest ratio of measured to
+    predicted seen / the spread of those ratios; none where every plan is off by the same factor."""
+    def plans(**steps: float) -> list[predict.Plan]:
+        return sorted((predict.Plan(label, (), ms) for label, ms in steps.items()), key=lambda p: p.step_ms)
+
+    def tried(**steps: tuple[float, float]) -> list[dict]:
+        return [{"label": label, "predicted_ms": p, "measured_ms": m} for label, (p, m) in steps.items()]
+
+    ranked = plans(mix=691, onebit=800, terngrad=873, efsignsgd=886, topk=918, powersgd=1000, orq=1200, qsgd=1500,
+                   dense=2600)
+    methods = {"onebit", "terngrad", "efsignsgd", "topk", "powersgd", "orq", "qsgd"}
+    # 4 hosts at 1 Gbit/s, synthetic: the five tried measured 1.03x to 1.52x their predictions, the fastest 909 ms;
+    # a method could measure as low as its prediction x 1.03 / 1.48 (0.69): PowerSGD and ORQ could beat 909, QSGD not
+    misranked = tried(mix=(691, 1052.6), onebit=(800, 1130.5), terngrad=(873, 945.2), efsignsgd=(886, 909.3),
+                      topk=(918, 1165.0))
+    assert [p.label for p in auto.widened_plans(ranked, misranked, methods, 5)] == ["powersgd", "orq"]
+    assert [p.label for p in auto.widened_plans(ranked, misranked, methods, 1)] == ["powersgd"]
+    assert auto.widened_plans(ranked, misranked, methods - {"powersgd", "orq"}, 5) == []  # mixes are not widened to
+    # every plan measured 1.2x its prediction: the model ranks them right, and none is added
+    even = tried(mix=(691, 829.2), onebit=(800, 960.0), topk=(918, 1101.6))
+    assert auto.widened_plans(ranked, even, methods, 5) == []
+    assert auto.widened_plans(ranked, misranked[:1], methods, 5) == []  # one plan measured: no spread to judge by
+    # dense measured in the guard counts as a plan measured, and is never added
+    assert [p.label for p in auto.widened_plans(ranked, tried(topk=(918, 900), dense=(2600, 1300)),
+                                                {"topk", "powersgd", "orq", "qsgd"}, 5)] == ["powersgd", "orq", "qsgd"]
+
+
 def _tried(*measured: tuple[str, float]) -> list[dict]:
     """Guard trials (label, measured ms), as auto's report holds them."""
     return [{"label": label, "measured_ms": ms} for label, ms in measured]
@@ -712,9 +741,13 @@ def test_auto_tuner_runs_off_the_close_plans_in_turn(monkeypatch: pytest.MonkeyP
             return value
 
     def guard(runoff: int, guard_ms: dict[str, float], dense_ms: float, runoff_ms: dict[str, list[float]],
-              dense_band: float = 0) -> tuple[list[str], dict, list]:
+              dense_band: float = 0, predicted: dict[str, float] | None = None,
+              later: dict[str, float] | None = None) -> tuple[list[str], dict, list]:
         """The plans applied in turn, the report, the configs replanned to directly (dense: the base config).
-        ``dense_band`` 0: dense runs off only as one of the two fastest."""
+        ``dense_band`` 0: dense runs off only as one of the two fastest. Plans are predicted at 1 ms (dense at 2)
+        unless ``predicted`` says; the methods alone of ``later`` are ranked but not tried (candidates, measured
+        at that if the guard widens to them)."""
+        predicted, later = predicted or {}, later or {}
         settings = auto.AutoSettings(runoff=runoff, dense_band=dense_band)
         tuner, base, applied, replanned = auto.Tuner(settings, "base"), "base", [], []
 
@@ -725,10 +758,12 @@ def test_auto_tuner_runs_off_the_close_plans_in_turn(monkeypatch: pytest.MonkeyP
 
         monkeypatch.setattr(auto.Tuner, "_apply", apply)
         optimizer = types.SimpleNamespace(config=base, process_set=None, _replan=replanned.append)
-        plans = [predict.Plan(label, (), 1.0) for label in guard_ms]
-        tuner.by_label = {p.label: p for p in [*plans, predict.Plan("dense", (), 2.0)]}
-        tuner.plans, tuner.dense_ms = plans, dense_ms
-        measured = {label: [ms, *runoff_ms.get(label, [])] for label, ms in guard_ms.items()}
+        plans = [predict.Plan(label, (), predicted.get(label, 1.0)) for label in guard_ms]
+        ranked = [*plans, *(predict.Plan(label, (), predicted[label]) for label in later),
+                  predict.Plan("dense", (), predicted.get("dense", 2.0))]
+        tuner.by_label = {p.label: p for p in sorted(ranked, key=lambda p: p.step_ms)}
+        tuner.plans, tuner.dense_ms, tuner.methods = plans, dense_ms, tuple(later)
+        measured = {label: [ms, *runoff_ms.get(label, [])] for label, ms in {**guard_ms, **later}.items()}
         measured.setdefault("dense", runoff_ms.get("dense", []))
         tuner._next_plan(optimizer)
         while tuner.phase != "settled":
@@ -790,6 +825,16 @@ def test_auto_tuner_runs_off_the_close_plans_in_turn(monkeypatch: pytest.MonkeyP
                                        {"a": [4.2, 4.3], "c": [4.6, 4.7], "dense": [4.8, 4.9]}, dense_band=0.5)
     assert applied == ["a", "c", "b", "dense", "c", "a", "dense", "c", "a"] and replanned == [], applied
     assert report["label"] == "a" and [t["kept"] for t in report["tried"]] == [True, False, False, False], report
+    # 4 hosts at 1 Gbit/s, synthetic: the model misranked the five tried (1.03x to 1.52x their predictions); the
+    # guard widens to PowerSGD and ORQ, predicted slower, and keeps PowerSGD, 13% faster than the rest (no runoff),
+    # applied again after ORQ
+    five = {"mix": 691, "onebit": 800, "terngrad": 873, "efsignsgd": 886, "topk": 918}
+    applied, report, replanned = guard(
+        2, dict(zip(five, (1052.6, 1130.5, 945.2, 909.3, 1165.0), strict=True)), 2500, {}, dense_band=0.5,
+        predicted={**five, "powersgd": 1000, "orq": 1200, "dense": 2600}, later={"powersgd": 790, "orq": 1000})
+    assert applied == [*five, "powersgd", "orq", "powersgd"] and replanned == [], applied
+    assert report["widened"] == ["powersgd", "orq"] and report["label"] == "powersgd", report
+    assert [t["label"] for t in report["tried"] if t["kept"]] == ["powersgd"], report
     # runoff: 0, or the two fastest 13% apart (dense's 4.25, fp16's 4.8): none; the guard's measurements decide
     for runoff, guard_ms in ((0, {"fp16": 4.26}), (2, {"fp16": 4.8, "b": 5.0})):
         applied, report, replanned = guard(runoff, guard_ms, 4.25, {})
