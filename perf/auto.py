@@ -15,8 +15,9 @@ before it, in each round but the first). Every run trains a fresh model (the sam
 ``hvdcomp train`` (zero_grad, forward, backward, step; SGD with momentum 0.9; 32 samples per rank). A method's timed
 steps come after its warm-up (5 steps, 1 for synthetic at 100 Mbit/s, and PowerSGD's two dense steps), the first
 method's after a dense run of twice that (the first steps of a job run slower); ``auto``'s after it settled. The step
-time is the median over the timed steps of each step's slowest rank (with the quartiles): 3 steps at 100 Mbit/s for
-synthetic (a dense step on 4 hosts takes over 10 s), 6 on faster links; for digits 200, in 10 rounds of 20 steps in
+time is the median over the timed steps of each step's slowest rank (with the quartiles): for synthetic, after one
+more untimed step, as many steps as take about 12 s by that step's time, up to 30 and at least 3 at 100 Mbit/s (a
+dense step on 4 hosts takes over 10 s) or 6 on faster links; for digits 200, in 10 rounds of 20 steps in
 which every run (dense, each method, auto, dense again) takes its turn (each round in another order, and after one
 untimed step). A millisecond step's time drifts between runs on the emulated links (their token buckets refill at 4 ms
 timer ticks), and interleaving compares the runs under the same drift.
@@ -42,8 +43,13 @@ WORKLOADS = ("synthetic", "digits")
 #: PowerSGD's warm-up shortened from 10 dense steps to 2, as in perf/cluster_training.py, for single runs and auto alike
 CANDIDATE_OPTIONS = {"powersgd": {"start_iter": 2}}
 AUTO = {"warmup_steps": 1, "measure_steps": 3, "repeats": 2}
-MAX_TUNING_STEPS = 1100  # up to 13 tries (every method alone, two mixes, dense) and 6 in the runoff, x (2 + 50 steps)
+MAX_TUNING_STEPS = 1300  # up to 13 tries (every method alone, two mixes, dense), 5 widened to and 6 in the runoff,
+#                          x (2 + 50 steps)
 ROUNDS = 10  # digits' runs are timed in turn, 20 steps each, this many times
+#: a synthetic run is timed for about this many seconds, by one step's time (at least 3 steps at 100 Mbit/s, 6 on
+#: faster links), up to SYNTHETIC_STEPS steps
+SYNTHETIC_S = 12.0
+SYNTHETIC_STEPS = 30
 CONTROL = "dense again"
 BATCH = 32  # per rank
 
@@ -65,7 +71,8 @@ def worker(workloads: list[str], rate: str) -> None:
     def measure(workload: str) -> None:
         data = BUILT_IN[workload](0).data
         warmup = 1 if workload == "synthetic" and rate == "100mbit" else 5
-        # digits: ROUNDS rounds of 20 steps, every run in turn (the same drift of the links for all); synthetic: one
+        # digits: ROUNDS rounds of 20 steps, every run in turn (the same drift of the links for all); synthetic: one,
+        # of at least this many steps (more for shorter steps: run_steps)
         block = 20 if workload == "digits" else 3 if rate == "100mbit" else 6
         rounds = ROUNDS if workload == "digits" else 1
 
@@ -86,6 +93,12 @@ def worker(workloads: list[str], rate: str) -> None:
                 step_once(model, optimizer, step)
                 times.append(time.perf_counter() - start)
             return hvd.allreduce(torch.tensor(times, dtype=torch.float64), op=hvd.Max, name=f"{label}.time").tolist()
+
+        def run_steps(model: nn.Module, optimizer: torch.optim.Optimizer, first: int, label: str) -> int:
+            """A synthetic run's timed steps: about SYNTHETIC_S seconds by one untimed step's time (the slowest
+            rank's: the same count on every rank), ``block`` at least, SYNTHETIC_STEPS at most."""
+            (seconds,) = timed(model, optimizer, first, f"{label}.probe", 1)
+            return max(block, min(SYNTHETIC_STEPS, math.ceil(SYNTHETIC_S / seconds)))
 
         def start(method: str) -> tuple[nn.Module, torch.optim.Optimizer, int, dict[str, Any]]:
             """A fresh model (the same initial parameters on every rank) and its optimizer, warmed up (auto: until
@@ -138,12 +151,17 @@ def worker(workloads: list[str], rate: str) -> None:
                 if method not in runs:
                     runs[method] = list(start(method))
                 model, optimizer, first, row = runs[method]
+                steps = block
                 if turn:
                     step_once(model, optimizer, first)
                     first += 1
+                elif rounds == 1:
+                    steps = run_steps(model, optimizer, first, f"{workload}.{method}")
+                    first += 1
+                    row["steps"] = steps
                 times.setdefault(method, []).extend(timed(model, optimizer, first, f"{workload}.{method}.{turn}",
-                                                          block))
-                runs[method][2] = first + block
+                                                          steps))
+                runs[method][2] = first + steps
                 if turn == rounds - 1:
                     del runs[method], model, optimizer  # (synthetic: 25 M parameters and their method state per run)
                     quartiles = statistics.quantiles(times[method], n=4)
