@@ -33,19 +33,20 @@ in the same step on every rank):
    step by more than ``margin``, as it does for millisecond steps, also those it predicts within its error of dense,
    up to ``tries``, and dense itself, last, unless a plan is predicted to pay beyond that error; or every method
    alone within it and dense, where measuring them is estimated at ``SURVEY_S`` (5 s) at most) are applied in turn,
-   each measured for ``guard_steps`` steps, or ``guard_s`` seconds by its predicted step time if that is more (up to
-   50 steps), after 2 steps to settle (and the rest of its methods' warm-ups, :meth:`Compressor.steady_from`,
-   counted from the job's first step), by its median step (the slowest rank's). Where the plans measured show the
-   model ranking them wrong (their measured-to-predicted ratios differ), methods alone it ranked lower that could
-   beat the fastest measured within that error follow, ``tries`` at most (:func:`widened_plans`). With no plan
-   to try, the job stays dense. The runoff (:func:`runoff_plans`): where the two fastest measured (dense among them:
-   measured in the guard if it was, else in 2, and then, if it goes to the runoff, added to the plans tried, marked
-   ``dense_steps``) are within ``runoff_band`` (10%) of each other, both, and where the fastest is not dense but
+   each measured for ``guard_steps`` steps, or ``guard_s`` seconds by its predicted step time if that is more (up to 50
+   steps), after 2 steps to settle (and the rest of its methods' warm-ups, :meth:`Compressor.steady_from`, counted from
+   the job's first step), by its median step (the slowest rank's). Then the plans tried are widened
+   (:func:`widened_plans`): where their ratios of measured to predicted step differ, by a factor s (on noisy
+   measurements they always differ a little), the methods alone not yet measured that would beat the fastest measured
+   were their step their prediction x the lowest ratio / s are measured too, ``tries`` at most (marked ``widened``).
+   With no plan to try, the job stays dense. The runoff (:func:`runoff_plans`): where the two fastest measured (dense
+   among them: measured in the guard if it was, else in 2, and then, if it goes to the runoff, added to the plans tried,
+   marked ``dense_steps``) are within ``runoff_band`` (10%) of each other, both, and where the fastest is not dense but
    dense measured within ``dense_band`` (50%) of it, the fastest and dense (all three if both hold), are measured
-   ``runoff`` (2) more times each, in turn, as a benchmark interleaves its runs: one measurement can be off by as
-   much as they differ. The fastest of them by the median of its measurements (without a runoff, the fastest
-   measured) is kept if it is not dense and faster than dense (dense's median, else its one measurement:
-   :func:`kept_plan`; applied again if it is not the plan in force); otherwise every parameter goes back to dense.
+   ``runoff`` (2) more times each, in turn, as a benchmark interleaves its runs: one measurement can be off by as much
+   as they differ. The fastest of them by the median of its measurements (without a runoff, the fastest measured) is
+   kept if it is not dense and faster than dense (dense's median, else its one measurement: :func:`kept_plan`; applied
+   again if it is not the plan in force); otherwise every parameter goes back to dense.
 
 Candidates: every registered method (``hvdcomp.METHODS``: a method added later joins) with its default options, or
 those of ``candidates``, but those in :data:`ACCURACY_GUARD` unless ``allow`` names them, and, where the wrapped
@@ -65,7 +66,8 @@ when it was saved, and only parameters compressed at loading take theirs back.
 ``optimizer.retune()`` starts again from step 1 (call it on every rank in the same step, after the cluster changed);
 an elastic reset does too. ``optimizer.auto_report()`` holds the plan in force (per tensor: size, method, collective,
 its predicted ms alone and dense's), the predicted step of every plan ranked (``predicted``, fastest first), the
-measured step times and every plan tried; ``hvdcomp train`` prints it and saves it in its JSON summary.
+measured step times and every plan tried (``tried``: predicted and measured ms, the runoff's measurements, whether it
+was widened to and whether it was kept); ``hvdcomp train`` prints it and saves it in its JSON summary.
 """
 
 from __future__ import annotations
@@ -134,10 +136,10 @@ class AutoSettings:
         margin: a plan is measured if predicted this fraction faster than dense (or, where the model misjudged
             the dense step by more than this fraction, predicted within its error of dense), and kept only if
             measured faster than dense.
-        tries: plans measured at most: the fastest predicted to pay, then single methods in predicted order (where
-            the model misjudged the dense step and measuring is cheap, every method alone within its error, and
-            dense, are measured, past ``tries``: :func:`plans_to_try`); then, where the plans measured show the model
-            ranking them wrong, up to this many more methods alone (:func:`widened_plans`).
+        tries: plans chosen from the ranking at most: the fastest predicted to pay, then single methods in predicted
+            order (where the model misjudged the dense step and measuring is cheap, every method alone within its
+            error, and dense, are measured, past ``tries``: :func:`plans_to_try`); then up to this many more methods
+            alone, widened to where the plans measured disagree with the model (:func:`widened_plans`).
         runoff: rounds of the runoff: where the two fastest plans measured (dense among them) are within
             ``runoff_band`` of each other, or dense within ``dense_band`` of the fastest (:func:`runoff_plans`: then
             the fastest and dense), each is measured this many more times, in turn, and the fastest by the median of
@@ -269,19 +271,21 @@ def widened_plans(plans: list[Plan], tried: list[Mapping[str, Any]], methods: Co
     """The ``methods`` alone to measure after the plans ``tried`` (label, predicted_ms, measured_ms), from ``plans``
     ranked by predicted step, ``tries`` at most, in predicted order. Where the ratio of measured to predicted step
     differs between the plans tried, by a factor s from the lowest ratio to the highest, the model cannot rank plans
-    closer than s on this job: a method not tried might measure as low as its prediction x the lowest ratio / s, and
-    those that could so beat the fastest measured are measured too. A model off by the same factor for every plan
-    adds none it ranked below the fastest measured. (On the emulated cluster, 4 hosts at 1 Gbit/s, the five plans
+    closer than s on this job: a method not yet measured might measure as low as its prediction x the lowest ratio /
+    s, and those that could so beat the fastest measured are measured too. Any difference widens (measurements on a
+    busy machine always differ a little), in proportion to it; a model off by the same factor for every plan adds
+    none it ranked below the fastest measured. (On the emulated cluster, 4 hosts at 1 Gbit/s, the five plans
     tried measured 1.03x to 1.52x their predictions, and PowerSGD, predicted slower than all five, ran 1.15x faster
     than the one kept, perf/RESULTS.md.)"""
     measured = [t for t in tried if t["measured_ms"] and t["predicted_ms"] > 0]
     if len(measured) < 2:
         return []
     ratios = [t["measured_ms"] / t["predicted_ms"] for t in measured]
-    lowest = min(ratios) ** 2 / max(ratios)
+    spread = max(ratios) / min(ratios)
+    floor = min(ratios) / spread  # the lowest ratio a plan not measured might have
     fastest = min(t["measured_ms"] for t in measured)
     done = {t["label"] for t in tried}
-    return [p for p in plans if p.label in methods and p.label not in done and p.step_ms * lowest < fastest][:tries]
+    return [p for p in plans if p.label in methods and p.label not in done and p.step_ms * floor < fastest][:tries]
 
 
 def judged_ms(trial: Mapping[str, Any]) -> float:
@@ -367,7 +371,7 @@ class Tuner:
         self.plans: list[Plan] = []  # to measure
         self.by_label: dict[str, Plan] = {}  # every plan ranked
         self.trial = 0  # the entry of report["tried"] being measured
-        self.methods: Collection[str] = ()  # the candidates: what a plan of one method alone is labelled
+        self.candidates: Collection[str] = ()  # the candidate methods: the labels of plans of one method alone
         self.widened = False  # the plans tried were widened (widened_plans), or found to need none
         self.runoff_decided = False  # the runoff is under way, or there is none
         self.dense_ms = 0.0
@@ -438,7 +442,7 @@ class Tuner:
                                        fusion)
         workers, margin = optimizer.process_set.size(), self.settings.margin
         plans = predict.choose_plans(cluster, live, workers, list(live.compressors), margin)
-        self.by_label, self.methods = {p.label: p for p in plans}, tuple(live.compressors)
+        self.by_label, self.candidates = {p.label: p for p in plans}, tuple(live.compressors)
         dense = self.by_label["dense"]
         self.plans = plans_to_try(plans, self.dense_ms, margin, self.settings.tries, live.compressors,
                                   self.dense_ms * (SETTLE_STEPS + self._guard_steps(self.dense_ms)))
@@ -525,16 +529,16 @@ class Tuner:
         return replace(live, compressors=priced), excluded, fusion
 
     def _next_plan(self, optimizer: Any) -> None:
-        """Applies the next plan to measure: those to try, then the runoff, if :func:`runoff_plans` names plans
-        (each again ``runoff`` times, in turn: slowest first, so ending on the fastest so far, the cycle rotated to end
-        on the plan in force if it is among them: no plan is measured twice in a row); after the last, keeps the plan
-        :func:`kept_plan` says (applied again if it is not the one in force), or goes back to dense."""
+        """Applies the next plan to measure: those to try, then those widened to (once), then the runoff, if
+        :func:`runoff_plans` names plans (each again ``runoff`` times, in turn: slowest first, so ending on the fastest
+        so far, the cycle rotated to end on the plan in force if it is among them: no plan is measured twice in a row);
+        after the last, keeps the plan :func:`kept_plan` says (applied again if it is not the one in force), or goes
+        back to dense."""
         self.phase, self.steps, self.samples = "guard", 0, _Samples()
         tried = self.report["tried"]
         if not self.plans and not self.widened:
             self.widened = True
-            self.plans = widened_plans(list(self.by_label.values()), tried, self.methods, self.settings.tries)
-            self.report["widened"] = [p.label for p in self.plans]
+            self.plans = widened_plans(list(self.by_label.values()), tried, self.candidates, self.settings.tries)
         if not self.plans and not self.runoff_decided:
             self.runoff_decided = True
             settings = self.settings
@@ -554,7 +558,8 @@ class Tuner:
                 tried[self.trial].setdefault("runoff_ms", [])
             else:
                 self.trial = len(tried)
-                tried.append({"label": plan.label, "predicted_ms": plan.step_ms, "measured_ms": None, "kept": False})
+                tried.append({"label": plan.label, "predicted_ms": plan.step_ms, "measured_ms": None, "kept": False,
+                              **({"widened": True} if self.widened else {})})
             self._apply(optimizer, plan)
             return
         fastest = kept_plan(tried, self.dense_ms)
@@ -711,6 +716,8 @@ def table(report: Mapping[str, Any]) -> str:
         measured = "not measured" if tried["measured_ms"] is None else f"measured {tried['measured_ms']:.1f} ms"
         if tried.get("dense_steps"):
             measured += " (in the dense steps)"
+        if tried.get("widened"):
+            measured += " (widened to)"
         if tried.get("runoff_ms"):
             measured += (", in the runoff " + ", ".join(f"{ms:.1f}" for ms in tried["runoff_ms"]) +
                          f" ms: median {judged_ms(tried):.1f} ms")

@@ -15,12 +15,12 @@ before it, in each round but the first). Every run trains a fresh model (the sam
 ``hvdcomp train`` (zero_grad, forward, backward, step; SGD with momentum 0.9; 32 samples per rank). A method's timed
 steps come after its warm-up (5 steps, 1 for synthetic at 100 Mbit/s, and PowerSGD's two dense steps), the first
 method's after a dense run of twice that (the first steps of a job run slower); ``auto``'s after it settled. The step
-time is the median over the timed steps of each step's slowest rank (with the quartiles): for synthetic, after one
-more untimed step, as many steps as take about 12 s by that step's time, up to 30 and at least 3 at 100 Mbit/s (a
-dense step on 4 hosts takes over 10 s) or 6 on faster links; for digits 200, in 10 rounds of 20 steps in
-which every run (dense, each method, auto, dense again) takes its turn (each round in another order, and after one
-untimed step). A millisecond step's time drifts between runs on the emulated links (their token buckets refill at 4 ms
-timer ticks), and interleaving compares the runs under the same drift.
+time is the median over the timed steps of each step's slowest rank (with the quartiles): for synthetic, after one more
+step (a probe, not counted), as many steps as take about 12 s by the probe's time, up to 30 and at least 3 at 100 Mbit/s
+(a dense step on 4 hosts takes over 10 s) or 6 on faster links; for digits 200, in 10 rounds of 20 steps in which every
+run (dense, each method, auto, dense again) takes its turn (each round in another order, and after one untimed step). A
+millisecond step's time drifts between runs on the emulated links (their token buckets refill at 4 ms timer ticks), and
+interleaving compares the runs under the same drift.
 ``auto``'s rows also give the plan it settled on, the plans it tried (predicted and measured ms, and the runoff's),
 every plan it ranked with its predicted ms, the dense step it measured and predicted, and the steps and seconds its
 tuning took (not in its step time; they are one-off per job).
@@ -43,8 +43,8 @@ WORKLOADS = ("synthetic", "digits")
 #: PowerSGD's warm-up shortened from 10 dense steps to 2, as in perf/cluster_training.py, for single runs and auto alike
 CANDIDATE_OPTIONS = {"powersgd": {"start_iter": 2}}
 AUTO = {"warmup_steps": 1, "measure_steps": 3, "repeats": 2}
-MAX_TUNING_STEPS = 1300  # up to 13 tries (every method alone, two mixes, dense), 5 widened to and 6 in the runoff,
-#                          x (2 + 50 steps)
+MAX_TUNING_STEPS = 1100  # up to 13 tries (every method alone, two mixes, dense; widened ones among them) and 6 in
+# the runoff, x (2 + 50 steps)
 ROUNDS = 10  # digits' runs are timed in turn, 20 steps each, this many times
 #: a synthetic run is timed for about this many seconds, by one step's time (at least 3 steps at 100 Mbit/s, 6 on
 #: faster links), up to SYNTHETIC_STEPS steps
@@ -95,8 +95,8 @@ def worker(workloads: list[str], rate: str) -> None:
             return hvd.allreduce(torch.tensor(times, dtype=torch.float64), op=hvd.Max, name=f"{label}.time").tolist()
 
         def run_steps(model: nn.Module, optimizer: torch.optim.Optimizer, first: int, label: str) -> int:
-            """A synthetic run's timed steps: about SYNTHETIC_S seconds by one untimed step's time (the slowest
-            rank's: the same count on every rank), ``block`` at least, SYNTHETIC_STEPS at most."""
+            """A synthetic run's timed steps: about SYNTHETIC_S seconds by one step's time (a probe, not counted; the
+            slowest rank's: the same count on every rank), ``block`` at least, SYNTHETIC_STEPS at most."""
             (seconds,) = timed(model, optimizer, first, f"{label}.probe", 1)
             return max(block, min(SYNTHETIC_STEPS, math.ceil(SYNTHETIC_S / seconds)))
 
@@ -155,7 +155,7 @@ def worker(workloads: list[str], rate: str) -> None:
                 if turn:
                     step_once(model, optimizer, first)
                     first += 1
-                elif rounds == 1:
+                elif workload == "synthetic":
                     steps = run_steps(model, optimizer, first, f"{workload}.{method}")
                     first += 1
                     row["steps"] = steps
@@ -216,6 +216,7 @@ def report(rows: list[dict[str, Any]]) -> None:
         methods = sorted(set(r["plan"].values()) - {"none/allreduce"}) or ["dense"]
         tried = "; ".join(f"{t['label']}: {ms(t['predicted_ms'])} -> {ms(t['measured_ms'])}"
                           + (" (dense steps)" if t.get("dense_steps") else "")
+                          + (" (widened)" if t.get("widened") else "")
                           + (f" (runoff {', '.join(map(ms, t['runoff_ms']))}: median {ms(judged_ms(t))})"
                              if "runoff_ms" in t else "")
                           + (" kept" if t["kept"] else "") for t in r["tried"]) or "none tried"
