@@ -147,7 +147,7 @@ class AutoSettings:
             (:func:`kept_plan`); 0: none.
         runoff_band: the two fastest run off if the slower measured at most this fraction above the faster: closer
             than that, one measurement cannot tell them apart (on the emulated cluster dense run twice in one launch
-            measured 0.74x to 1.38x of itself in three launches, perf/RESULTS.md; the target is within 10% of the
+            measured 0.68x to 1.38x of itself in four launches, perf/RESULTS.md; the target is within 10% of the
             best).
         dense_band: dense runs off too if the fastest is not dense and dense measured at most this fraction above
             it: a plan is kept only if it beats dense in turn, unless it measured clearly faster (on the emulated
