@@ -371,7 +371,6 @@ class Tuner:
         self.plans: list[Plan] = []  # to measure
         self.by_label: dict[str, Plan] = {}  # every plan ranked
         self.trial = 0  # the entry of report["tried"] being measured
-        self.candidates: Collection[str] = ()  # the candidate methods: the labels of plans of one method alone
         self.widened = False  # the plans tried were widened (widened_plans), or found to need none
         self.runoff_decided = False  # the runoff is under way, or there is none
         self.dense_ms = 0.0
@@ -442,7 +441,7 @@ class Tuner:
                                        fusion)
         workers, margin = optimizer.process_set.size(), self.settings.margin
         plans = predict.choose_plans(cluster, live, workers, list(live.compressors), margin)
-        self.by_label, self.candidates = {p.label: p for p in plans}, tuple(live.compressors)
+        self.by_label = {p.label: p for p in plans}
         dense = self.by_label["dense"]
         self.plans = plans_to_try(plans, self.dense_ms, margin, self.settings.tries, live.compressors,
                                   self.dense_ms * (SETTLE_STEPS + self._guard_steps(self.dense_ms)))
@@ -538,7 +537,8 @@ class Tuner:
         tried = self.report["tried"]
         if not self.plans and not self.widened:
             self.widened = True
-            self.plans = widened_plans(list(self.by_label.values()), tried, self.candidates, self.settings.tries)
+            self.plans = widened_plans(list(self.by_label.values()), tried, self.report["candidates"],
+                                       self.settings.tries)
         if not self.plans and not self.runoff_decided:
             self.runoff_decided = True
             settings = self.settings

@@ -763,7 +763,7 @@ def test_auto_tuner_runs_off_the_close_plans_in_turn(monkeypatch: pytest.MonkeyP
         ranked = [*plans, *(predict.Plan(label, (), predicted[label]) for label in later),
                   predict.Plan("dense", (), predicted.get("dense", 2.0))]
         tuner.by_label = {p.label: p for p in sorted(ranked, key=lambda p: p.step_ms)}
-        tuner.plans, tuner.dense_ms, tuner.candidates = plans, dense_ms, tuple(later)
+        tuner.plans, tuner.dense_ms, tuner.report["candidates"] = plans, dense_ms, list(later)
         measured = {label: [ms, *runoff_ms.get(label, [])] for label, ms in {**guard_ms, **later}.items()}
         measured.setdefault("dense", runoff_ms.get("dense", []))
         tuner._next_plan(optimizer)
