@@ -44,9 +44,12 @@ in the same step on every rank):
    marked ``dense_steps``) are within ``runoff_band`` (10%) of each other, both, and where the fastest is not dense but
    dense measured within ``dense_band`` (50%) of it, the fastest and dense (all three if both hold), are measured
    ``runoff`` (2) more times each, in turn, as a benchmark interleaves its runs: one measurement can be off by as much
-   as they differ. The fastest of them by the median of its measurements (without a runoff, the fastest measured) is
-   kept if it is not dense and faster than dense (dense's median, else its one measurement: :func:`kept_plan`; applied
-   again if it is not the plan in force); otherwise every parameter goes back to dense.
+   as they differ. Where ``runoff`` rounds of every plan measured within ``dense_band`` of the fastest (dense among
+   them) take at most ``runoff_s`` (10 s) by their measured steps (millisecond steps, where one measurement can be
+   off by 2x), all of them run off instead, in as many rounds as take that, 8 at most (:func:`wide_runoff`). The
+   fastest of them by the median of its measurements (without a runoff, the fastest measured) is kept if it is not
+   dense and faster than dense (dense's median, else its one measurement: :func:`kept_plan`; applied again if it is
+   not the plan in force); otherwise every parameter goes back to dense.
 
 Candidates: every registered method (``hvdcomp.METHODS``: a method added later joins) with its default options, or
 those of ``candidates``, but those in :data:`ACCURACY_GUARD` unless ``allow`` names them, and, where the wrapped
@@ -111,6 +114,8 @@ MAX_GUARD_STEPS = 50
 #: seconds, at the dense step, within which the guard measures every method alone and dense where the model misjudged
 #: the dense step (millisecond steps), rather than only ``tries`` plans (:func:`plans_to_try`)
 SURVEY_S = 5.0
+#: the most rounds of a runoff sized by ``runoff_s`` (:func:`wide_runoff`): each plan's median of nine measurements
+MAX_RUNOFF_ROUNDS = 8
 
 
 def link_sizes(largest: int) -> list[int]:
@@ -152,7 +157,12 @@ class AutoSettings:
         dense_band: dense runs off too if the fastest is not dense and dense measured at most this fraction above
             it: a plan is kept only if it beats dense in turn, unless it measured clearly faster (on the emulated
             cluster one measurement of fp16's 4.2 ms step read 2.6 ms, against dense's 3.6, and fp16 was kept: auto
-            ran at 1.33x dense's step, perf/RESULTS.md).
+            ran at 1.33x dense's step, perf/RESULTS.md); where the runoff is cheap (``runoff_s``), every plan
+            measured within it of the fastest runs off.
+        runoff_s: seconds a runoff may take, by the plans' measured steps: where ``runoff`` rounds of every plan
+            measured within ``dense_band`` of the fastest (dense among them) take at most this (millisecond steps),
+            all of them run off, in as many rounds as take this, MAX_RUNOFF_ROUNDS at most (:func:`wide_runoff`):
+            there one measurement can be off by 2x (perf/RESULTS.md), and measuring is cheap; 0: never.
         repeats: timed runs of each candidate's encoding and decoding per gradient (the median is kept).
     """
 
@@ -167,6 +177,7 @@ class AutoSettings:
     runoff: int = 2
     runoff_band: float = 0.1
     dense_band: float = 0.5
+    runoff_s: float = 10.0
     repeats: int = 3
 
     @classmethod
@@ -190,7 +201,7 @@ class AutoSettings:
         if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 1:
             raise ValueError(f"auto's margin must be a fraction in [0, 1); got {margin!r}")
         for key, unit in (("guard_s", "a number of seconds"), ("runoff_band", "a fraction"),
-                          ("dense_band", "a fraction")):
+                          ("dense_band", "a fraction"), ("runoff_s", "a number of seconds")):
             value = options.get(key, getattr(cls, key))
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise ValueError(f"auto's {key} must be {unit} >= 0; got {value!r}")
@@ -220,7 +231,8 @@ class AutoSettings:
                 make_compressor(method, method_options)  # its options, checked now
         return cls(tuple(allow), candidates, *(options.get(key, getattr(cls, key)) for key in
                                                ("warmup_steps", "measure_steps", "guard_steps", "guard_s", "margin",
-                                                "tries", "runoff", "runoff_band", "dense_band", "repeats")))
+                                                "tries", "runoff", "runoff_band", "dense_band", "runoff_s",
+                                                "repeats")))
 
     def methods(self) -> dict[str, Mapping[str, Any]]:
         """The candidate methods and their options."""
@@ -294,13 +306,19 @@ def judged_ms(trial: Mapping[str, Any]) -> float:
     return statistics.median([trial["measured_ms"], *trial.get("runoff_ms", ())])
 
 
+def _measured_steps(tried: list[Mapping[str, Any]], dense_ms: float) -> dict[str, float]:
+    """Label -> measured ms of the plans ``tried`` and dense (measured in the guard if it was, else ``dense_ms``)."""
+    steps = {t["label"]: t["measured_ms"] for t in tried}
+    steps.setdefault("dense", dense_ms)
+    return steps
+
+
 def runoff_plans(tried: list[Mapping[str, Any]], dense_ms: float, band: float, dense_band: float) -> list[str]:
     """The labels of the plans to run off, fastest first, from the plans ``tried`` (label, measured_ms) and dense
     (measured in the guard if it was, else ``dense_ms``): the two fastest if the slower measured at most ``band`` (a
     fraction) above the faster, and dense if the fastest is not dense and dense measured at most ``dense_band``
     above it; else none."""
-    steps = {t["label"]: t["measured_ms"] for t in tried}
-    steps.setdefault("dense", dense_ms)
+    steps = _measured_steps(tried, dense_ms)
     if len(steps) < 2:
         return []
     first, second = sorted(steps, key=steps.__getitem__)[:2]
@@ -308,6 +326,24 @@ def runoff_plans(tried: list[Mapping[str, Any]], dense_ms: float, band: float, d
     if first != "dense" and "dense" not in close and steps["dense"] <= steps[first] * (1 + dense_band):
         close.append("dense")
     return [first, *close] if close else []
+
+
+def wide_runoff(tried: list[Mapping[str, Any]], dense_ms: float, band: float, rounds: int, budget_s: float,
+                steps_of: Callable[[str], int]) -> tuple[list[str], int]:
+    """Where measuring is cheap (millisecond steps), the labels of the plans to run off, fastest first, and the
+    rounds: every plan ``tried`` (label, measured_ms) and dense (measured in the guard if it was, else ``dense_ms``)
+    measured at most ``band`` (a fraction) above the fastest, in as many rounds as take ``budget_s`` at their
+    measured steps (``steps_of(label)`` steps a measurement), ``rounds`` at least and MAX_RUNOFF_ROUNDS at most.
+    ``([], 0)`` where ``rounds`` rounds would take longer, or no other plan is within ``band``: then
+    :func:`runoff_plans` decides. (On the emulated cluster, 2 hosts at 1 Gbit/s, digits: fp16 measured 3.4 ms in the
+    guard, 1.2x dense's 2.8, and ran 1.23x faster than dense when timed, perf/RESULTS.md.)"""
+    steps = _measured_steps(tried, dense_ms)
+    ranked = sorted(steps, key=steps.__getitem__)
+    close = [label for label in ranked if steps[label] <= steps[ranked[0]] * (1 + band)]
+    round_ms = sum(steps_of(label) * steps[label] for label in close)
+    if len(close) < 2 or rounds * round_ms > budget_s * 1e3:
+        return [], 0
+    return close, min(MAX_RUNOFF_ROUNDS, max(rounds, math.floor(budget_s * 1e3 / round_ms)))
 
 
 def kept_plan(tried: list[Mapping[str, Any]], dense_ms: float) -> int | None:
@@ -529,8 +565,9 @@ class Tuner:
 
     def _next_plan(self, optimizer: Any) -> None:
         """Applies the next plan to measure: those to try, then those widened to (once), then the runoff, if
-        :func:`runoff_plans` names plans (each again ``runoff`` times, in turn: slowest first, so ending on the fastest
-        so far, the cycle rotated to end on the plan in force if it is among them: no plan is measured twice in a row);
+        :func:`wide_runoff` or else :func:`runoff_plans` names plans (each again in each of its rounds, in turn: slowest
+        first, so ending on the fastest so far, the cycle rotated to end on the plan in force if it is among them: no
+        plan is measured twice in a row);
         after the last, keeps the plan :func:`kept_plan` says (applied again if it is not the one in force), or goes
         back to dense."""
         self.phase, self.steps, self.samples = "guard", 0, _Samples()
@@ -542,15 +579,21 @@ class Tuner:
         if not self.plans and not self.runoff_decided:
             self.runoff_decided = True
             settings = self.settings
-            order = runoff_plans(tried, self.dense_ms, settings.runoff_band, settings.dense_band)[::-1] \
-                if settings.runoff else []
+            order, rounds = [], 0
+            if settings.runoff:
+                order, rounds = wide_runoff(tried, self.dense_ms, settings.dense_band, settings.runoff,
+                                            settings.runoff_s, self._measurement_steps)
+                if not order:
+                    order = runoff_plans(tried, self.dense_ms, settings.runoff_band, settings.dense_band)
+                    rounds = settings.runoff
+            order = order[::-1]
             if self.report.get("label") in order:
                 last = order.index(self.report["label"])
                 order = [*order[last + 1:], *order[:last + 1]]
             if "dense" in order and all(t["label"] != "dense" for t in tried):  # measured in the dense steps only
                 tried.append({"label": "dense", "predicted_ms": self.by_label["dense"].step_ms,
                               "measured_ms": round(self.dense_ms, 3), "dense_steps": True, "kept": False})
-            self.plans = [self.by_label[label] for label in order * settings.runoff]
+            self.plans = [self.by_label[label] for label in order * rounds]
         if self.plans:
             plan = self.plans.pop(0)
             if self.runoff_decided:
@@ -598,6 +641,10 @@ class Tuner:
         self.settle = SETTLE_STEPS + max([0, *(slot.choice.compressor.unwrapped().steady_from() - slot.step
                                                for slot in optimizer._slots if slot.choice.compressor is not None)])
         self.guard = self._guard_steps(plan.step_ms)  # the predicted step: agreed, like the count
+
+    def _measurement_steps(self, label: str) -> int:
+        """The steps one measurement of a ranked plan takes, SETTLE_STEPS among them."""
+        return SETTLE_STEPS + self._guard_steps(self.by_label[label].step_ms)
 
     def _guard_steps(self, step_ms: float) -> int:
         """The steps the guard measures a plan for, at ``step_ms`` a step."""

@@ -20,7 +20,11 @@ step (a probe, not counted), as many steps as take about 12 s by the probe's tim
 (a dense step on 4 hosts takes over 10 s) or 6 on faster links; for digits 200, in 10 rounds of 20 steps in which every
 run (dense, each method, auto, dense again) takes its turn (each round in another order, and after one untimed step). A
 millisecond step's time drifts between runs on the emulated links (their token buckets refill at 4 ms timer ticks), and
-interleaving compares the runs under the same drift.
+interleaving compares the runs under the same drift. The rows also hold every timed step (``steps_s``) and a
+throughput figure, ``mean_step_s``: each round's mean step, the median over the rounds (``--report`` prints a second
+table by it). Millisecond steps cluster about 1.1 ms apart (Horovod's negotiation round per cycle), so the median of
+the steps jumps from one cluster to the next where a run's steps split between two, while the mean moves with the
+split.
 ``auto``'s rows also give the plan it settled on, the plans it tried (predicted and measured ms, and the runoff's),
 every plan it ranked with its predicted ms, the dense step it measured and predicted, and the steps and seconds its
 tuning took (not in its step time; they are one-off per job).
@@ -43,8 +47,8 @@ WORKLOADS = ("synthetic", "digits")
 #: PowerSGD's warm-up shortened from 10 dense steps to 2, as in perf/cluster_training.py, for single runs and auto alike
 CANDIDATE_OPTIONS = {"powersgd": {"start_iter": 2}}
 AUTO = {"warmup_steps": 1, "measure_steps": 3, "repeats": 2}
-MAX_TUNING_STEPS = 1100  # up to 13 tries (every method alone, two mixes, dense; widened ones among them) and 6 in
-# the runoff, x (2 + 50 steps)
+MAX_TUNING_STEPS = 6000  # up to 13 tries (every method alone, two mixes, dense; widened ones among them) x (2 + 50
+# steps), and a runoff of runoff_s (10 s) at steps of 2 ms
 ROUNDS = 10  # digits' runs are timed in turn, 20 steps each, this many times
 #: a synthetic run is timed for about this many seconds, by one step's time (at least 3 steps at 100 Mbit/s, 6 on
 #: faster links), up to SYNTHETIC_STEPS steps
@@ -165,7 +169,10 @@ def worker(workloads: list[str], rate: str) -> None:
                 if turn == rounds - 1:
                     del runs[method], model, optimizer  # (synthetic: 25 M parameters and their method state per run)
                     quartiles = statistics.quantiles(times[method], n=4)
-                    row.update(step_s=quartiles[1], step_p25_s=quartiles[0], step_p75_s=quartiles[2])
+                    # throughput: each round's mean step, the median over the rounds
+                    means = [statistics.fmean(times[method][i:i + steps]) for i in range(0, rounds * steps, steps)]
+                    row.update(step_s=quartiles[1], step_p25_s=quartiles[0], step_p75_s=quartiles[2],
+                               mean_step_s=statistics.median(means), steps_s=[round(t, 6) for t in times[method]])
                     if rank == 0:
                         clusterbench.emit(row)
 
@@ -176,7 +183,8 @@ def worker(workloads: list[str], rate: str) -> None:
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per (hosts, rate, workload): auto, dense, the best single method in hindsight (dense among them), the
     control's ratio to dense, auto's to its plan run alone, and that run's to the best (nan where it was not run: a
-    per-tensor mix)."""
+    per-tensor mix); and by throughput (``mean_step_s``, where the rows have it, else nan): the best single method
+    by it and auto's ratios to it and to dense, and the control's to dense."""
     settings: dict[tuple, dict[str, dict[str, Any]]] = {}
     for row in rows:
         settings.setdefault((row["hosts"], row["rate_bps"], row["rate"], row["workload"]), {})[row["method"]] = row
@@ -186,11 +194,18 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         auto, dense = methods["auto"], methods["dense"]
         alone = methods.get(auto["label"], {"step_s": math.nan})  # a per-tensor mix was not run alone
-        best = min((r for m, r in methods.items() if m not in ("auto", CONTROL)), key=lambda r: r["step_s"])
+        single = [r for m, r in methods.items() if m not in ("auto", CONTROL)]
+        best = min(single, key=lambda r: r["step_s"])
+        mean = {m: r.get("mean_step_s", math.nan) for m, r in methods.items()}
+        best_mean = min(single, key=lambda r: mean[r["method"]])
         result.append({"hosts": hosts, "rate": rate, "workload": workload, "auto_s": auto["step_s"],
                        "auto_iqr": (auto["step_p25_s"], auto["step_p75_s"]),
                        "dense_s": dense["step_s"], "best": best["method"], "best_s": best["step_s"],
                        "auto_vs_best": auto["step_s"] / best["step_s"],
+                       "best_by_mean": best_mean["method"], "auto_mean_s": mean["auto"],
+                       "auto_vs_best_mean": mean["auto"] / mean[best_mean["method"]],
+                       "auto_vs_dense_mean": mean["auto"] / mean["dense"],
+                       "control_vs_dense_mean": mean.get(CONTROL, math.nan) / mean["dense"],
                        "auto_vs_dense": auto["step_s"] / dense["step_s"],
                        "control_vs_dense": methods.get(CONTROL, {"step_s": math.nan})["step_s"] / dense["step_s"],
                        "auto_vs_alone": auto["step_s"] / alone["step_s"],
@@ -239,6 +254,22 @@ def report(rows: list[dict[str, Any]]) -> None:
             if ratios:
                 print(f"{what}: {min(ratios):.2f} to {max(ratios):.2f} in {len(ratios)} settings, median "
                       f"{statistics.median(ratios):.2f}")
+    by_mean = [r for r in table if not math.isnan(r["auto_vs_best_mean"])]
+    if by_mean:
+        print("\nBy throughput (each round's mean step, the median over the rounds):\n")
+        print("| hosts | rate | workload | best single (ms) | auto ms | auto / best | auto / dense "
+              "| dense again / dense |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+        for r in by_mean:
+            print(f"| {r['hosts']} | {r['rate']} | {r['workload']} | {r['best_by_mean']} "
+                  f"({r['auto_mean_s'] / r['auto_vs_best_mean'] * 1e3:.1f}) | {r['auto_mean_s'] * 1e3:.1f} | "
+                  f"{r['auto_vs_best_mean']:.2f} | {r['auto_vs_dense_mean']:.2f} | {r['control_vs_dense_mean']:.2f} |")
+        within = sum(r["auto_vs_best_mean"] <= 1.10 for r in by_mean)
+        print(f"\nby throughput: auto within 10% of the best in hindsight in {within} of {len(by_mean)} settings "
+              f"(worst {max(r['auto_vs_best_mean'] for r in by_mean):.2f}x); at most "
+              f"{max(r['auto_vs_dense_mean'] for r in by_mean):.2f}x dense's; dense again / dense "
+              f"{min(r['control_vs_dense_mean'] for r in by_mean):.2f} to "
+              f"{max(r['control_vs_dense_mean'] for r in by_mean):.2f}")
 
 
 def main() -> None:

@@ -839,8 +839,9 @@ def auto_run(candidates: dict | None, width: int = 1024, retune: bool = False,
             assert all(s.choice.reduction is None for s in optimizer._slots), "retune() did not go back to dense"
         # 6 dense steps and 2 tries of 5 (and a method's warm-up): about 16; where the model misjudged the dense step
         # (shared memory's millisecond steps) every candidate alone and dense again: up to 14 tries of 5 (those widened
-        # to among them: no plan is tried twice), and a runoff of up to 6 more: about 106
-        for _ in range(140):
+        # to among them: no plan is tried twice), and a runoff of up to 6 more: about 106; or, where runoff_s allows
+        # (wide_runoff), up to 8 rounds of those 14: 560 more
+        for _ in range(700):
             step()
             if optimizer.auto_report()["phase"] == "settled":
                 break
@@ -870,7 +871,7 @@ def scenario_auto() -> None:
     (after a runoff, made certain by wide bands: the two fastest and dense measured twice more each, and judged by the
     median); the same method made slow in the job (not when measured alone) is tried, each plan tried measured slower
     than dense, and every rank goes back to dense together. Parameters stay identical across ranks."""
-    report, optimizer, model = auto_run({"scalar_test": {}}, runoff_band=1e9, dense_band=1e9)
+    report, optimizer, model = auto_run({"scalar_test": {}}, runoff_band=1e9, dense_band=1e9, runoff_s=0)
     assert report["phase"] == "settled" and report["label"] != "dense", report
     chosen = {c["name"]: c["method"] for c in report["plan"]}
     assert chosen["0.weight"] == "scalar_test" and chosen["2.bias"] == "none", chosen  # 10 elements: under min_numel
@@ -903,9 +904,12 @@ def scenario_auto_local() -> None:
     """compression: auto over shared memory, with every registered method but the guarded ones as candidates (this
     file's test methods too: the probe's reduction states no costs, and is left out with the reason) and a retune:
     whatever the noisy measurements choose, every rank settles on the same plan, runs it, and stays identical;
-    retune() goes back to dense and settles again."""
-    report, optimizer, model = auto_run(None, width=512, retune=True)
+    retune() goes back to dense and settles again. A runoff of every close plan (wide_runoff, in 1 s here) measures
+    each the same number of times."""
+    report, optimizer, model = auto_run(None, width=512, retune=True, runoff_s=1)
     assert report["phase"] == "settled" and len(report["candidates"]) >= 8, report
+    rounds = {len(t["runoff_ms"]) for t in report["tried"] if "runoff_ms" in t}
+    assert len(rounds) <= 1 and rounds <= set(range(2, hvdcomp.auto.MAX_RUNOFF_ROUNDS + 1)), report
     assert "signsgd" not in report["candidates"] and "randomk" not in report["candidates"], report  # the guard
     assert "states no costs the timeline can price" in report["excluded"]["probe"], report
     assert_same_plan(report, optimizer, "local")

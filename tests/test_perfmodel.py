@@ -731,6 +731,36 @@ def test_auto_runs_off_the_close_plans_and_dense() -> None:
     assert auto.runoff_plans([], 2.0, 0.1, 0.5) == []  # nothing tried: no runoff
 
 
+def test_auto_runs_off_every_close_plan_where_measuring_is_cheap() -> None:
+    # 2 hosts at 1 Gbit/s, digits (launch W): dense measured 2.8 ms in the guard and fp16 3.4, 21% apart: no runoff by
+    # runoff_band; timed, fp16 ran 1.23x faster than dense
+    w = _tried(("efsignsgd", 4.0), ("onebit", 4.3), ("qsgd", 3.9), ("topk", 5.7), ("threshold", 3.5), ("bingrad", 4.6),
+               ("fp16", 3.4), ("orq", 6.9), ("powersgd", 5.4), ("terngrad", 4.3), ("dense", 2.8))
+    assert auto.runoff_plans(w, 2.9, 0.1, 0.5) == []
+
+    def guard_steps(label: str) -> int:  # 2 to settle and 50 measured
+        return 52
+
+    close = ["dense", "fp16", "threshold", "qsgd", "efsignsgd"]  # within 50% of dense's 2.8, fastest first
+    # a round: 52 steps of each, 17.6 ms together, 0.92 s: as many rounds as take 10 s, 8 at most
+    assert auto.wide_runoff(w, 2.9, 0.5, 2, 10.0, guard_steps) == (close, 8)
+    assert auto.wide_runoff(w, 2.9, 0.5, 2, 4.0, guard_steps) == (close, 4)
+    assert auto.wide_runoff(w, 2.9, 0.5, 2, 1.9, guard_steps) == (close, 2)
+    assert auto.wide_runoff(w, 2.9, 0.5, 3, 1.9, guard_steps) == ([], 0)  # 3 rounds take 2.7 s
+    assert auto.wide_runoff(w, 2.9, 0.5, 2, 0, guard_steps) == ([], 0)  # runoff_s 0: never
+    assert auto.wide_runoff(w, 2.9, 0.2, 2, 10.0, guard_steps) == ([], 0)  # a narrower band: fp16 is 1.21x dense
+    assert auto.wide_runoff(w, 2.9, 0.25, 2, 10.0, guard_steps) == (close[:3], 8)  # threshold at 1.25x: in
+    # each plan's measurement at its own steps: dense predicted slower, fewer of its steps (a round: 0.23 s)
+    assert auto.wide_runoff(_tried(("a", 3.0)), 10.0, 3.0, 2, 1.0, {"a": 52, "dense": 7}.get) == (["a", "dense"], 4)
+    # dense from the dense steps; alone within the band, or no plan within it: none
+    assert auto.wide_runoff(_tried(("a", 3.0)), 2.9, 0.5, 2, 10.0, guard_steps) == (["dense", "a"], 8)
+    assert auto.wide_runoff(_tried(("a", 3.0)), 9.0, 0.5, 2, 10.0, guard_steps) == ([], 0)
+    assert auto.wide_runoff(_tried(("dense", 3.0)), 2.9, 0.5, 2, 10.0, guard_steps) == ([], 0)
+    # seconds steps (2 hosts at 10 Gbit/s, synthetic: 2 + 5 steps a measurement): the two rounds take 53 s; none
+    assert auto.wide_runoff(_tried(("fp16", 547), ("mix", 526), ("dense", 789)), 906, 0.5, 2, 10.0,
+                            lambda label: 7) == ([], 0)
+
+
 def test_auto_tuner_runs_off_the_close_plans_in_turn(monkeypatch: pytest.MonkeyPatch) -> None:
     """The guard's state machine on one rank, with the step times scripted (the slowest rank's: here the one's):
     which plans it applies in which order, where each measurement goes, and what it keeps."""
@@ -743,13 +773,13 @@ def test_auto_tuner_runs_off_the_close_plans_in_turn(monkeypatch: pytest.MonkeyP
 
     def guard(runoff: int, guard_ms: dict[str, float], dense_ms: float, runoff_ms: dict[str, list[float]],
               dense_band: float = 0, predicted: dict[str, float] | None = None,
-              later: dict[str, float] | None = None) -> tuple[list[str], dict, list]:
+              later: dict[str, float] | None = None, runoff_s: float = 0) -> tuple[list[str], dict, list]:
         """The plans applied in turn, the report, the configs replanned to directly (dense: the base config).
         ``dense_band`` 0: dense runs off only as one of the two fastest. Plans are predicted at 1 ms (dense at 2)
         unless ``predicted`` says; the methods alone of ``later`` are ranked but not tried (candidates, measured
-        at that if the guard widens to them)."""
+        at that if the guard widens to them). ``runoff_s`` 0: no runoff of every close plan (wide_runoff)."""
         predicted, later = predicted or {}, later or {}
-        settings = auto.AutoSettings(runoff=runoff, dense_band=dense_band)
+        settings = auto.AutoSettings(runoff=runoff, dense_band=dense_band, runoff_s=runoff_s)
         tuner, base, applied, replanned = auto.Tuner(settings, "base"), "base", [], []
 
         def apply(self: auto.Tuner, optimizer: object, plan: predict.Plan) -> None:
@@ -837,6 +867,16 @@ def test_auto_tuner_runs_off_the_close_plans_in_turn(monkeypatch: pytest.MonkeyP
     assert [t["label"] for t in report["tried"] if t.get("widened")] == ["powersgd", "orq"], report
     assert report["label"] == "powersgd", report
     assert [t["label"] for t in report["tried"] if t["kept"]] == ["powersgd"], report
+    # 2 hosts at 1 Gbit/s, digits, as launch W measured it (dense 2.8 ms, fp16 3.4, 21% apart), with runoff_s: dense,
+    # fp16 and threshold within 50% of dense run off, 52 steps of each a round (0.50 s), 3 rounds in 1.6 s, slowest
+    # first and ending on dense, in force; fp16's median (2.35 ms) beats dense's (2.8), and fp16 is applied again
+    applied, report, replanned = guard(2, {"fp16": 3.4, "threshold": 3.5, "onebit": 4.3, "dense": 2.8}, 2.9,
+                                       {"fp16": [2.3, 2.4, 2.2], "threshold": [3.5, 3.6, 3.4],
+                                        "dense": [2.8, 2.9, 2.7]}, dense_band=0.5, runoff_s=1.6)
+    assert applied == ["fp16", "threshold", "onebit", "dense", *["threshold", "fp16", "dense"] * 3, "fp16"], applied
+    assert [(t["label"], len(t.get("runoff_ms", ())), t["kept"]) for t in report["tried"]] == [
+        ("fp16", 3, True), ("threshold", 3, False), ("onebit", 0, False), ("dense", 3, False)], report
+    assert report["label"] == "fp16" and replanned == [], report
     # runoff: 0, or the two fastest 13% apart (dense's 4.25, fp16's 4.8): none; the guard's measurements decide
     for runoff, guard_ms in ((0, {"fp16": 4.26}), (2, {"fp16": 4.8, "b": 5.0})):
         applied, report, replanned = guard(runoff, guard_ms, 4.25, {})
