@@ -45,8 +45,8 @@ in the same step on every rank):
    dense measured within ``dense_band`` (50%) of it, the fastest and dense (all three if both hold), are measured
    ``runoff`` (2) more times each, in turn, as a benchmark interleaves its runs: one measurement can be off by as much
    as they differ. Where ``runoff`` rounds of every plan measured within ``dense_band`` of the fastest (dense among
-   them) take at most ``runoff_s`` (10 s) by their measured steps (millisecond steps, where one measurement can be
-   off by 2x), all of them run off instead, in as many rounds as take that, 8 at most (:func:`wide_runoff`). The
+   them) take at most ``runoff_s`` (10 s) by their measured steps (typically millisecond steps, where one measurement
+   can be off by 2x), all of them run off instead, in as many rounds as take that, 8 at most (:func:`wide_runoff`). The
    fastest of them by the median of its measurements (without a runoff, the fastest measured) is kept if it is not
    dense and faster than dense (dense's median, else its one measurement: :func:`kept_plan`; applied again if it is
    not the plan in force); otherwise every parameter goes back to dense.
@@ -145,7 +145,8 @@ class AutoSettings:
             order (where the model misjudged the dense step and measuring is cheap, every method alone within its
             error, and dense, are measured, past ``tries``: :func:`plans_to_try`); then up to this many more methods
             alone, widened to where the plans measured disagree with the model (:func:`widened_plans`).
-        runoff: rounds of the runoff: where the two fastest plans measured (dense among them) are within
+        runoff: rounds of the runoff (at least, and up to MAX_RUNOFF_ROUNDS where ``runoff_s`` allows:
+            :func:`wide_runoff`): where the two fastest plans measured (dense among them) are within
             ``runoff_band`` of each other, or dense within ``dense_band`` of the fastest (:func:`runoff_plans`: then
             the fastest and dense), each is measured this many more times, in turn, and the fastest by the median of
             its measurements (:func:`judged_ms`) is kept if it is not dense and faster than dense
@@ -160,8 +161,9 @@ class AutoSettings:
             ran at 1.33x dense's step, perf/RESULTS.md); where the runoff is cheap (``runoff_s``), every plan
             measured within it of the fastest runs off.
         runoff_s: seconds a runoff may take, by the plans' measured steps: where ``runoff`` rounds of every plan
-            measured within ``dense_band`` of the fastest (dense among them) take at most this (millisecond steps),
-            all of them run off, in as many rounds as take this, MAX_RUNOFF_ROUNDS at most (:func:`wide_runoff`):
+            measured within ``dense_band`` of the fastest (dense among them) take at most this (typically
+            millisecond steps), all of them run off, in as many rounds as take this, ``runoff`` at least and else
+            MAX_RUNOFF_ROUNDS at most (:func:`wide_runoff`):
             there one measurement can be off by 2x (perf/RESULTS.md), and measuring is cheap; 0: never.
         repeats: timed runs of each candidate's encoding and decoding per gradient (the median is kept).
     """
@@ -330,20 +332,22 @@ def runoff_plans(tried: list[Mapping[str, Any]], dense_ms: float, band: float, d
 
 def wide_runoff(tried: list[Mapping[str, Any]], dense_ms: float, band: float, rounds: int, budget_s: float,
                 steps_of: Callable[[str], int]) -> tuple[list[str], int]:
-    """Where measuring is cheap (millisecond steps), the labels of the plans to run off, fastest first, and the
-    rounds: every plan ``tried`` (label, measured_ms) and dense (measured in the guard if it was, else ``dense_ms``)
-    measured at most ``band`` (a fraction) above the fastest, in as many rounds as take ``budget_s`` at their
-    measured steps (``steps_of(label)`` steps a measurement), ``rounds`` at least and MAX_RUNOFF_ROUNDS at most.
-    ``([], 0)`` where ``rounds`` rounds would take longer, or no other plan is within ``band``: then
+    """Where measuring is cheap (typically millisecond steps), the labels of the plans to run off, fastest first,
+    and the rounds: every plan ``tried`` (label, measured_ms) and dense (measured in the guard if it was, else
+    ``dense_ms``) measured at most ``band`` (a fraction) above the fastest, in as many rounds as take ``budget_s`` at
+    their measured steps (``steps_of(label)`` steps a measurement), ``rounds`` at least and else MAX_RUNOFF_ROUNDS at
+    most.
+    ``([], 0)`` where ``rounds`` rounds would take longer, nothing was measured (0 ms), or no other plan is within
+    ``band``: then
     :func:`runoff_plans` decides. (On the emulated cluster, 2 hosts at 1 Gbit/s, digits: fp16 measured 3.4 ms in the
     guard, 1.2x dense's 2.8, and ran 1.23x faster than dense when timed, perf/RESULTS.md.)"""
     steps = _measured_steps(tried, dense_ms)
     ranked = sorted(steps, key=steps.__getitem__)
     close = [label for label in ranked if steps[label] <= steps[ranked[0]] * (1 + band)]
     round_ms = sum(steps_of(label) * steps[label] for label in close)
-    if len(close) < 2 or rounds * round_ms > budget_s * 1e3:
+    if len(close) < 2 or round_ms <= 0 or rounds * round_ms > budget_s * 1e3:
         return [], 0
-    return close, min(MAX_RUNOFF_ROUNDS, max(rounds, math.floor(budget_s * 1e3 / round_ms)))
+    return close, max(rounds, min(MAX_RUNOFF_ROUNDS, math.floor(budget_s * 1e3 / round_ms)))
 
 
 def kept_plan(tried: list[Mapping[str, Any]], dense_ms: float) -> int | None:
@@ -579,7 +583,8 @@ class Tuner:
         if not self.plans and not self.runoff_decided:
             self.runoff_decided = True
             settings = self.settings
-            order, rounds = [], 0
+            order: list[str] = []
+            rounds = 0
             if settings.runoff:
                 order, rounds = wide_runoff(tried, self.dense_ms, settings.dense_band, settings.runoff,
                                             settings.runoff_s, self._measurement_steps)
@@ -643,7 +648,8 @@ class Tuner:
         self.guard = self._guard_steps(plan.step_ms)  # the predicted step: agreed, like the count
 
     def _measurement_steps(self, label: str) -> int:
-        """The steps one measurement of a ranked plan takes, SETTLE_STEPS among them."""
+        """The steps one measurement of a ranked plan takes, SETTLE_STEPS among them (after the guard, its methods'
+        warm-ups have run out)."""
         return SETTLE_STEPS + self._guard_steps(self.by_label[label].step_ms)
 
     def _guard_steps(self, step_ms: float) -> int:

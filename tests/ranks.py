@@ -841,7 +841,7 @@ def auto_run(candidates: dict | None, width: int = 1024, retune: bool = False,
         # (shared memory's millisecond steps) every candidate alone and dense again: up to 14 tries of 5 (those widened
         # to among them: no plan is tried twice), and a runoff of up to 6 more: about 106; or, where runoff_s allows
         # (wide_runoff), up to 8 rounds of those 14: 560 more
-        for _ in range(700):
+        for _ in range(800):
             step()
             if optimizer.auto_report()["phase"] == "settled":
                 break
@@ -904,12 +904,16 @@ def scenario_auto_local() -> None:
     """compression: auto over shared memory, with every registered method but the guarded ones as candidates (this
     file's test methods too: the probe's reduction states no costs, and is left out with the reason) and a retune:
     whatever the noisy measurements choose, every rank settles on the same plan, runs it, and stays identical;
-    retune() goes back to dense and settles again. A runoff of every close plan (wide_runoff, in 1 s here) measures
-    each the same number of times."""
+    retune() goes back to dense and settles again. The runoff is the one wide_runoff (here within 1 s), or else
+    runoff_plans, names from the measurements, in as many rounds."""
     report, optimizer, model = auto_run(None, width=512, retune=True, runoff_s=1)
     assert report["phase"] == "settled" and len(report["candidates"]) >= 8, report
-    rounds = {len(t["runoff_ms"]) for t in report["tried"] if "runoff_ms" in t}
-    assert len(rounds) <= 1 and rounds <= set(range(2, hvdcomp.auto.MAX_RUNOFF_ROUNDS + 1)), report
+    measured = [t for t in report["tried"] if not t.get("dense_steps")]  # (an entry added for the runoff)
+    labels, rounds = hvdcomp.auto.wide_runoff(measured, report["dense_ms"], 0.5, 2, 1, lambda label: 2 + 3)
+    if not labels:  # dense_band 0.5, runoff 2; 2 steps to settle and guard_steps 3 (guard_s 0)
+        labels, rounds = hvdcomp.auto.runoff_plans(measured, report["dense_ms"], 0.1, 0.5), 2
+    ran_off = {t["label"]: len(t["runoff_ms"]) for t in report["tried"] if "runoff_ms" in t}
+    assert ran_off == dict.fromkeys(labels, rounds), report
     assert "signsgd" not in report["candidates"] and "randomk" not in report["candidates"], report  # the guard
     assert "states no costs the timeline can price" in report["excluded"]["probe"], report
     assert_same_plan(report, optimizer, "local")

@@ -749,14 +749,16 @@ def test_auto_runs_off_every_close_plan_where_measuring_is_cheap() -> None:
     assert auto.wide_runoff(w, 2.9, 0.5, 3, 1.9, guard_steps) == ([], 0)  # 3 rounds take 2.7 s
     assert auto.wide_runoff(w, 2.9, 0.5, 2, 0, guard_steps) == ([], 0)  # runoff_s 0: never
     assert auto.wide_runoff(w, 2.9, 0.2, 2, 10.0, guard_steps) == ([], 0)  # a narrower band: fp16 is 1.21x dense
-    assert auto.wide_runoff(w, 2.9, 0.25, 2, 10.0, guard_steps) == (close[:3], 8)  # threshold at 1.25x: in
+    assert auto.wide_runoff(w, 2.9, 0.26, 2, 10.0, guard_steps) == (close[:3], 8)  # threshold at 1.25x: in
+    assert auto.wide_runoff(w, 2.9, 0.5, 10, 10.0, guard_steps) == (close, 10)  # runoff above 8: as many as asked
+    assert auto.wide_runoff(_tried(("a", 0.0)), 0.0, 0.5, 2, 10.0, guard_steps) == ([], 0)  # nothing measured
     # each plan's measurement at its own steps: dense predicted slower, fewer of its steps (a round: 0.23 s)
     assert auto.wide_runoff(_tried(("a", 3.0)), 10.0, 3.0, 2, 1.0, {"a": 52, "dense": 7}.get) == (["a", "dense"], 4)
     # dense from the dense steps; alone within the band, or no plan within it: none
     assert auto.wide_runoff(_tried(("a", 3.0)), 2.9, 0.5, 2, 10.0, guard_steps) == (["dense", "a"], 8)
     assert auto.wide_runoff(_tried(("a", 3.0)), 9.0, 0.5, 2, 10.0, guard_steps) == ([], 0)
     assert auto.wide_runoff(_tried(("dense", 3.0)), 2.9, 0.5, 2, 10.0, guard_steps) == ([], 0)
-    # seconds steps (2 hosts at 10 Gbit/s, synthetic: 2 + 5 steps a measurement): the two rounds take 53 s; none
+    # seconds steps (2 hosts at 10 Gbit/s, synthetic: 2 + 5 steps a measurement): the two rounds take 26 s; none
     assert auto.wide_runoff(_tried(("fp16", 547), ("mix", 526), ("dense", 789)), 906, 0.5, 2, 10.0,
                             lambda label: 7) == ([], 0)
 
