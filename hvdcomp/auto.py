@@ -46,10 +46,10 @@ in the same step on every rank):
    ``runoff`` (2) more times each, in turn, as a benchmark interleaves its runs: one measurement can be off by as much
    as they differ. Where ``runoff`` rounds of every plan measured within ``dense_band`` of the fastest (dense among
    them) take at most ``runoff_s`` (10 s) by their measured steps (typically millisecond steps, where one measurement
-   can be off by 2x), all of them run off instead, in as many rounds as take that, 8 at most (:func:`wide_runoff`). The
-   fastest of them by the median of its measurements (without a runoff, the fastest measured) is kept if it is not
-   dense and faster than dense (dense's median, else its one measurement: :func:`kept_plan`; applied again if it is
-   not the plan in force); otherwise every parameter goes back to dense.
+   can be off by 2x), all of them run off instead, in as many rounds as take that, ``runoff`` at least and else 8 at
+   most (:func:`wide_runoff`). The fastest of them by the median of its measurements (without a runoff, the fastest
+   measured) is kept if it is not dense and faster than dense (dense's median, else its one measurement:
+   :func:`kept_plan`; applied again if it is not the plan in force); otherwise every parameter goes back to dense.
 
 Candidates: every registered method (``hvdcomp.METHODS``: a method added later joins) with its default options, or
 those of ``candidates``, but those in :data:`ACCURACY_GUARD` unless ``allow`` names them, and, where the wrapped
@@ -163,8 +163,8 @@ class AutoSettings:
         runoff_s: seconds a runoff may take, by the plans' measured steps: where ``runoff`` rounds of every plan
             measured within ``dense_band`` of the fastest (dense among them) take at most this (typically
             millisecond steps), all of them run off, in as many rounds as take this, ``runoff`` at least and else
-            MAX_RUNOFF_ROUNDS at most (:func:`wide_runoff`):
-            there one measurement can be off by 2x (perf/RESULTS.md), and measuring is cheap; 0: never.
+            MAX_RUNOFF_ROUNDS at most (:func:`wide_runoff`): there one measurement can be off by 2x (perf/RESULTS.md),
+            and measuring is cheap; 0: never.
         repeats: timed runs of each candidate's encoding and decoding per gradient (the median is kept).
     """
 
@@ -336,11 +336,9 @@ def wide_runoff(tried: list[Mapping[str, Any]], dense_ms: float, band: float, ro
     and the rounds: every plan ``tried`` (label, measured_ms) and dense (measured in the guard if it was, else
     ``dense_ms``) measured at most ``band`` (a fraction) above the fastest, in as many rounds as take ``budget_s`` at
     their measured steps (``steps_of(label)`` steps a measurement), ``rounds`` at least and else MAX_RUNOFF_ROUNDS at
-    most.
-    ``([], 0)`` where ``rounds`` rounds would take longer, nothing was measured (0 ms), or no other plan is within
-    ``band``: then
-    :func:`runoff_plans` decides. (On the emulated cluster, 2 hosts at 1 Gbit/s, digits: fp16 measured 3.4 ms in the
-    guard, 1.2x dense's 2.8, and ran 1.23x faster than dense when timed, perf/RESULTS.md.)"""
+    most. ``([], 0)`` where ``rounds`` rounds would take longer, nothing was measured (0 ms), or no other plan is
+    within ``band``: then :func:`runoff_plans` decides. (On the emulated cluster, 2 hosts at 1 Gbit/s, digits: fp16
+    measured 3.4 ms in the guard, 1.2x dense's 2.8, and ran 1.23x faster than dense when timed, perf/RESULTS.md.)"""
     steps = _measured_steps(tried, dense_ms)
     ranked = sorted(steps, key=steps.__getitem__)
     close = [label for label in ranked if steps[label] <= steps[ranked[0]] * (1 + band)]
