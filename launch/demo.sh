@@ -27,6 +27,7 @@ fi
 "${launch[@]}" "${train[@]}" --compression terngrad --compare dense "$@" | sed '/^\[{/d'
 echo
 echo "hvdcomp demo: the same job with compression: auto (dense first, then per tensor what the measurements say pays),"
-echo "for 120 epochs rather than 20: at millisecond steps its guard and runoff can take over 2,000 steps:"
-# (time to 95% counts the tuning steps all the same)
-"${launch[@]}" "${train[@]}" --compression auto --epochs 120 | sed '/^\[{/d'
+echo "for 240 epochs rather than 20: at millisecond steps its guard and runoff can take up to about 5,000 steps:"
+# 13 plans of up to 52 steps, then a runoff of up to runoff_s (10 s) at 2.2 ms a step or more, or 8 rounds of the 13:
+# about 5,200 steps, 237 epochs of 22 (time to 95% counts the tuning steps all the same)
+"${launch[@]}" "${train[@]}" --compression auto --epochs 240 | sed '/^\[{/d'
