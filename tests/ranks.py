@@ -909,9 +909,12 @@ def scenario_auto_local() -> None:
     report, optimizer, model = auto_run(None, width=512, retune=True, runoff_s=1)
     assert report["phase"] == "settled" and len(report["candidates"]) >= 8, report
     measured = [t for t in report["tried"] if not t.get("dense_steps")]  # (an entry added for the runoff)
-    labels, rounds = hvdcomp.auto.wide_runoff(measured, report["dense_ms"], 0.5, 2, 1, lambda label: 2 + 3)
-    if not labels:  # dense_band 0.5, runoff 2; 2 steps to settle and guard_steps 3 (guard_s 0)
-        labels, rounds = hvdcomp.auto.runoff_plans(measured, report["dense_ms"], 0.1, 0.5), 2
+    defaults = hvdcomp.auto.AutoSettings()  # runoff, the bands; guard_steps 3 here (guard_s 0), runoff_s 1
+    labels, rounds = hvdcomp.auto.wide_runoff(measured, report["dense_ms"], defaults.dense_band, defaults.runoff, 1,
+                                              lambda label: hvdcomp.auto.SETTLE_STEPS + 3)
+    if not labels:
+        labels, rounds = hvdcomp.auto.runoff_plans(measured, report["dense_ms"], defaults.runoff_band,
+                                                   defaults.dense_band), defaults.runoff
     ran_off = {t["label"]: len(t["runoff_ms"]) for t in report["tried"] if "runoff_ms" in t}
     assert ran_off == dict.fromkeys(labels, rounds), report
     assert "signsgd" not in report["candidates"] and "randomk" not in report["candidates"], report  # the guard
