@@ -307,13 +307,15 @@ def widened_plans(plans: list[Plan], tried: list[Mapping[str, Any]], methods: Co
 
 
 def step_ms(intervals: Collection[float]) -> float:
-    """One measurement's step in ms, from its steps' intervals (seconds): their mean, without the ``TRIM`` fastest and
-    slowest (a trimmed mean). It is the mean because throughput is: millisecond steps run in clusters about 1.1 ms
-    apart on the emulated cluster (Horovod's cycle), and a plan can match dense's median step while more of its steps
-    fall in the slower clusters (2 hosts at 10 Gbit/s, digits: fp16's median step 1.04x dense's, its mean 1.20x,
-    perf/RESULTS.md); trimmed, so one stalled step of a short measurement does not decide it."""
+    """One measurement's step in ms, from its steps' intervals (seconds): their mean without the ``TRIM`` fastest and
+    slowest, one of each at least from 3 steps on (a trimmed mean: of 3 steps the median, of 5 the middle 3, of 50 the
+    middle 40). The mean, because throughput is: millisecond steps run in clusters about 1.1 ms apart on the emulated
+    cluster (Horovod's cycle), and a plan can come within 4% of dense's median step while more of its steps fall in
+    the slower clusters (2 hosts at 10 Gbit/s, digits: fp16's median step 1.04x dense's, its mean 1.20x, its trimmed
+    mean 1.12x, perf/RESULTS.md); trimmed, so that one stalled step (the first steps of a job run slower) does not
+    decide a short measurement."""
     ordered = sorted(intervals)
-    cut = int(len(ordered) * TRIM)
+    cut = min(math.ceil(len(ordered) * TRIM), (len(ordered) - 1) // 2)
     return 1e3 * statistics.fmean(ordered[cut:len(ordered) - cut])
 
 

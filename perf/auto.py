@@ -1,9 +1,9 @@
-"""``compression: auto`` on the emulated cluster: its step time against the best single method chosen in hindsight and
-against dense, per hosts, rate and workload (issue 15's targets: within 10% of the best, never over 5% slower than
-dense).
+"""``compression: auto`` on the emulated cluster: its step time (by throughput) against the best single method chosen in
+hindsight and against dense, per hosts, rate and workload (issue 15's targets: within 10% of the best, never over 5%
+slower than dense).
 
     .venv/bin/python perf/auto.py [--hosts 2 4] [--rates 100mbit 1gbit 10gbit] [--workloads synthetic digits]
-    .venv/bin/python perf/auto.py --report          # the table from perf/results/auto.jsonl
+    .venv/bin/python perf/auto.py --report          # the tables from perf/results/auto.jsonl
     .venv/bin/python perf/auto.py --report --before 2026-11-24T09:10    # an earlier launch's
 
 One launch per (hosts, rate) runs, for each workload, in turn and on the same links: dense (``compression="none"``),
@@ -14,17 +14,19 @@ control: what the same plan measures in another run of the same launch; for digi
 before it, in each round but the first). Every run trains a fresh model (the same initial weights) with the loop of
 ``hvdcomp train`` (zero_grad, forward, backward, step; SGD with momentum 0.9; 32 samples per rank). A method's timed
 steps come after its warm-up (5 steps, 1 for synthetic at 100 Mbit/s, and PowerSGD's two dense steps), the first
-method's after a dense run of twice that (the first steps of a job run slower); ``auto``'s after it settled. The step
-time is the median over the timed steps of each step's slowest rank (with the quartiles): for synthetic, after one more
-step (a probe, not counted), as many steps as take about 12 s by the probe's time, up to 30 and at least 3 at 100 Mbit/s
-(a dense step on 4 hosts takes over 10 s) or 6 on faster links; for digits 200, in 10 rounds of 20 steps in which every
-run (dense, each method, auto, dense again) takes its turn (each round in another order, and after one untimed step). A
-millisecond step's time drifts between runs on the emulated links (their token buckets refill at 4 ms timer ticks), and
-interleaving compares the runs under the same drift. The rows also hold every timed step (``steps_s``) and a
-throughput figure, ``mean_step_s``: each round's mean step, the median over the rounds (``--report`` prints a second
-table by it). Millisecond steps cluster about 1.1 ms apart (Horovod's negotiation round per cycle), so the median of
-the steps jumps from one cluster to the next where a run's steps split between two, while the mean moves with the
-split.
+method's after a dense run of twice that (the first steps of a job run slower); ``auto``'s after it settled. Each
+step's time is its slowest rank's. The timed steps: for synthetic, after one more step (a probe, not counted), as many
+steps as take about 12 s by the probe's time, up to 30 and at least 3 at 100 Mbit/s (a dense step on 4 hosts takes
+over 10 s) or 6 on faster links, in one round; for digits 200, in 10 rounds of 20 steps in which every run (dense, each
+method, auto, dense again) takes its turn (each round in another order, and after one untimed step). A millisecond
+step's time drifts between runs on the emulated links (their token buckets refill at 4 ms timer ticks), and
+interleaving compares the runs under the same drift. A run's step time is its throughput, ``mean_step_s``: each round's
+mean step, the median over the rounds (what a job's time is). The rows also hold every timed step (``steps_s``) and the
+median step (``step_s``, with its quartiles); ``--report`` prints a second table by it. Millisecond steps cluster about
+1.1 ms apart (Horovod's negotiation round per cycle), so the median of the steps jumps from one cluster to the next
+where a run's steps split between two, and can come within 4% for two runs whose means differ by 20%. (A plan's
+"measured" ms in auto's report is the guard's: the median of its steps in the launches up to Y, on 2026-11-24, a trimmed
+mean since: ``hvdcomp.auto.step_ms``.)
 ``auto``'s rows also give the plan it settled on, the plans it tried (predicted and measured ms, and the runoff's),
 every plan it ranked with its predicted ms, the dense step it measured and predicted, and the steps and seconds its
 tuning took (not in its step time; they are one-off per job).
@@ -55,6 +57,9 @@ ROUNDS = 10  # digits' runs are timed in turn, 20 steps each, this many times
 SYNTHETIC_S = 12.0
 SYNTHETIC_STEPS = 30
 CONTROL = "dense again"
+#: the figures a setting is judged by: row key -> what it is
+FIGURES = {"mean_step_s": "throughput (each round's mean step, the median over the rounds)",
+           "step_s": "the median step"}
 BATCH = 32  # per rank
 
 
@@ -181,43 +186,39 @@ def worker(workloads: list[str], rate: str) -> None:
         measure(workload)
 
 
-def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per (hosts, rate, workload): auto, dense, the best single method in hindsight (dense among them), the
-    control's ratio to dense, auto's to its plan run alone, and that run's to the best (nan where it was not run: a
-    per-tensor mix); and by throughput (``mean_step_s``, where the rows have it, else nan): the best single method
-    by it and auto's ratios to it and to dense, and the control's to dense."""
+def round_means(row: dict[str, Any]) -> list[float]:
+    """A run's mean step in each of its rounds (``steps_s`` holds them in turn, the same count each)."""
+    steps = row["steps_s"]
+    size = len(steps) // row["rounds"]
+    return [statistics.fmean(steps[i:i + size]) for i in range(0, len(steps), size)]
+
+
+def summarize(rows: list[dict[str, Any]], figure: str) -> list[dict[str, Any]]:
+    """Per (hosts, rate, workload) whose runs all have ``figure`` (a key of FIGURES; older launches' rows lack
+    ``mean_step_s``): auto, dense, the best single method in hindsight by it (dense among them), and auto's ratios to
+    them, the control's to dense, auto's to its plan run alone, and that run's to the best (nan where it was not run:
+    a per-tensor mix)."""
     settings: dict[tuple, dict[str, dict[str, Any]]] = {}
     for row in rows:
         settings.setdefault((row["hosts"], row["rate_bps"], row["rate"], row["workload"]), {})[row["method"]] = row
     result = []
     for (hosts, _, rate, workload), methods in sorted(settings.items()):
-        if "auto" not in methods or "dense" not in methods:
+        if "auto" not in methods or "dense" not in methods or any(figure not in r for r in methods.values()):
             continue
-        auto, dense = methods["auto"], methods["dense"]
-        alone = methods.get(auto["label"], {"step_s": math.nan})  # a per-tensor mix was not run alone
-        single = [r for m, r in methods.items() if m not in ("auto", CONTROL)]
-        best = min(single, key=lambda r: r["step_s"])
-        # by throughput, where every run of the setting has it (older launches' rows do not)
-        mean = {m: r.get("mean_step_s", math.nan) for m, r in methods.items()}
-        best_mean = min(single, key=lambda r: mean[r["method"]])
-        if any(math.isnan(value) for value in mean.values()):
-            mean = dict.fromkeys(mean, math.nan)
-        result.append({"hosts": hosts, "rate": rate, "workload": workload, "auto_s": auto["step_s"],
-                       "auto_iqr": (auto["step_p25_s"], auto["step_p75_s"]),
-                       "dense_s": dense["step_s"], "best": best["method"], "best_s": best["step_s"],
-                       "auto_vs_best": auto["step_s"] / best["step_s"],
-                       "best_by_mean": best_mean["method"], "best_mean_s": mean[best_mean["method"]],
-                       "auto_mean_s": mean["auto"],
-                       "auto_vs_best_mean": mean["auto"] / mean[best_mean["method"]],
-                       "auto_vs_dense_mean": mean["auto"] / mean["dense"],
-                       "control_vs_dense_mean": mean.get(CONTROL, math.nan) / mean["dense"],
-                       "auto_vs_dense": auto["step_s"] / dense["step_s"],
-                       "control_vs_dense": methods.get(CONTROL, {"step_s": math.nan})["step_s"] / dense["step_s"],
-                       "auto_vs_alone": auto["step_s"] / alone["step_s"],
-                       "alone_vs_best": alone["step_s"] / best["step_s"],
+        step = {m: r[figure] for m, r in methods.items()}
+        auto = methods["auto"]
+        single = [m for m in methods if m not in ("auto", CONTROL)]
+        best = min(single, key=step.__getitem__)
+        alone = step.get(auto["label"], math.nan)  # a per-tensor mix was not run alone
+        result.append({"hosts": hosts, "rate": rate, "workload": workload, "auto_s": step["auto"],
+                       "dense_s": step["dense"], "best": best, "best_s": step[best],
+                       "auto_vs_best": step["auto"] / step[best], "auto_vs_dense": step["auto"] / step["dense"],
+                       "control_vs_dense": step.get(CONTROL, math.nan) / step["dense"],
+                       "auto_vs_alone": step["auto"] / alone, "alone_vs_best": alone / step[best],
+                       "quartiles": (auto["step_p25_s"], auto["step_p75_s"]),
+                       "round_means": round_means(auto) if "steps_s" in auto else [],
                        "label": auto["label"], "plan": auto["plan"], "tried": auto["tried"],
-                       "tuning_steps": auto["tuning_steps"], "tuning_s": auto["tuning_s"],
-                       "dense_predicted_ms": auto["dense_predicted_ms"], "dense_ms": auto["dense_ms"]})
+                       "tuning_steps": auto["tuning_steps"], "tuning_s": auto["tuning_s"]})
     return result
 
 
@@ -225,56 +226,69 @@ def ms(value: float) -> str:
     return f"{value:.0f}" if value >= 100 else f"{value:.1f}"
 
 
-def report(rows: list[dict[str, Any]]) -> None:
+def tried_text(r: dict[str, Any]) -> str:
+    """The plans auto tried, as the guard measured them."""
     from hvdcomp.auto import judged_ms
 
-    table = summarize(rows)
-    print("| hosts | rate | workload | dense ms | best single (ms) | auto ms (quartiles) | auto / best | auto / dense "
-          "| dense again / dense | auto's plan | tried: predicted -> measured ms | tuning |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for r in table:
-        methods = sorted(set(r["plan"].values()) - {"none/allreduce"}) or ["dense"]
-        tried = "; ".join(f"{t['label']}: {ms(t['predicted_ms'])} -> {ms(t['measured_ms'])}"
-                          + (" (dense steps)" if t.get("dense_steps") else "")
-                          + (" (widened)" if t.get("widened") else "")
-                          + (f" (runoff {', '.join(map(ms, t['runoff_ms']))}: median {ms(judged_ms(t))})"
-                             if "runoff_ms" in t else "")
-                          + (" kept" if t["kept"] else "") for t in r["tried"]) or "none tried"
-        low, high = (x * 1e3 for x in r["auto_iqr"])
-        print(f"| {r['hosts']} | {r['rate']} | {r['workload']} | {r['dense_s'] * 1e3:.1f} | {r['best']} "
-              f"({r['best_s'] * 1e3:.1f}) | {r['auto_s'] * 1e3:.1f} ({low:.1f}-{high:.1f}) | {r['auto_vs_best']:.2f} | "
-              f"{r['auto_vs_dense']:.2f} | {r['control_vs_dense']:.2f} | {r['label']}: {', '.join(methods)} | "
-              f"{tried} | {r['tuning_steps']} steps, {r['tuning_s']:.1f} s |")
+    return "; ".join(f"{t['label']}: {ms(t['predicted_ms'])} -> {ms(t['measured_ms'])}"
+                     + (" (dense steps)" if t.get("dense_steps") else "")
+                     + (" (widened)" if t.get("widened") else "")
+                     + (f" (runoff {', '.join(map(ms, t['runoff_ms']))}: median {ms(judged_ms(t))})"
+                        if "runoff_ms" in t else "")
+                     + (" kept" if t["kept"] else "") for t in r["tried"]) or "none tried"
+
+
+def totals(table: list[dict[str, Any]], figure: str) -> None:
+    """The targets' counts over ``table``, by ``figure``."""
+    within = sum(r["auto_vs_best"] <= 1.10 for r in table)
+    print(f"\nby {FIGURES[figure]}: auto within 10% of the best in hindsight in {within} of {len(table)} settings "
+          f"(worst {max(r['auto_vs_best'] for r in table):.2f}x, median "
+          f"{statistics.median(r['auto_vs_best'] for r in table):.2f}); at most "
+          f"{max(r['auto_vs_dense'] for r in table):.2f}x dense's step time")
+    for key, what in (("control_vs_dense", "dense again / dense (the same plan in another run of the launch)"),
+                      ("auto_vs_alone", "auto / its plan run alone (where it kept dense or one method)"),
+                      ("alone_vs_best", "its plan run alone / the best")):
+        ratios = [r[key] for r in table if not math.isnan(r[key])]
+        if ratios:
+            print(f"{what}: {min(ratios):.2f} to {max(ratios):.2f} in {len(ratios)} settings, median "
+                  f"{statistics.median(ratios):.2f}")
+
+
+def report(rows: list[dict[str, Any]]) -> None:
+    """Two tables: by throughput (the primary figure: what a job's time is), with auto's plan and what it tried, and
+    by the median step; each with its targets' counts. Older launches' rows, without throughput, give the second."""
+    table = summarize(rows, "mean_step_s")
     if table:
-        worst_best = max(r["auto_vs_best"] for r in table)
-        worst_dense = max(r["auto_vs_dense"] for r in table)
-        within = sum(r["auto_vs_best"] <= 1.10 for r in table)
-        print(f"\nauto within 10% of the best in hindsight in {within} of {len(table)} settings (worst "
-              f"{worst_best:.2f}x); at most {worst_dense:.2f}x dense's step time; median auto/best "
-              f"{statistics.median(r['auto_vs_best'] for r in table):.2f}")
-        for key, what in (("control_vs_dense", "dense again / dense (the same plan in another run of the launch)"),
-                          ("auto_vs_alone", "auto / its plan run alone (where it kept dense or one method)"),
-                          ("alone_vs_best", "its plan run alone / the best")):
-            ratios = [r[key] for r in table if not math.isnan(r[key])]
-            if ratios:
-                print(f"{what}: {min(ratios):.2f} to {max(ratios):.2f} in {len(ratios)} settings, median "
-                      f"{statistics.median(ratios):.2f}")
-    by_mean = [r for r in table if not math.isnan(r["auto_vs_best_mean"])]
-    if by_mean:
-        print("\nBy throughput (each round's mean step, the median over the rounds):\n")
-        print("| hosts | rate | workload | best single (ms) | auto ms | auto / best | auto / dense "
-              "| dense again / dense |")
-        print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-        for r in by_mean:
-            print(f"| {r['hosts']} | {r['rate']} | {r['workload']} | {r['best_by_mean']} "
-                  f"({r['best_mean_s'] * 1e3:.1f}) | {r['auto_mean_s'] * 1e3:.1f} | "
-                  f"{r['auto_vs_best_mean']:.2f} | {r['auto_vs_dense_mean']:.2f} | {r['control_vs_dense_mean']:.2f} |")
-        within = sum(r["auto_vs_best_mean"] <= 1.10 for r in by_mean)
-        print(f"\nby throughput: auto within 10% of the best in hindsight in {within} of {len(by_mean)} settings "
-              f"(worst {max(r['auto_vs_best_mean'] for r in by_mean):.2f}x); at most "
-              f"{max(r['auto_vs_dense_mean'] for r in by_mean):.2f}x dense's; dense again / dense "
-              f"{min(r['control_vs_dense_mean'] for r in by_mean):.2f} to "
-              f"{max(r['control_vs_dense_mean'] for r in by_mean):.2f}")
+        print(f"By {FIGURES['mean_step_s']}:\n")
+        print("| hosts | rate | workload | dense ms | best single (ms) | auto ms (rounds' range) | auto / best "
+              "| auto / dense | dense again / dense | auto's plan | tried: predicted -> measured ms | tuning |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        for r in table:
+            methods = sorted(set(r["plan"].values()) - {"none/allreduce"}) or ["dense"]
+            means = r["round_means"]
+            spread = f" ({min(means) * 1e3:.1f}-{max(means) * 1e3:.1f})" if len(means) > 1 else ""
+            print(f"| {r['hosts']} | {r['rate']} | {r['workload']} | {r['dense_s'] * 1e3:.1f} | {r['best']} "
+                  f"({r['best_s'] * 1e3:.1f}) | {r['auto_s'] * 1e3:.1f}{spread} | {r['auto_vs_best']:.2f} | "
+                  f"{r['auto_vs_dense']:.2f} | {r['control_vs_dense']:.2f} | {r['label']}: {', '.join(methods)} | "
+                  f"{tried_text(r)} | {r['tuning_steps']} steps, {r['tuning_s']:.1f} s |")
+        totals(table, "mean_step_s")
+    by_median = summarize(rows, "step_s")
+    if by_median:
+        print(f"\nBy {FIGURES['step_s']} (over every timed step, each the slowest rank's):\n")
+        print("| hosts | rate | workload | dense ms | best single (ms) | auto ms (quartiles) | auto / best "
+              "| auto / dense | dense again / dense | auto's plan, tried, tuning (where not above) |")
+        print("| --- " * 10 + "|")
+        above = {(r["hosts"], r["rate"], r["workload"]) for r in table}
+        for r in by_median:
+            low, high = (x * 1e3 for x in r["quartiles"])
+            methods = sorted(set(r["plan"].values()) - {"none/allreduce"}) or ["dense"]
+            detail = "" if (r["hosts"], r["rate"], r["workload"]) in above else (
+                f"{r['label']}: {', '.join(methods)}; {tried_text(r)}; {r['tuning_steps']} steps, "
+                f"{r['tuning_s']:.1f} s")
+            print(f"| {r['hosts']} | {r['rate']} | {r['workload']} | {r['dense_s'] * 1e3:.1f} | {r['best']} "
+                  f"({r['best_s'] * 1e3:.1f}) | {r['auto_s'] * 1e3:.1f} ({low:.1f}-{high:.1f}) | "
+                  f"{r['auto_vs_best']:.2f} | {r['auto_vs_dense']:.2f} | {r['control_vs_dense']:.2f} | {detail} |")
+        totals(by_median, "step_s")
 
 
 def main() -> None:
@@ -283,8 +297,8 @@ def main() -> None:
     parser.add_argument("--rates", nargs="+", default=list(clusterbench.RATES))
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
     parser.add_argument("--controller", choices=["mpi", "gloo"], default="mpi", help="Horovod's controller")
-    parser.add_argument("--report", action="store_true", help="only print the table of the latest rows")
-    parser.add_argument("--before", metavar="TIME", help="the table of the latest rows measured before TIME (ISO, "
+    parser.add_argument("--report", action="store_true", help="only print the tables of the latest rows")
+    parser.add_argument("--before", metavar="TIME", help="the tables of the latest rows measured before TIME (ISO, "
                         "as the rows' time: 2026-11-24T09:10), an earlier launch's")
     parser.add_argument("--worker", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = parser.parse_args()
