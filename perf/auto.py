@@ -29,7 +29,9 @@ where a run's steps split between two, and can come within 4% for two runs whose
 mean since: ``hvdcomp.auto.step_ms``.)
 ``auto``'s rows also give the plan it settled on, the plans it tried (predicted and measured ms, and the runoff's),
 every plan it ranked with its predicted ms, the dense step it measured and predicted, and the steps and seconds its
-tuning took (not in its step time; they are one-off per job).
+tuning took (not in its step time; they are one-off per job). For digits, the first table also gives how sure auto /
+best is: the 90% interval and the share of draws within 10% when the rounds are drawn again with replacement
+(``resampled``).
 Rows go to perf/results/auto.jsonl.
 """
 
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import random
 import statistics
 import sys
 import time
@@ -57,6 +60,7 @@ ROUNDS = 10  # digits' runs are timed in turn, 20 steps each, this many times
 SYNTHETIC_S = 12.0
 SYNTHETIC_STEPS = 30
 CONTROL = "dense again"
+RESAMPLINGS = 2000  # draws of the rounds (resampled)
 #: the figures a setting is judged by: row key -> what it is
 FIGURES = {"mean_step_s": "throughput (each round's mean step, the median over the rounds)",
            "step_s": "the median step"}
@@ -193,6 +197,25 @@ def round_means(row: dict[str, Any]) -> list[float]:
     return [statistics.fmean(steps[i:i + size]) for i in range(0, len(steps), size)]
 
 
+def resampled(methods: dict[str, dict[str, Any]], draws: int = RESAMPLINGS) -> tuple[float, float, float]:
+    """How sure auto / best (by throughput) is, where the runs were timed in interleaved rounds: the rounds are drawn
+    again with replacement (the same rounds for every run: a round's runs share its drift), each run's throughput
+    taken over them, and auto's ratio to the best single method of that draw computed, ``draws`` times (a fixed seed).
+    Returns the 5th and 95th percentiles of the ratio and the share of draws within 10% of the best. (The best of ten
+    noisy runs reads faster than its method is: the draws carry that bias too.)"""
+    means = {m: round_means(r) for m, r in methods.items()}
+    count = len(means["auto"])
+    single = [m for m in methods if m not in ("auto", CONTROL)]
+    rng = random.Random(0)
+    ratios = []
+    for _ in range(draws):
+        picked = [rng.randrange(count) for _ in range(count)]
+        step = {m: statistics.median(means[m][i] for i in picked) for m in ["auto", *single]}
+        ratios.append(step["auto"] / min(step[m] for m in single))
+    low, *_, high = statistics.quantiles(ratios, n=20)
+    return low, high, sum(ratio <= 1.10 for ratio in ratios) / draws
+
+
 def summarize(rows: list[dict[str, Any]], figure: str) -> list[dict[str, Any]]:
     """Per (hosts, rate, workload) whose runs all have ``figure`` (a key of FIGURES; older launches' rows lack
     ``mean_step_s``): auto, dense, the best single method in hindsight by it (dense among them), and auto's ratios to
@@ -217,6 +240,7 @@ def summarize(rows: list[dict[str, Any]], figure: str) -> list[dict[str, Any]]:
                        "auto_vs_alone": step["auto"] / alone, "alone_vs_best": alone / step[best],
                        "quartiles": (auto["step_p25_s"], auto["step_p75_s"]),
                        "round_means": round_means(auto) if "steps_s" in auto else [],
+                       "resampled": resampled(methods) if figure == "mean_step_s" and auto["rounds"] > 1 else None,
                        "label": auto["label"], "plan": auto["plan"], "tried": auto["tried"],
                        "tuning_steps": auto["tuning_steps"], "tuning_s": auto["tuning_s"]})
     return result
@@ -261,14 +285,16 @@ def report(rows: list[dict[str, Any]]) -> None:
     if table:
         print(f"By {FIGURES['mean_step_s']}:\n")
         print("| hosts | rate | workload | dense ms | best single (ms) | auto ms (rounds' range) | auto / best "
-              "| auto / dense | dense again / dense | auto's plan | tried: predicted -> measured ms | tuning |")
-        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+              "| rounds resampled: auto / best, 90%; share within 10% | auto / dense | dense again / dense "
+              "| auto's plan | tried: predicted -> measured ms | tuning |")
+        print("| --- " * 13 + "|")
         for r in table:
             methods = sorted(set(r["plan"].values()) - {"none/allreduce"}) or ["dense"]
             means = r["round_means"]
             spread = f" ({min(means) * 1e3:.1f}-{max(means) * 1e3:.1f})" if len(means) > 1 else ""
             print(f"| {r['hosts']} | {r['rate']} | {r['workload']} | {r['dense_s'] * 1e3:.1f} | {r['best']} "
                   f"({r['best_s'] * 1e3:.1f}) | {r['auto_s'] * 1e3:.1f}{spread} | {r['auto_vs_best']:.2f} | "
+                  + ("{:.2f}-{:.2f}; {:.0%}".format(*r["resampled"]) if r["resampled"] else "-") + " | "
                   f"{r['auto_vs_dense']:.2f} | {r['control_vs_dense']:.2f} | {r['label']}: {', '.join(methods)} | "
                   f"{tried_text(r)} | {r['tuning_steps']} steps, {r['tuning_s']:.1f} s |")
         totals(table, "mean_step_s")
