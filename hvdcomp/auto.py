@@ -116,7 +116,7 @@ MAX_GUARD_STEPS = 50
 #: the dense step (millisecond steps), rather than only ``tries`` plans (:func:`plans_to_try`)
 SURVEY_S = 5.0
 #: the fraction of a measurement's step intervals left out at each end, the fastest and the slowest, before they are
-#: averaged (:func:`step_ms`)
+#: averaged, rounded up, and fewer than half (:func:`step_ms`)
 TRIM = 0.1
 #: the most rounds of a runoff sized by ``runoff_s`` (:func:`wide_runoff`): each plan's median of nine measurements
 MAX_RUNOFF_ROUNDS = 8

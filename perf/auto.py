@@ -21,12 +21,12 @@ over 10 s) or 6 on faster links, in one round; for digits 200, in 10 rounds of 2
 method, auto, dense again) takes its turn (each round in another order, and after one untimed step). A millisecond
 step's time drifts between runs on the emulated links (their token buckets refill at 4 ms timer ticks), and
 interleaving compares the runs under the same drift. A run's step time is its throughput, ``mean_step_s``: each round's
-mean step, the median over the rounds (what a job's time is). The rows also hold every timed step (``steps_s``) and the
-median step (``step_s``, with its quartiles); ``--report`` prints a second table by it. Millisecond steps cluster about
-1.1 ms apart (Horovod's negotiation round per cycle), so the median of the steps jumps from one cluster to the next
-where a run's steps split between two, and can come within 4% for two runs whose means differ by 20%. (A plan's
-"measured" ms in auto's report is the guard's: the median of its steps in the launches up to Y, on 2026-11-24, a trimmed
-mean since: ``hvdcomp.auto.step_ms``.)
+mean step, the median over the rounds (a throughput figure that one slow round does not decide). The rows also hold
+every timed step (``steps_s``) and the median step (``step_s``, with its quartiles); ``--report`` prints a second table
+by it. Millisecond steps cluster about 1.1 ms apart (Horovod's negotiation round per cycle), so the median of the steps
+jumps from one cluster to the next where a run's steps split between two, and can come within 4% for two runs whose
+means differ by 20%. (A plan's "measured" ms in auto's report is the guard's: the median of its steps in the launches up
+to Y, on 2026-11-24, a trimmed mean since: ``hvdcomp.auto.step_ms``.)
 ``auto``'s rows also give the plan it settled on, the plans it tried (predicted and measured ms, and the runoff's),
 every plan it ranked with its predicted ms, the dense step it measured and predicted, and the steps and seconds its
 tuning took (not in its step time; they are one-off per job). For digits, the first table also gives how sure auto /
@@ -193,6 +193,8 @@ def worker(workloads: list[str], rate: str) -> None:
 def round_means(row: dict[str, Any]) -> list[float]:
     """A run's mean step in each of its rounds (``steps_s`` holds them in turn, the same count each)."""
     steps = row["steps_s"]
+    if len(steps) % row["rounds"]:
+        raise ValueError(f"{row['method']}: {len(steps)} timed steps do not split into {row['rounds']} rounds")
     size = len(steps) // row["rounds"]
     return [statistics.fmean(steps[i:i + size]) for i in range(0, len(steps), size)]
 
@@ -220,7 +222,8 @@ def summarize(rows: list[dict[str, Any]], figure: str) -> list[dict[str, Any]]:
     """Per (hosts, rate, workload) whose runs all have ``figure`` (a key of FIGURES; older launches' rows lack
     ``mean_step_s``): auto, dense, the best single method in hindsight by it (dense among them), and auto's ratios to
     them, the control's to dense, auto's to its plan run alone, and that run's to the best (nan where it was not run:
-    a per-tensor mix)."""
+    a per-tensor mix); auto's quartiles and round means; by throughput over interleaved rounds, :func:`resampled`
+    (else None)."""
     settings: dict[tuple, dict[str, dict[str, Any]]] = {}
     for row in rows:
         settings.setdefault((row["hosts"], row["rate_bps"], row["rate"], row["workload"]), {})[row["method"]] = row
@@ -240,7 +243,8 @@ def summarize(rows: list[dict[str, Any]], figure: str) -> list[dict[str, Any]]:
                        "auto_vs_alone": step["auto"] / alone, "alone_vs_best": alone / step[best],
                        "quartiles": (auto["step_p25_s"], auto["step_p75_s"]),
                        "round_means": round_means(auto) if "steps_s" in auto else [],
-                       "resampled": resampled(methods) if figure == "mean_step_s" and auto["rounds"] > 1 else None,
+                       "resampled": resampled(methods) if figure == "mean_step_s" and auto["rounds"] > 1 and all(
+                           r.get("rounds") == auto["rounds"] and "steps_s" in r for r in methods.values()) else None,
                        "label": auto["label"], "plan": auto["plan"], "tried": auto["tried"],
                        "tuning_steps": auto["tuning_steps"], "tuning_s": auto["tuning_s"]})
     return result
@@ -279,7 +283,7 @@ def totals(table: list[dict[str, Any]], figure: str) -> None:
 
 
 def report(rows: list[dict[str, Any]]) -> None:
-    """Two tables: by throughput (the primary figure: what a job's time is), with auto's plan and what it tried, and
+    """Two tables: by throughput (the primary figure), with auto's plan and what it tried, and
     by the median step; each with its targets' counts. Older launches' rows, without throughput, give the second."""
     table = summarize(rows, "mean_step_s")
     if table:

@@ -720,7 +720,7 @@ def test_auto_measures_a_plan_by_its_trimmed_mean_step() -> None:
     # but more of its steps fell in the slower cluster, and it ran 1.2x slower
     dense = [2.2e-3] * 18 + [3.3e-3] * 2
     fp16 = [3.3e-3, 2.2e-3] * 9 + [2.2e-3] * 2
-    assert sorted(fp16)[9] == sorted(dense)[9]  # the median step cannot tell them apart
+    assert statistics.median(fp16) == statistics.median(dense)  # the median step cannot tell them apart
     assert auto.step_ms(dense) == pytest.approx(2.2)  # the slowest 2 of 20 left out
     assert auto.step_ms(fp16) == pytest.approx((9 * 2.2 + 7 * 3.3) / 16)
     assert auto.step_ms(fp16) > 1.2 * auto.step_ms(dense)
@@ -792,13 +792,15 @@ def test_auto_tuner_runs_off_the_close_plans_in_turn(monkeypatch: pytest.MonkeyP
         def slowest(self, value: float) -> float:
             return value
 
-    def guard(runoff: int, guard_ms: dict[str, float], dense_ms: float, runoff_ms: dict[str, list[float]],
+    def guard(runoff: int, guard_ms: dict[str, float | list[float]], dense_ms: float,
+              runoff_ms: dict[str, list[float]],
               dense_band: float = 0, predicted: dict[str, float] | None = None,
               later: dict[str, float] | None = None, runoff_s: float = 0) -> tuple[list[str], dict, list]:
         """The plans applied in turn, the report, the configs replanned to directly (dense: the base config).
         ``dense_band`` 0: dense runs off only as one of the two fastest. Plans are predicted at 1 ms (dense at 2)
         unless ``predicted`` says; the methods alone of ``later`` are ranked but not tried (candidates, measured
-        at that if the guard widens to them). ``runoff_s`` 0: no runoff of every close plan (wide_runoff)."""
+        at that if the guard widens to them). ``runoff_s`` 0: no runoff of every close plan (wide_runoff). A
+        measurement is one step's ms, or a list: each of its steps'."""
         predicted, later = predicted or {}, later or {}
         settings = auto.AutoSettings(runoff=runoff, dense_band=dense_band, runoff_s=runoff_s)
         tuner, base, applied, replanned = auto.Tuner(settings, "base"), "base", [], []
@@ -819,7 +821,8 @@ def test_auto_tuner_runs_off_the_close_plans_in_turn(monkeypatch: pytest.MonkeyP
         measured.setdefault("dense", runoff_ms.get("dense", []))
         tuner._next_plan(optimizer)
         while tuner.phase != "settled":
-            tuner.samples.intervals = [measured[tuner.report["label"]].pop(0) / 1e3]
+            taken = measured[tuner.report["label"]].pop(0)
+            tuner.samples.intervals = [ms / 1e3 for ms in (taken if isinstance(taken, list) else [taken])]
             tuner._judge(optimizer)
         assert not any(measured.values()), measured  # every scripted measurement was taken
         return applied, tuner.report, replanned
@@ -904,3 +907,9 @@ def test_auto_tuner_runs_off_the_close_plans_in_turn(monkeypatch: pytest.MonkeyP
         assert applied == list(guard_ms) and replanned == ["base"] and report["label"] == "dense", report
         assert [t["label"] for t in report["tried"]] == list(guard_ms), report
         assert not any("runoff_ms" in t for t in report["tried"]), report
+    # launch Y's fp16 on 2 hosts at 10 Gbit/s, digits: its median step (2.2 ms) beats the dense steps' 2.25, but the
+    # guard measures its steps' trimmed mean (2.68) and keeps dense
+    steps = [3.3, 2.2] * 9 + [2.2] * 2
+    applied, report, replanned = guard(0, {"fp16": steps}, 2.25, {})
+    assert statistics.median(steps) < 2.25 and replanned == ["base"] and report["label"] == "dense", report
+    assert report["tried"][0]["measured_ms"] == pytest.approx(auto.step_ms([ms / 1e3 for ms in steps]), abs=1e-3)
