@@ -36,7 +36,7 @@ in the same step on every rank):
    each measured for ``guard_steps`` steps, or ``guard_s`` seconds by its predicted step time if that is more (up to 50
    steps), after 2 steps to settle (and the rest of its methods' warm-ups, :meth:`Compressor.steady_from`, counted from
    the job's first step), by its mean step without the 10% fastest and slowest (:func:`step_ms`: what throughput sees;
-   the slowest rank's; the dense steps' so too). Then the plans tried are widened (:func:`widened_plans`): where their
+   the slowest rank's), as the dense steps are. Then the plans tried are widened (:func:`widened_plans`): where their
    ratios of measured to predicted step differ, by a factor s (on noisy measurements they always differ a little), the
    methods alone not yet measured that would beat the fastest measured were their step their prediction x the lowest
    ratio / s are measured too, ``tries`` at most (marked ``widened``).
