@@ -254,6 +254,12 @@ def ms(value: float) -> str:
     return f"{value:.0f}" if value >= 100 else f"{value:.1f}"
 
 
+def plan_text(r: dict[str, Any]) -> str:
+    """The plan auto kept: its label and the methods/collectives in it."""
+    methods = sorted(set(r["plan"].values()) - {"none/allreduce"}) or ["dense"]
+    return f"{r['label']}: {', '.join(methods)}"
+
+
 def tried_text(r: dict[str, Any]) -> str:
     """The plans auto tried, as the guard measured them."""
     from hvdcomp.auto import judged_ms
@@ -293,13 +299,12 @@ def report(rows: list[dict[str, Any]]) -> None:
               "| auto's plan | tried: predicted -> measured ms | tuning |")
         print("| --- " * 13 + "|")
         for r in table:
-            methods = sorted(set(r["plan"].values()) - {"none/allreduce"}) or ["dense"]
             means = r["round_means"]
             spread = f" ({min(means) * 1e3:.1f}-{max(means) * 1e3:.1f})" if len(means) > 1 else ""
             print(f"| {r['hosts']} | {r['rate']} | {r['workload']} | {r['dense_s'] * 1e3:.1f} | {r['best']} "
                   f"({r['best_s'] * 1e3:.1f}) | {r['auto_s'] * 1e3:.1f}{spread} | {r['auto_vs_best']:.2f} | "
                   + ("{:.2f}-{:.2f}; {:.0%}".format(*r["resampled"]) if r["resampled"] else "-") + " | "
-                  f"{r['auto_vs_dense']:.2f} | {r['control_vs_dense']:.2f} | {r['label']}: {', '.join(methods)} | "
+                  f"{r['auto_vs_dense']:.2f} | {r['control_vs_dense']:.2f} | {plan_text(r)} | "
                   f"{tried_text(r)} | {r['tuning_steps']} steps, {r['tuning_s']:.1f} s |")
         totals(table, "mean_step_s")
     by_median = summarize(rows, "step_s")
@@ -311,10 +316,8 @@ def report(rows: list[dict[str, Any]]) -> None:
         above = {(r["hosts"], r["rate"], r["workload"]) for r in table}
         for r in by_median:
             low, high = (x * 1e3 for x in r["quartiles"])
-            methods = sorted(set(r["plan"].values()) - {"none/allreduce"}) or ["dense"]
             detail = "" if (r["hosts"], r["rate"], r["workload"]) in above else (
-                f"{r['label']}: {', '.join(methods)}; {tried_text(r)}; {r['tuning_steps']} steps, "
-                f"{r['tuning_s']:.1f} s")
+                f"{plan_text(r)}; {tried_text(r)}; {r['tuning_steps']} steps, {r['tuning_s']:.1f} s")
             print(f"| {r['hosts']} | {r['rate']} | {r['workload']} | {r['dense_s'] * 1e3:.1f} | {r['best']} "
                   f"({r['best_s'] * 1e3:.1f}) | {r['auto_s'] * 1e3:.1f} ({low:.1f}-{high:.1f}) | "
                   f"{r['auto_vs_best']:.2f} | {r['auto_vs_dense']:.2f} | {r['control_vs_dense']:.2f} | {detail} |")
