@@ -17,7 +17,7 @@ steps come after its warm-up (5 steps, 1 for synthetic at 100 Mbit/s, and PowerS
 method's after a dense run of twice that (the first steps of a job run slower); ``auto``'s after it settled. Each
 step's time is its slowest rank's. The timed steps: for synthetic, after one more step (a probe, not counted), as many
 steps as take about 12 s by the probe's time, up to 30 and at least 3 at 100 Mbit/s (a dense step on 4 hosts takes
-over 10 s) or 6 on faster links, in one round; for digits 200, in 10 rounds of 20 steps in which every run (dense, each
+over 10 s) or 6 on faster links, in one round; for digits 600, in 30 rounds of 20 steps in which every run (dense, each
 method, auto, dense again) takes its turn (each round in another order, and after one untimed step). A millisecond
 step's time drifts between runs on the emulated links (their token buckets refill at 4 ms timer ticks), and
 interleaving compares the runs under the same drift. A run's step time is its throughput, ``mean_step_s``: each round's
@@ -54,7 +54,9 @@ CANDIDATE_OPTIONS = {"powersgd": {"start_iter": 2}}
 AUTO = {"warmup_steps": 1, "measure_steps": 3, "repeats": 2}
 MAX_TUNING_STEPS = 7000  # up to 13 tries (every method alone, two mixes, dense; widened ones among them) x (2 + 50
 # steps), and a runoff of up to 8 rounds of 14 (wide_runoff)
-ROUNDS = 10  # digits' runs are timed in turn, 20 steps each, this many times
+#: digits' runs are timed in turn, 20 steps each, this many times (10 up to launch Z2, on 2026-11-24: there the
+#: ranking of the nine methods within 1.6x of each other on 2 hosts at 100 Mbit/s changed from launch to launch)
+ROUNDS = 30
 #: a synthetic run is timed for about this many seconds, by one step's time (at least 3 steps at 100 Mbit/s, 6 on
 #: faster links), up to SYNTHETIC_STEPS steps
 SYNTHETIC_S = 12.0
