@@ -262,14 +262,20 @@ def plan_text(r: dict[str, Any]) -> str:
     return f"{r['label']}: {', '.join(methods)}"
 
 
+def judged_text(trial: dict[str, Any]) -> str:
+    """How the guard judged a plan it ran off: by its rounds (``judged_ms``, from launch AB on) or, in the rows of
+    earlier launches, by the median of its measurements."""
+    if "judged_ms" in trial:
+        return f"judged {ms(trial['judged_ms'])}"
+    return f"median {ms(statistics.median([trial['measured_ms'], *trial['runoff_ms']]))}"
+
+
 def tried_text(r: dict[str, Any]) -> str:
     """The plans auto tried, as the guard measured them."""
-    from hvdcomp.auto import judged_ms
-
     return "; ".join(f"{t['label']}: {ms(t['predicted_ms'])} -> {ms(t['measured_ms'])}"
                      + (" (dense steps)" if t.get("dense_steps") else "")
                      + (" (widened)" if t.get("widened") else "")
-                     + (f" (runoff {', '.join(map(ms, t['runoff_ms']))}: median {ms(judged_ms(t))})"
+                     + (f" (runoff {', '.join(map(ms, t['runoff_ms']))}: {judged_text(t)})"
                         if "runoff_ms" in t else "")
                      + (" kept" if t["kept"] else "") for t in r["tried"]) or "none tried"
 
@@ -326,6 +332,40 @@ def report(rows: list[dict[str, Any]]) -> None:
         totals(by_median, "step_s")
 
 
+def rejudge(rows: list[dict[str, Any]]) -> None:
+    """Every launch's runoffs judged again by :func:`hvdcomp.auto.kept_plan` as it is now, on the same measurements:
+    per setting of each launch where auto ran a runoff, the plan it kept then and the plan kept now, each with its
+    run alone's step / the best single method's in that launch (by throughput where the launch has it, else by the
+    median step; "-" where the plan is a per-tensor mix, not run alone)."""
+    from hvdcomp.auto import kept_plan
+
+    launches: dict[tuple, dict[str, dict[str, Any]]] = {}
+    for row in rows:
+        launches.setdefault((row["time"], row["hosts"], row["rate"], row["workload"]), {})[row["method"]] = row
+    print("| launch's time | hosts | rate | workload | figure | plans run off, rounds | kept then | kept now |")
+    print("| --- " * 8 + "|")
+    then_within = now_within = differ = 0
+    for (when, hosts, rate, workload), methods in sorted(launches.items()):
+        auto = methods.get("auto")
+        ran_off = [t for t in auto["tried"] if "runoff_ms" in t] if auto else []
+        if not ran_off:
+            continue
+        figure = "mean_step_s" if all("mean_step_s" in r for r in methods.values()) else "step_s"
+        single = {m: r[figure] for m, r in methods.items() if m not in ("auto", CONTROL)}
+        best = min(single.values())
+        now = kept_plan(auto["tried"], auto["dense_ms"])
+        labels = (auto["label"], "dense" if now is None else auto["tried"][now]["label"])
+        ratios = [single.get(label, math.nan) / best for label in labels]
+        then_within += ratios[0] <= 1.10
+        now_within += ratios[1] <= 1.10
+        differ += labels[0] != labels[1]
+        cells = [f"{label} ({ratio:.2f})" if not math.isnan(ratio) else f"{label} (-)"
+                 for label, ratio in zip(labels, ratios, strict=True)]
+        print(f"| {when} | {hosts} | {rate} | {workload} | {figure} | {len(ran_off)}, "
+              f"{len(ran_off[0]['runoff_ms'])} | {cells[0]} | {cells[1]} |")
+    print(f"\nkept now differs in {differ} settings; within 10% of the best: {then_within} then, {now_within} now")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hosts", type=int, nargs="+", default=list(clusterbench.HOSTS))
@@ -335,11 +375,16 @@ def main() -> None:
     parser.add_argument("--report", action="store_true", help="only print the tables of the latest rows")
     parser.add_argument("--before", metavar="TIME", help="the tables of the latest rows measured before TIME (ISO, "
                         "as the rows' time: 2026-11-24T09:10), an earlier launch's")
+    parser.add_argument("--rejudge", action="store_true", help="every launch's runoffs judged again as auto judges "
+                        "now (hvdcomp.auto.kept_plan), on the same measurements")
     parser.add_argument("--worker", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker is not None:
         rate, *workloads = args.worker
         worker(workloads, rate)
+        return
+    if args.rejudge:
+        rejudge(clusterbench.load(RESULTS))
         return
     if not args.report:
         for rate in args.rates:

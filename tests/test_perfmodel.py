@@ -715,6 +715,63 @@ def test_auto_keeps_only_a_plan_measured_faster_than_dense() -> None:
     assert auto.kept_plan(ran_off, 4.0) == 0  # dense's median in the runoff is the bar, not its dense steps'
 
 
+def test_auto_judges_a_runoff_of_three_rounds_or_more_by_its_rounds() -> None:
+    # a is faster than b in two of three rounds, but the rounds drift (about 2, 4 and 6 ms): b's median measurement
+    # is the lower (3.95 ms against 4.25, the guard's among them); judged against its rounds, a is the faster
+    tried = [{"label": "a", "measured_ms": 4.3, "runoff_ms": [2.0, 4.2, 6.1]},
+             {"label": "b", "measured_ms": 3.9, "runoff_ms": [2.1, 4.0, 6.3]}]
+    assert statistics.median([3.9, 2.1, 4.0, 6.3]) < statistics.median([4.3, 2.0, 4.2, 6.1])
+    level = statistics.median([2.05, 4.1, 6.2])  # the rounds' medians
+    assert auto.judged_ms(tried) == pytest.approx([level * 6.1 / 6.2, level * 6.3 / 6.2])
+    assert auto.kept_plan(tried, 9.0) == 0
+    # two rounds are no blocks: each plan's median measurement, the guard's among them, as before
+    two = [{**t, "runoff_ms": t["runoff_ms"][:2]} for t in tried]
+    assert auto.judged_ms(two) == [statistics.median([4.3, 2.0, 4.2]), statistics.median([3.9, 2.1, 4.0])]
+    assert auto.kept_plan(two, 9.0) == 1
+    # a plan not run off is judged by its one measurement; dense, run off, by its rounds too
+    tried.append({"label": "c", "measured_ms": 3.0})
+    tried.append({"label": "dense", "measured_ms": 3.0, "runoff_ms": [2.2, 4.4, 6.6]})
+    assert auto.judged_ms(tried)[2] == 3.0 and auto.kept_plan(tried, 1.0) == 0  # dense's runoff is the bar
+    tried[-1]["runoff_ms"] = [1.9, 3.9, 6.0]
+    assert auto.kept_plan(tried, 9.0) is None
+    with pytest.raises(ValueError):  # the runoff's plans are measured in the same rounds, as many for each
+        auto.judged_ms([{"label": "a", "measured_ms": 1.0, "runoff_ms": [1.0, 2.0, 3.0]},
+                        {"label": "b", "measured_ms": 1.0, "runoff_ms": [1.0, 2.0]}])
+    # launch Z, 2 hosts at 100 Mbit/s, digits: ten plans, eight rounds. orq, first in every round, read 3.3 ms in the
+    # first, where the other nine read 4.6 to 9.7; by the median auto kept orq (4.3 ms), timed 1.33x onebit's
+    # step, the best; judged by the rounds it keeps onebit
+    runoff = {"per-tensor (timeline)": (5.74, [8.422, 8.847, 6.352, 6.515, 4.788, 6.819, 7.668, 5.116]),
+              "topk": (4.892, [9.09, 5.027, 7.348, 4.345, 7.466, 5.061, 7.013, 5.36]),
+              "efsignsgd": (5.24, [7.119, 6.711, 4.368, 3.975, 4.181, 4.904, 7.141, 4.954]),
+              "bingrad": (4.542, [9.665, 6.146, 6.048, 3.265, 6.431, 6.148, 5.033, 4.718]),
+              "onebit": (5.496, [4.882, 4.204, 4.274, 6.401, 5.403, 4.31, 4.188, 5.25]),
+              "threshold": (6.036, [6.164, 5.438, 5.337, 5.529, 5.271, 5.842, 4.988, 6.617]),
+              "orq": (6.083, [3.269, 5.583, 5.959, 5.57, 4.242, 3.584, 4.34, 4.323]),
+              "qsgd": (4.483, [8.044, 3.872, 4.421, 5.521, 4.376, 4.864, 4.288, 4.376]),
+              "terngrad": (5.698, [5.887, 5.635, 4.392, 6.752, 5.71, 4.366, 5.251, 4.351]),
+              "powersgd": (4.367, [4.56, 5.531, 4.716, 6.692, 4.353, 5.989, 4.939, 4.373])}
+    tried = [{"label": label, "measured_ms": ms, "runoff_ms": ran} for label, (ms, ran) in runoff.items()]
+    medians = {label: statistics.median([ms, *ran]) for label, (ms, ran) in runoff.items()}
+    assert min(medians, key=medians.get) == "orq"
+    assert tried[auto.kept_plan(tried, 28.4)]["label"] == "onebit"
+
+
+def test_auto_runoff_rounds_run_in_drawn_orders() -> None:
+    ranked = ["a", "b", "c", "d"]  # fastest first
+    sequence = auto.runoff_sequence(ranked, 8, "b")
+    rounds = [sequence[i:i + 4] for i in range(0, len(sequence), 4)]
+    assert len(rounds) == 8 and all(sorted(r) == ranked for r in rounds)  # each plan once a round
+    assert rounds[0] == ["a", "d", "c", "b"]  # slowest first, rotated to end on the plan in force
+    assert all(x != y for x, y in zip(["b", *sequence], sequence, strict=False))  # never twice in a row
+    assert len({tuple(r) for r in rounds[1:]}) > 2  # the later rounds' orders are drawn
+    before = {label: {sequence[i - 1] for i in range(1, len(sequence)) if sequence[i] == label} for label in ranked}
+    assert all(len(plans) == 3 for plans in before.values()), before  # each plan follows every other in turn
+    assert auto.runoff_sequence(ranked, 8, "b") == sequence  # a fixed seed: the same on every rank
+    assert auto.runoff_sequence(["a", "b"], 3, "a") == ["b", "a", "b", "a", "b", "a"]
+    assert auto.runoff_sequence(["a", "b", "c"], 1, None) == ["c", "b", "a"]
+    assert auto.runoff_sequence([], 2, "a") == []
+
+
 def test_auto_measures_a_plan_by_its_trimmed_mean_step() -> None:
     # 2 hosts at 10 Gbit/s, digits: steps fall in clusters 1.1 ms apart; fp16 came within 4% of dense's median step,
     # but more of its steps fell in the slower cluster, and it ran 1.2x slower
@@ -840,7 +897,7 @@ def test_auto_tuner_runs_off_the_close_plans_in_turn(monkeypatch: pytest.MonkeyP
     applied, report, replanned = guard(2, {"fp16": 4.26}, 4.25, {"fp16": [4.3, 4.4], "dense": [5.1, 5.3]})
     assert applied == ["fp16", "dense", "fp16", "dense", "fp16"] and replanned == [], applied
     assert report["tried"][1] == {"label": "dense", "predicted_ms": 2.0, "measured_ms": 4.25, "dense_steps": True,
-                                  "runoff_ms": [5.1, 5.3], "kept": False}, report
+                                  "runoff_ms": [5.1, 5.3], "judged_ms": 5.1, "kept": False}, report
     assert report["label"] == "fp16" and report["tried"][0]["kept"]
     # ... or wins it: every parameter goes back to dense (the base config)
     applied, report, replanned = guard(2, {"fp16": 4.26}, 4.25, {"fp16": [4.3, 4.4], "dense": [4.0, 4.1]})
@@ -857,11 +914,12 @@ def test_auto_tuner_runs_off_the_close_plans_in_turn(monkeypatch: pytest.MonkeyP
     assert applied == ["dense", "a", "dense", "a", "dense", "a"] and replanned == [], applied
     assert [(t["label"], "dense_steps" in t, t["kept"]) for t in report["tried"]] == [
         ("dense", False, False), ("a", False, True)], report
-    # dense within dense_band of the fastest joins the two close ones: three run off, the cycle dense, c, a (slowest
-    # first) rotated to end on c, in force; c (median 4.2) beats dense (4.5) and a (4.6), and stays in force
+    # dense within dense_band of the fastest joins the two close ones: three run off, the first round dense, c, a
+    # (slowest first) rotated to end on c, in force, the second in a drawn order (runoff_sequence); c (median 4.2)
+    # beats dense (4.5) and a (4.6), and is applied again
     applied, report, replanned = guard(2, {"a": 4.0, "b": 4.3, "c": 4.1}, 5.0,
                                        {"a": [4.6, 4.7], "c": [4.2, 4.3], "dense": [4.4, 4.5]}, dense_band=0.5)
-    assert applied == ["a", "b", "c", "a", "dense", "c", "a", "dense", "c"] and replanned == [], applied
+    assert applied == ["a", "b", "c", "a", "dense", "c", "dense", "c", "a", "c"] and replanned == [], applied
     assert [(t["label"], t.get("runoff_ms"), t["kept"]) for t in report["tried"]] == [
         ("a", [4.6, 4.7], False), ("b", None, False), ("c", [4.2, 4.3], True), ("dense", [4.4, 4.5], False)], report
     # 2 hosts at 1 Gbit/s, digits: fp16's one fast measurement (2.6 ms) is outvoted in turn with dense: dense is kept
@@ -878,7 +936,7 @@ def test_auto_tuner_runs_off_the_close_plans_in_turn(monkeypatch: pytest.MonkeyP
     # three run off, the plan in force (b, measured last) not among them: slowest first, ending on a, which wins
     applied, report, replanned = guard(2, {"a": 4.0, "c": 4.1, "b": 4.9}, 5.0,
                                        {"a": [4.2, 4.3], "c": [4.6, 4.7], "dense": [4.8, 4.9]}, dense_band=0.5)
-    assert applied == ["a", "c", "b", "dense", "c", "a", "dense", "c", "a"] and replanned == [], applied
+    assert applied == ["a", "c", "b", "dense", "c", "a", "c", "dense", "a"] and replanned == [], applied
     assert report["label"] == "a" and [t["kept"] for t in report["tried"]] == [True, False, False, False], report
     # 4 hosts at 1 Gbit/s, synthetic: the model misranked the five tried (1.03x to 1.52x their predictions); the
     # guard widens to PowerSGD and ORQ (their predictions and measurements assumed), and keeps PowerSGD, 13% faster
@@ -892,12 +950,14 @@ def test_auto_tuner_runs_off_the_close_plans_in_turn(monkeypatch: pytest.MonkeyP
     assert report["label"] == "powersgd", report
     assert [t["label"] for t in report["tried"] if t["kept"]] == ["powersgd"], report
     # 2 hosts at 1 Gbit/s, digits, as launch W measured it (dense 2.8 ms, fp16 3.4, 21% apart), with runoff_s: dense,
-    # fp16 and threshold within 50% of dense run off, 52 steps of each a round (0.50 s), 3 rounds in 1.6 s, slowest
-    # first and ending on dense, in force; fp16's median (2.35 ms) beats dense's (2.8), and fp16 is applied again
+    # fp16 and threshold within 50% of dense run off, 52 steps of each a round (0.50 s), 3 rounds in 1.6 s, the first
+    # slowest first and ending on dense, in force; judged against the others in each round (3 rounds: blocks), fp16
+    # (2.3 ms at the rounds' level, 2.8) beats dense (2.8), and fp16 is applied again
     applied, report, replanned = guard(2, {"fp16": 3.4, "threshold": 3.5, "onebit": 4.3, "dense": 2.8}, 2.9,
                                        {"fp16": [2.3, 2.4, 2.2], "threshold": [3.5, 3.6, 3.4],
                                         "dense": [2.8, 2.9, 2.7]}, dense_band=0.5, runoff_s=1.6)
-    assert applied == ["fp16", "threshold", "onebit", "dense", *["threshold", "fp16", "dense"] * 3, "fp16"], applied
+    assert applied == ["fp16", "threshold", "onebit", "dense", "threshold", "fp16", "dense", "fp16", "threshold",
+                       "dense", "fp16", "threshold", "dense", "fp16"], applied
     assert [(t["label"], len(t.get("runoff_ms", ())), t["kept"]) for t in report["tried"]] == [
         ("fp16", 3, True), ("threshold", 3, False), ("onebit", 0, False), ("dense", 3, False)], report
     assert report["label"] == "fp16" and replanned == [], report
