@@ -76,8 +76,9 @@ when it was saved, and only parameters compressed at loading take theirs back.
 ``optimizer.retune()`` starts again from step 1 (call it on every rank in the same step, after the cluster changed);
 an elastic reset does too. ``optimizer.auto_report()`` holds the plan in force (per tensor: size, method, collective,
 its predicted ms alone and dense's), the predicted step of every plan ranked (``predicted``, fastest first), the
-measured step times and every plan tried (``tried``: predicted and measured ms, the runoff's measurements, whether it
-was widened to and whether it was kept); ``hvdcomp train`` prints it and saves it in its JSON summary.
+measured step times and every plan tried (``tried``: predicted and measured ms, the runoff's measurements and the step
+it was judged by, whether it was widened to and whether it was kept); ``hvdcomp train`` prints it and saves it in its
+JSON summary.
 """
 
 from __future__ import annotations
@@ -127,7 +128,7 @@ SURVEY_S = 5.0
 TRIM = 0.1
 #: the fewest rounds of a runoff judged by blocks (:func:`judged_ms`)
 BLOCK_ROUNDS = 3
-#: the most rounds of a runoff sized by ``runoff_s`` (:func:`wide_runoff`): nine measurements of each plan in all
+#: the most rounds of a runoff sized by ``runoff_s`` (:func:`wide_runoff`): eight blocks (:func:`judged_ms`)
 MAX_RUNOFF_ROUNDS = 8
 
 
@@ -161,9 +162,10 @@ class AutoSettings:
         runoff: rounds of the runoff (at least, and up to MAX_RUNOFF_ROUNDS where ``runoff_s`` allows:
             :func:`wide_runoff`): where the two fastest plans measured (dense among them) are within
             ``runoff_band`` of each other, or dense within ``dense_band`` of the fastest (:func:`runoff_plans`: then
-            the fastest and dense), each is measured this many more times, in turn, and the fastest, judged by its
-            measurements against the others' in the same rounds (:func:`judged_ms`), is kept if it is not dense and
-            faster than dense (:func:`kept_plan`); 0: none.
+            the fastest and dense), each is measured this many more times, in turn, and the fastest is kept if it is
+            not dense and faster than dense (:func:`kept_plan`), judged, from BLOCK_ROUNDS rounds on, by its
+            measurements against the others' in the same rounds, else by the median of its measurements
+            (:func:`judged_ms`); 0: none.
         runoff_band: the two fastest run off if the slower measured at most this fraction above the faster: closer
             than that, one measurement cannot tell them apart (on the emulated cluster dense run twice in one launch
             measured 0.68x to 1.38x of itself in four launches, perf/RESULTS.md; the target is within 10% of the
@@ -402,10 +404,12 @@ def runoff_sequence(ranked: list[str], rounds: int, current: str | None) -> list
     """The runoff's measurements in turn: ``rounds`` rounds of the plans ``ranked`` (fastest first), each plan once a
     round. The first round runs slowest first, ending on the fastest so far (rotated to end on ``current``, the plan
     in force, where it is among them); each later round in an order drawn at random (a fixed seed: the same on every
-    rank), so that no plan keeps its place in the rounds, nor the plan before it (a round drifts within too: launch
-    Z's first round measured orq, its first plan, at 3.3 ms and the other nine at 4.6 to 9.7, perf/RESULTS.md). No
-    plan is measured twice in a row."""
-    if not ranked:
+    rank, which run the same Python; a difference would fail the plan check at the next change of plan, not diverge),
+    so that no plan keeps its place in the rounds, nor the plan before it (a round drifts within too: launch Z's first
+    round measured orq, its first plan, at 3.3 ms and the other nine at 4.6 to 9.7, perf/RESULTS.md). No plan is
+    measured twice in a row, so two plans simply alternate, each in the same place in every round. The last round
+    need not end on the plan kept, which is then applied again (its method state afresh, as at any change of plan)."""
+    if not ranked or rounds < 1:
         return []
     first = ranked[::-1]
     if current in first:
@@ -415,7 +419,7 @@ def runoff_sequence(ranked: list[str], rounds: int, current: str | None) -> list
     draw = random.Random(0)
     for _ in range(rounds - 1):
         order = draw.sample(ranked, len(ranked))
-        if order[0] == sequence[-1]:
+        if len(order) > 1 and order[0] == sequence[-1]:
             order[0], order[1] = order[1], order[0]
         sequence += order
     return sequence
@@ -677,10 +681,10 @@ class Tuner:
                               **({"widened": True} if self.widened else {})})
             self._apply(optimizer, plan)
             return
-        fastest = kept_plan(tried, self.dense_ms)
         for trial, judged in zip(tried, judged_ms(tried), strict=True):
             if "runoff_ms" in trial:
                 trial["judged_ms"] = round(judged, 3)
+        fastest = kept_plan(tried, self.dense_ms)
         if fastest is not None:
             tried[fastest]["kept"] = True
             if tried[fastest]["label"] != self.report["label"]:
@@ -842,8 +846,9 @@ def table(report: Mapping[str, Any]) -> str:
         if tried.get("widened"):
             measured += " (widened to)"
         if tried.get("runoff_ms"):
+            how = "against the others in each round" if len(tried["runoff_ms"]) >= BLOCK_ROUNDS else "the median"
             measured += (", in the runoff " + ", ".join(f"{ms:.1f}" for ms in tried["runoff_ms"]) +
-                         f" ms: judged {tried['judged_ms']:.1f} ms (against the others in each round)")
+                         f" ms: judged {tried['judged_ms']:.1f} ms ({how})")
         lines.append(f"tried {tried['label']}: predicted {tried['predicted_ms']:.1f} ms, {measured}, "
                      f"{'kept' if tried['kept'] else 'dropped'}")
     if report.get("excluded"):

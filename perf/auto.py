@@ -5,6 +5,7 @@ slower than dense).
     .venv/bin/python perf/auto.py [--hosts 2 4] [--rates 100mbit 1gbit 10gbit] [--workloads synthetic digits]
     .venv/bin/python perf/auto.py --report          # the tables from perf/results/auto.jsonl
     .venv/bin/python perf/auto.py --report --before 2026-11-24T09:10    # an earlier launch's
+    .venv/bin/python perf/auto.py --rejudge         # every launch's runoffs judged again by the median, and as now
 
 One launch per (hosts, rate) runs, for each workload, in turn and on the same links: dense (``compression="none"``),
 every candidate ``auto`` has by default (every registered method but those of ``hvdcomp.ACCURACY_GUARD``; PowerSGD with
@@ -263,8 +264,9 @@ def plan_text(r: dict[str, Any]) -> str:
 
 
 def judged_text(trial: dict[str, Any]) -> str:
-    """How the guard judged a plan it ran off: by its rounds (``judged_ms``, from launch AB on) or, in the rows of
-    earlier launches, by the median of its measurements."""
+    """The step the guard judged a plan it ran off by: ``judged_ms`` from launch AB on (against the others in each
+    round from 3 rounds on, else the median of its measurements), the median of its measurements in the rows of
+    earlier launches."""
     if "judged_ms" in trial:
         return f"judged {ms(trial['judged_ms'])}"
     return f"median {ms(statistics.median([trial['measured_ms'], *trial['runoff_ms']]))}"
@@ -332,19 +334,31 @@ def report(rows: list[dict[str, Any]]) -> None:
         totals(by_median, "step_s")
 
 
+def by_median(tried: list[dict[str, Any]], dense_ms: float) -> str:
+    """The plan the guard kept up to launch AA: of the runoff's plans, the fastest by the median of its measurements
+    (the guard's among them), if faster than dense (dense's median where it ran off, else ``dense_ms``); else dense."""
+    medians = {t["label"]: statistics.median([t["measured_ms"], *t["runoff_ms"]]) for t in tried if "runoff_ms" in t}
+    fastest = min(medians, key=medians.__getitem__)
+    return fastest if fastest != "dense" and medians[fastest] < medians.get("dense", dense_ms) else "dense"
+
+
 def rejudge(rows: list[dict[str, Any]]) -> None:
-    """Every launch's runoffs judged again by :func:`hvdcomp.auto.kept_plan` as it is now, on the same measurements:
-    per setting of each launch where auto ran a runoff, the plan it kept then and the plan kept now, each with its
-    run alone's step / the best single method's in that launch (by throughput where the launch has it, else by the
-    median step; "-" where the plan is a per-tensor mix, not run alone)."""
+    """Every launch's runoffs judged again, on the same measurements, by the median of each plan's measurements
+    (:func:`by_median`, the rule up to launch AA) and by :func:`hvdcomp.auto.kept_plan` as it is now (from 3 rounds
+    on, against the others in each round): per setting of each launch where auto ran a runoff, the plan it kept in
+    the launch and the plan each rule keeps, each with its run alone's step / the best single method's in that launch
+    (by throughput where the launch has it, else by the median step; "-" where the plan is a per-tensor mix, not run
+    alone, and not counted within 10%). Every row, of every launch (``--before`` does not apply)."""
     from hvdcomp.auto import kept_plan
 
     launches: dict[tuple, dict[str, dict[str, Any]]] = {}
     for row in rows:
         launches.setdefault((row["time"], row["hosts"], row["rate"], row["workload"]), {})[row["method"]] = row
-    print("| launch's time | hosts | rate | workload | figure | plans run off, rounds | kept then | kept now |")
-    print("| --- " * 8 + "|")
-    then_within = now_within = differ = 0
+    print("| launch's time | hosts | rate | workload | figure | plans run off, rounds | kept in the launch "
+          "| by the median | by the rounds (now) |")
+    print("| --- " * 9 + "|")
+    within = [0, 0, 0]
+    differ = []
     for (when, hosts, rate, workload), methods in sorted(launches.items()):
         auto = methods.get("auto")
         ran_off = [t for t in auto["tried"] if "runoff_ms" in t] if auto else []
@@ -354,16 +368,18 @@ def rejudge(rows: list[dict[str, Any]]) -> None:
         single = {m: r[figure] for m, r in methods.items() if m not in ("auto", CONTROL)}
         best = min(single.values())
         now = kept_plan(auto["tried"], auto["dense_ms"])
-        labels = (auto["label"], "dense" if now is None else auto["tried"][now]["label"])
+        labels = (auto["label"], by_median(auto["tried"], auto["dense_ms"]),
+                  "dense" if now is None else auto["tried"][now]["label"])
         ratios = [single.get(label, math.nan) / best for label in labels]
-        then_within += ratios[0] <= 1.10
-        now_within += ratios[1] <= 1.10
-        differ += labels[0] != labels[1]
+        within = [count + (ratio <= 1.10) for count, ratio in zip(within, ratios, strict=True)]
+        if labels[1] != labels[2]:
+            differ.append(f"{when} ({ratios[1]:.2f} -> {ratios[2]:.2f})")
         cells = [f"{label} ({ratio:.2f})" if not math.isnan(ratio) else f"{label} (-)"
                  for label, ratio in zip(labels, ratios, strict=True)]
         print(f"| {when} | {hosts} | {rate} | {workload} | {figure} | {len(ran_off)}, "
-              f"{len(ran_off[0]['runoff_ms'])} | {cells[0]} | {cells[1]} |")
-    print(f"\nkept now differs in {differ} settings; within 10% of the best: {then_within} then, {now_within} now")
+              f"{len(ran_off[0]['runoff_ms'])} | {' | '.join(cells)} |")
+    print(f"\nwithin 10% of the best: {within[0]} as kept in the launches, {within[1]} by the median, {within[2]} by "
+          f"the rounds; the rules differ in {len(differ)} settings: {'; '.join(differ)}")
 
 
 def main() -> None:
@@ -375,8 +391,8 @@ def main() -> None:
     parser.add_argument("--report", action="store_true", help="only print the tables of the latest rows")
     parser.add_argument("--before", metavar="TIME", help="the tables of the latest rows measured before TIME (ISO, "
                         "as the rows' time: 2026-11-24T09:10), an earlier launch's")
-    parser.add_argument("--rejudge", action="store_true", help="every launch's runoffs judged again as auto judges "
-                        "now (hvdcomp.auto.kept_plan), on the same measurements")
+    parser.add_argument("--rejudge", action="store_true", help="every launch's runoffs judged again, on the same "
+                        "measurements, by the median (the rule up to launch AA) and as auto judges now")
     parser.add_argument("--worker", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker is not None:

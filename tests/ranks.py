@@ -886,6 +886,7 @@ def scenario_auto() -> None:
     assert report["label"] == kept["label"], report
     assert_same_plan(report, optimizer, "kept")
     assert_identical_across_ranks(model, "auto")
+    assert hvdcomp.auto.table(report).count("(the median)") == len(ran_off), report  # two rounds: no blocks
     print(hvdcomp.auto.table(report) if hvd.rank() == 0 else "", flush=True)
 
     report, optimizer, model = auto_run({"scalar_test": {"sleep_s": 0.6}})  # dense: about 0.5 s a step

@@ -698,7 +698,8 @@ def test_auto_keeps_only_a_plan_measured_faster_than_dense() -> None:
     assert auto.kept_plan(_tried(("a", 3.0), ("b", 2.5)), 2.7) == 1  # dense not measured again: the dense phase's step
     assert auto.kept_plan(_tried(("a", 3.0), ("b", 2.5)), 2.4) is None
     assert auto.kept_plan([], 2.0) is None
-    # after a runoff a plan's step is the median of its measurements: the guard's fast one is outvoted
+    # after a runoff of fewer than 3 rounds a plan's step is the median of its measurements: the guard's fast one is
+    # outvoted
     assert auto.kept_plan([{"label": "a", "measured_ms": 2.0, "runoff_ms": [3.0, 3.1]},
                            {"label": "dense", "measured_ms": 2.8, "runoff_ms": [2.9, 2.7]}], 5.0) is None
     assert auto.kept_plan([{"label": "a", "measured_ms": 4.3, "runoff_ms": [4.2, 4.4]},
@@ -734,6 +735,10 @@ def test_auto_judges_a_runoff_of_three_rounds_or_more_by_its_rounds() -> None:
     assert auto.judged_ms(tried)[2] == 3.0 and auto.kept_plan(tried, 1.0) == 0  # dense's runoff is the bar
     tried[-1]["runoff_ms"] = [1.9, 3.9, 6.0]
     assert auto.kept_plan(tried, 9.0) is None
+    # dense not run off (measured more than dense_band slower): the winner, judged at the rounds' level (a's 4.03 ms),
+    # against dense's one measurement
+    del tried[-1]
+    assert auto.kept_plan(tried, 4.1) == 0 and auto.kept_plan(tried, 4.0) is None
     with pytest.raises(ValueError):  # the runoff's plans are measured in the same rounds, as many for each
         auto.judged_ms([{"label": "a", "measured_ms": 1.0, "runoff_ms": [1.0, 2.0, 3.0]},
                         {"label": "b", "measured_ms": 1.0, "runoff_ms": [1.0, 2.0]}])
@@ -765,11 +770,12 @@ def test_auto_runoff_rounds_run_in_drawn_orders() -> None:
     assert all(x != y for x, y in zip(["b", *sequence], sequence, strict=False))  # never twice in a row
     assert len({tuple(r) for r in rounds[1:]}) > 2  # the later rounds' orders are drawn
     before = {label: {sequence[i - 1] for i in range(1, len(sequence)) if sequence[i] == label} for label in ranked}
-    assert all(len(plans) == 3 for plans in before.values()), before  # each plan follows every other in turn
+    assert all(len(plans) == 3 for plans in before.values()), before  # each plan follows every other (seed 0's draw)
     assert auto.runoff_sequence(ranked, 8, "b") == sequence  # a fixed seed: the same on every rank
     assert auto.runoff_sequence(["a", "b"], 3, "a") == ["b", "a", "b", "a", "b", "a"]
     assert auto.runoff_sequence(["a", "b", "c"], 1, None) == ["c", "b", "a"]
-    assert auto.runoff_sequence([], 2, "a") == []
+    assert auto.runoff_sequence([], 2, "a") == [] and auto.runoff_sequence(ranked, 0, None) == []
+    assert auto.runoff_sequence(["a"], 3, "a") == ["a"] * 3  # (a runoff has two plans at least)
 
 
 def test_auto_measures_a_plan_by_its_trimmed_mean_step() -> None:
