@@ -345,8 +345,9 @@ def judged_ms(tried: Sequence[Mapping[str, Any]]) -> list[float]:
     in most rounds is judged faster. The guard's measurements are no round (a plan's and dense's are taken far apart),
     and a median of one or two ratios is no judgment. Re-judged so, the runoffs of the launches before AB on the
     emulated cluster (which chose this rule) keep a plan timed within 10% of the best in three settings more than the
-    median did, and in none fewer; in AB, the one launch since, it kept a plan timed 1.14x the best in the one setting
-    where the two differ, where the median would have kept the best (``perf/auto.py --rejudge``)."""
+    median did (two of them by under 1%), and in none fewer; in AB, the one launch since, it kept a plan timed 1.14x
+    the best in the one setting where the two differ, where the median would have kept the best
+    (``perf/auto.py --rejudge``, perf/RESULTS.md)."""
     judged = [float(t["measured_ms"]) for t in tried]
     ran_off = [i for i, t in enumerate(tried) if "runoff_ms" in t]
     rounds = list(zip(*(tried[i]["runoff_ms"] for i in ran_off), strict=True))
