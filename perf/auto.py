@@ -263,13 +263,18 @@ def plan_text(r: dict[str, Any]) -> str:
     return f"{r['label']}: {', '.join(methods)}"
 
 
+def median_of(trial: dict[str, Any]) -> float:
+    """The median of a ran-off plan's measurements, the guard's among them."""
+    return statistics.median([trial["measured_ms"], *trial["runoff_ms"]])
+
+
 def judged_text(trial: dict[str, Any]) -> str:
     """The step the guard judged a plan it ran off by: ``judged_ms`` from launch AB on (against the others in each
     round from 3 rounds on, else the median of its measurements), the median of its measurements in the rows of
     earlier launches."""
     if "judged_ms" in trial:
         return f"judged {ms(trial['judged_ms'])}"
-    return f"median {ms(statistics.median([trial['measured_ms'], *trial['runoff_ms']]))}"
+    return f"median {ms(median_of(trial))}"
 
 
 def tried_text(r: dict[str, Any]) -> str:
@@ -337,7 +342,7 @@ def report(rows: list[dict[str, Any]]) -> None:
 def by_median(tried: list[dict[str, Any]], dense_ms: float) -> str:
     """The plan the guard kept up to launch AA: of the runoff's plans, the fastest by the median of its measurements
     (the guard's among them), if faster than dense (dense's median where it ran off, else ``dense_ms``); else dense."""
-    medians = {t["label"]: statistics.median([t["measured_ms"], *t["runoff_ms"]]) for t in tried if "runoff_ms" in t}
+    medians = {t["label"]: median_of(t) for t in tried if "runoff_ms" in t}
     fastest = min(medians, key=medians.__getitem__)
     return fastest if fastest != "dense" and medians[fastest] < medians.get("dense", dense_ms) else "dense"
 
