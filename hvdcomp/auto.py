@@ -351,14 +351,15 @@ def judged_ms(tried: Sequence[Mapping[str, Any]]) -> list[float]:
     judged = [float(t["measured_ms"]) for t in tried]
     ran_off = [i for i, t in enumerate(tried) if "runoff_ms" in t]
     rounds = list(zip(*(tried[i]["runoff_ms"] for i in ran_off), strict=True))
-    for i in ran_off:
-        judged[i] = statistics.median([tried[i]["measured_ms"], *tried[i]["runoff_ms"]])
-    if len(rounds) >= BLOCK_ROUNDS:
-        levels = [statistics.median(measured) for measured in rounds]
-        level = statistics.median(levels)
-        for column, i in enumerate(ran_off):
-            judged[i] = level * statistics.median(measured[column] / mid
-                                                  for measured, mid in zip(rounds, levels, strict=True))
+    if len(rounds) < BLOCK_ROUNDS:
+        for i in ran_off:
+            judged[i] = statistics.median([tried[i]["measured_ms"], *tried[i]["runoff_ms"]])
+        return judged
+    levels = [statistics.median(measured) for measured in rounds]
+    level = statistics.median(levels)
+    for column, i in enumerate(ran_off):
+        judged[i] = level * statistics.median(measured[column] / mid
+                                              for measured, mid in zip(rounds, levels, strict=True))
     return judged
 
 
