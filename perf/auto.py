@@ -5,7 +5,7 @@ slower than dense).
     .venv/bin/python perf/auto.py [--hosts 2 4] [--rates 100mbit 1gbit 10gbit] [--workloads synthetic digits]
     .venv/bin/python perf/auto.py --report          # the tables from perf/results/auto.jsonl
     .venv/bin/python perf/auto.py --report --before 2026-11-24T09:10    # an earlier launch's
-    .venv/bin/python perf/auto.py --rejudge         # every launch's runoffs judged again by the median, and as now
+    .venv/bin/python perf/auto.py --rejudge         # every launch's runoffs judged again by each rule
 
 One launch per (hosts, rate) runs, for each workload, in turn and on the same links: dense (``compression="none"``),
 every candidate ``auto`` has by default (every registered method but those of ``hvdcomp.ACCURACY_GUARD``; PowerSGD with
@@ -282,7 +282,8 @@ def tried_text(r: dict[str, Any]) -> str:
     return "; ".join(f"{t['label']}: {ms(t['predicted_ms'])} -> {ms(t['measured_ms'])}"
                      + (" (dense steps)" if t.get("dense_steps") else "")
                      + (" (widened)" if t.get("widened") else "")
-                     + (f" (runoff {', '.join(map(ms, t['runoff_ms']))}: {judged_text(t)})"
+                     + (f" (runoff {', '.join(map(ms, t['runoff_ms']))}: {judged_text(t)}"
+                        + (f"; won {t['rounds_won']} of {len(t['runoff_ms'])}" if "rounds_won" in t else "") + ")"
                         if "runoff_ms" in t else "")
                      + (" kept" if t["kept"] else "") for t in r["tried"]) or "none tried"
 
@@ -347,23 +348,36 @@ def by_median(tried: list[dict[str, Any]], dense_ms: float) -> str:
     return fastest if fastest != "dense" and medians[fastest] < medians.get("dense", dense_ms) else "dense"
 
 
+def by_rounds(tried: list[dict[str, Any]], dense_ms: float) -> str:
+    """The plan the guard kept in launch AB: of the runoff's plans, the fastest by ``hvdcomp.auto.judged_ms`` (against
+    the others in each round from 3 rounds on, else the median), if faster than dense (judged so where it ran off,
+    else ``dense_ms``); else dense."""
+    from hvdcomp.auto import judged_ms
+
+    judged = {t["label"]: ms for t, ms in zip(tried, judged_ms(tried), strict=True) if "runoff_ms" in t}
+    fastest = min(judged, key=judged.__getitem__)
+    return fastest if fastest != "dense" and judged[fastest] < judged.get("dense", dense_ms) else "dense"
+
+
 def rejudge(rows: list[dict[str, Any]]) -> None:
     """Every launch's runoffs judged again, on the same measurements, by the median of each plan's measurements
-    (:func:`by_median`, the rule up to launch AA) and by :func:`hvdcomp.auto.kept_plan` as it is now (from 3 rounds
-    on, against the others in each round): per setting of each launch where auto ran a runoff, the plan it kept in
-    the launch and the plan each rule keeps, each with its run alone's step / the best single method's in that launch
-    (by throughput where the launch has it, else by the median step; "-" where the plan is a per-tensor mix, not run
-    alone, and not counted within 10%). Every row, of every launch (``--before`` does not apply)."""
+    (:func:`by_median`, the rule up to launch AA), by its rounds (:func:`by_rounds`, launch AB's rule) and by
+    :func:`hvdcomp.auto.kept_plan` as it is now (by the rounds, and over dense only with more than three quarters of
+    the rounds won): per setting of each launch where auto ran a runoff, the plan it kept in the launch and the plan
+    each rule keeps, each with its run alone's step / the best single method's in that launch (by throughput where
+    the launch has it, else by the median step; "-" where the plan is a per-tensor mix, not run alone, and not
+    counted), and the counts within 10% of the best and at most 5% slower than dense. Every row, of every launch
+    (``--before`` does not apply)."""
     from hvdcomp.auto import kept_plan
 
     launches: dict[tuple, dict[str, dict[str, Any]]] = {}
     for row in rows:
         launches.setdefault((row["time"], row["hosts"], row["rate"], row["workload"]), {})[row["method"]] = row
-    print("| launch's time | hosts | rate | workload | figure | plans run off, rounds | kept in the launch "
-          "| by the median | by the rounds (now) |")
-    print("| --- " * 9 + "|")
-    within = [0, 0, 0]
-    differ = []
+    rules = ("kept in the launch", "by the median", "by the rounds (AB)", "by the rounds and rounds won (now)")
+    print(f"| launch's time | hosts | rate | workload | figure | plans run off, rounds | {' | '.join(rules)} |")
+    print("| --- " * 10 + "|")
+    within, dense_ok = [0] * len(rules), [0] * len(rules)
+    differ: dict[int, list[str]] = {1: [], 3: []}  # the median, and now, against the rounds (AB)
     for (when, hosts, rate, workload), methods in sorted(launches.items()):
         auto = methods.get("auto")
         ran_off = [t for t in auto["tried"] if "runoff_ms" in t] if auto else []
@@ -373,18 +387,25 @@ def rejudge(rows: list[dict[str, Any]]) -> None:
         single = {m: r[figure] for m, r in methods.items() if m not in ("auto", CONTROL)}
         best = min(single.values())
         now = kept_plan(auto["tried"], auto["dense_ms"])
-        labels = (auto["label"], by_median(auto["tried"], auto["dense_ms"]),
+        labels = (auto["label"], by_median(auto["tried"], auto["dense_ms"]), by_rounds(auto["tried"], auto["dense_ms"]),
                   "dense" if now is None else auto["tried"][now]["label"])
-        ratios = [single.get(label, math.nan) / best for label in labels]
-        within = [count + (ratio <= 1.10) for count, ratio in zip(within, ratios, strict=True)]
-        if labels[1] != labels[2]:
-            differ.append(f"{when} ({ratios[1]:.2f} -> {ratios[2]:.2f})")
-        cells = [f"{label} ({ratio:.2f})" if not math.isnan(ratio) else f"{label} (-)"
-                 for label, ratio in zip(labels, ratios, strict=True)]
+        steps = [single.get(label, math.nan) for label in labels]
+        within = [count + (step / best <= 1.10) for count, step in zip(within, steps, strict=True)]
+        dense_ok = [count + (step / single["dense"] <= 1.05) for count, step in zip(dense_ok, steps, strict=True)]
+        for rule, found in differ.items():
+            if labels[rule] != labels[2]:
+                found.append(f"{when} {hosts} hosts {rate} {workload} ({steps[2] / best:.2f} -> "
+                             f"{steps[rule] / best:.2f})")
+        cells = [f"{label} ({step / best:.2f})" if not math.isnan(step) else f"{label} (-)"
+                 for label, step in zip(labels, steps, strict=True)]
         print(f"| {when} | {hosts} | {rate} | {workload} | {figure} | {len(ran_off)}, "
               f"{len(ran_off[0]['runoff_ms'])} | {' | '.join(cells)} |")
-    print(f"\nwithin 10% of the best: {within[0]} as kept in the launches, {within[1]} by the median, {within[2]} by "
-          f"the rounds; the rules differ in {len(differ)} settings: {'; '.join(differ)}")
+    print()
+    for rule, count, fine in zip(rules, within, dense_ok, strict=True):
+        print(f"{rule}: within 10% of the best in {count} settings, at most 5% slower than dense in {fine}")
+    for rule, found in differ.items():
+        print(f"{rules[rule]} differs from {rules[2]} in {len(found)} settings (the run alone / best, by the rounds "
+              f"-> {rules[rule]}): {'; '.join(found)}")
 
 
 def main() -> None:
@@ -397,7 +418,8 @@ def main() -> None:
     parser.add_argument("--before", metavar="TIME", help="the tables of the latest rows measured before TIME (ISO, "
                         "as the rows' time: 2026-11-24T09:10), an earlier launch's")
     parser.add_argument("--rejudge", action="store_true", help="every launch's runoffs judged again, on the same "
-                        "measurements, by the median (the rule up to launch AA) and as auto judges now")
+                        "measurements, by the median (the rule up to launch AA), by the rounds (AB's) and as auto "
+                        "judges now")
     parser.add_argument("--worker", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker is not None:

@@ -919,6 +919,10 @@ def scenario_auto_local() -> None:
                                                    defaults.dense_band), defaults.runoff
     ran_off = {t["label"]: len(t["runoff_ms"]) for t in report["tried"] if "runoff_ms" in t}
     assert ran_off == dict.fromkeys(labels, rounds), report
+    # the plan kept is kept_plan's, and the report says how many rounds each plan won against dense (3 rounds on)
+    kept = hvdcomp.auto.kept_plan(report["tried"], report["dense_ms"])
+    assert report["label"] == ("dense" if kept is None else report["tried"][kept]["label"]), report
+    assert [t.get("rounds_won") for t in report["tried"]] == hvdcomp.auto.rounds_won(report["tried"]), report
     assert "signsgd" not in report["candidates"] and "randomk" not in report["candidates"], report  # the guard
     assert "states no costs the timeline can price" in report["excluded"]["probe"], report
     assert_same_plan(report, optimizer, "local")

@@ -761,6 +761,37 @@ def test_auto_judges_a_runoff_of_three_rounds_or_more_by_its_rounds() -> None:
     assert tried[auto.kept_plan(tried, 28.4)]["label"] == "onebit"
 
 
+def test_auto_keeps_a_plan_over_dense_only_where_it_won_most_rounds() -> None:
+    # launch AB, 2 hosts at 10 Gbit/s, digits: judged against its rounds fp16 read faster than dense, but it won only
+    # 6 of the 8 rounds; timed, it ran 1.18x dense's step. Dense is kept
+    runoff = {"onebit": (3.252, [3.708, 3.847, 3.293, 3.458, 3.725, 3.748, 3.824, 4.363]),
+              "qsgd": (3.444, [3.604, 3.931, 4.081, 4.541, 3.372, 3.33, 4.278, 3.548]),
+              "fp16": (2.666, [2.239, 2.684, 3.045, 2.835, 2.315, 2.542, 2.528, 2.531]),
+              "efsignsgd": (3.568, [3.577, 3.305, 3.435, 3.957, 3.699, 4.018, 3.812, 3.742]),
+              "bingrad": (3.563, [4.087, 3.81, 3.611, 4.332, 3.614, 3.266, 3.414, 3.941]),
+              "dense": (2.446, [2.458, 2.642, 3.119, 2.752, 2.854, 2.862, 2.981, 2.662])}
+    tried = [{"label": label, "measured_ms": ms, "runoff_ms": ran} for label, (ms, ran) in runoff.items()]
+    tried.insert(4, {"label": "threshold", "measured_ms": 4.928})
+    judged = dict(zip(runoff, (ms for t, ms in zip(tried, auto.judged_ms(tried), strict=True) if "runoff_ms" in t),
+                      strict=True))
+    assert judged["fp16"] < judged["dense"] == min(v for k, v in judged.items() if k != "fp16")
+    assert auto.rounds_won(tried) == [0, 0, 6, 0, None, 0, None]
+    assert auto.kept_plan(tried, 2.142) is None
+    # 7 of 8 rounds is more than three quarters: kept
+    tried[2]["runoff_ms"][1] = 2.6
+    assert auto.rounds_won(tried)[2] == 7 and auto.kept_plan(tried, 2.142) == 2
+    # the fastest that clears the bar is kept: a, the fastest judged, won 2 of 3 rounds; b, slower, won all 3
+    tried = [{"label": "a", "measured_ms": 2.5, "runoff_ms": [2.0, 4.0, 7.0]},
+             {"label": "b", "measured_ms": 2.8, "runoff_ms": [2.9, 4.5, 5.9]},
+             {"label": "dense", "measured_ms": 3.2, "runoff_ms": [3.0, 4.6, 6.0]}]
+    assert auto.judged_ms(tried)[0] < auto.judged_ms(tried)[1] < auto.judged_ms(tried)[2]
+    assert auto.rounds_won(tried) == [2, 3, None] and auto.kept_plan(tried, 9.0) == 1
+    # two rounds are no blocks, and dense not run off gives no rounds to win: judged as before
+    two = [{**t, "runoff_ms": t["runoff_ms"][:2]} for t in tried]
+    assert auto.rounds_won(two) == [None] * 3 and auto.kept_plan(two, 9.0) == 0
+    assert auto.rounds_won(tried[:2]) == [None, None] and auto.kept_plan(tried[:2], 9.0) == 0
+
+
 def test_auto_runoff_rounds_run_in_drawn_orders() -> None:
     ranked = ["a", "b", "c", "d"]  # fastest first
     sequence = auto.runoff_sequence(ranked, 8, "b")
@@ -967,6 +998,10 @@ def test_auto_tuner_runs_off_the_close_plans_in_turn(monkeypatch: pytest.MonkeyP
     assert [(t["label"], len(t.get("runoff_ms", ())), t["kept"]) for t in report["tried"]] == [
         ("fp16", 3, True), ("threshold", 3, False), ("onebit", 0, False), ("dense", 3, False)], report
     assert report["label"] == "fp16" and replanned == [], report
+    # fp16 won all 3 rounds against dense, more than three quarters (kept_plan); threshold none
+    assert [t.get("rounds_won") for t in report["tried"]] == [3, 0, None, None], report
+    text = auto.table({**report, "workers": 2, "dense_ms": 2.9, "dense_predicted_ms": 2.0, "measure_s": 0.0})
+    assert "(against the others in each round), faster than dense in 0 of 3 rounds, dropped" in text, text
     # runoff: 0, or the two fastest 13% apart (dense's 4.25, fp16's 4.8): none; the guard's measurements decide
     for runoff, guard_ms in ((0, {"fp16": 4.26}), (2, {"fp16": 4.8, "b": 5.0})):
         applied, report, replanned = guard(runoff, guard_ms, 4.25, {})
