@@ -283,7 +283,8 @@ def tried_text(r: dict[str, Any]) -> str:
                      + (" (dense steps)" if t.get("dense_steps") else "")
                      + (" (widened)" if t.get("widened") else "")
                      + (f" (runoff {', '.join(map(ms, t['runoff_ms']))}: {judged_text(t)}"
-                        + (f"; won {t['rounds_won']} of {len(t['runoff_ms'])}" if "rounds_won" in t else "") + ")"
+                        + (f"; faster than dense in {t['rounds_won']} of {len(t['runoff_ms'])}"
+                           if "rounds_won" in t else "") + ")"
                         if "runoff_ms" in t else "")
                      + (" kept" if t["kept"] else "") for t in r["tried"]) or "none tried"
 
@@ -345,18 +346,21 @@ def by_median(tried: list[dict[str, Any]], dense_ms: float) -> str:
     (the guard's among them), if faster than dense (dense's median where it ran off, else ``dense_ms``); else dense."""
     medians = {t["label"]: median_of(t) for t in tried if "runoff_ms" in t}
     fastest = min(medians, key=medians.__getitem__)
-    return fastest if fastest != "dense" and medians[fastest] < medians.get("dense", dense_ms) else "dense"
+    bar = next((median_of(t) if "runoff_ms" in t else t["measured_ms"] for t in tried if t["label"] == "dense"),
+               dense_ms)
+    return fastest if fastest != "dense" and medians[fastest] < bar else "dense"
 
 
 def by_rounds(tried: list[dict[str, Any]], dense_ms: float) -> str:
     """The plan the guard kept in launch AB: of the runoff's plans, the fastest by ``hvdcomp.auto.judged_ms`` (against
-    the others in each round from 3 rounds on, else the median), if faster than dense (judged so where it ran off,
-    else ``dense_ms``); else dense."""
+    the others in each round from 3 rounds on, else the median), if faster than dense (judged so where it was
+    measured, else ``dense_ms``); else dense."""
     from hvdcomp.auto import judged_ms
 
-    judged = {t["label"]: ms for t, ms in zip(tried, judged_ms(tried), strict=True) if "runoff_ms" in t}
+    every = dict(zip((t["label"] for t in tried), judged_ms(tried), strict=True))
+    judged = {t["label"]: every[t["label"]] for t in tried if "runoff_ms" in t}
     fastest = min(judged, key=judged.__getitem__)
-    return fastest if fastest != "dense" and judged[fastest] < judged.get("dense", dense_ms) else "dense"
+    return fastest if fastest != "dense" and judged[fastest] < every.get("dense", dense_ms) else "dense"
 
 
 def rejudge(rows: list[dict[str, Any]]) -> None:
@@ -377,6 +381,7 @@ def rejudge(rows: list[dict[str, Any]]) -> None:
     print(f"| launch's time | hosts | rate | workload | figure | plans run off, rounds | {' | '.join(rules)} |")
     print("| --- " * 10 + "|")
     within, dense_ok = [0] * len(rules), [0] * len(rules)
+    settings = 0
     differ: dict[int, list[str]] = {1: [], 3: []}  # the median, and now, against the rounds (AB)
     for (when, hosts, rate, workload), methods in sorted(launches.items()):
         auto = methods.get("auto")
@@ -390,6 +395,7 @@ def rejudge(rows: list[dict[str, Any]]) -> None:
         labels = (auto["label"], by_median(auto["tried"], auto["dense_ms"]), by_rounds(auto["tried"], auto["dense_ms"]),
                   "dense" if now is None else auto["tried"][now]["label"])
         steps = [single.get(label, math.nan) for label in labels]
+        settings += 1
         within = [count + (step / best <= 1.10) for count, step in zip(within, steps, strict=True)]
         dense_ok = [count + (step / single["dense"] <= 1.05) for count, step in zip(dense_ok, steps, strict=True)]
         for rule, found in differ.items():
@@ -400,9 +406,9 @@ def rejudge(rows: list[dict[str, Any]]) -> None:
                  for label, step in zip(labels, steps, strict=True)]
         print(f"| {when} | {hosts} | {rate} | {workload} | {figure} | {len(ran_off)}, "
               f"{len(ran_off[0]['runoff_ms'])} | {' | '.join(cells)} |")
-    print()
+    print(f"\n{settings} settings with a runoff (a per-tensor mix kept counts in neither):")
     for rule, count, fine in zip(rules, within, dense_ok, strict=True):
-        print(f"{rule}: within 10% of the best in {count} settings, at most 5% slower than dense in {fine}")
+        print(f"{rule}: within 10% of the best in {count}, at most 5% slower than dense in {fine}")
     for rule, found in differ.items():
         print(f"{rules[rule]} differs from {rules[2]} in {len(found)} settings (the run alone / best, by the rounds "
               f"-> {rules[rule]}): {'; '.join(found)}")

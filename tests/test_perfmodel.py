@@ -786,10 +786,14 @@ def test_auto_keeps_a_plan_over_dense_only_where_it_won_most_rounds() -> None:
              {"label": "dense", "measured_ms": 3.2, "runoff_ms": [3.0, 4.6, 6.0]}]
     assert auto.judged_ms(tried)[0] < auto.judged_ms(tried)[1] < auto.judged_ms(tried)[2]
     assert auto.rounds_won(tried) == [2, 3, None] and auto.kept_plan(tried, 9.0) == 1
-    # two rounds are no blocks, and dense not run off gives no rounds to win: judged as before
+    # two rounds are no blocks: judged by the median, as before, with no rounds to win
     two = [{**t, "runoff_ms": t["runoff_ms"][:2]} for t in tried]
     assert auto.rounds_won(two) == [None] * 3 and auto.kept_plan(two, 9.0) == 0
-    assert auto.rounds_won(tried[:2]) == [None, None] and auto.kept_plan(tried[:2], 9.0) == 0
+    # dense measured in the guard but not run off: no rounds to win either, and its one measurement is the bar
+    alone = [*tried[:2], {"label": "dense", "measured_ms": 9.0}]
+    assert auto.rounds_won(alone) == [None] * 3 and auto.kept_plan(alone, 1.0) == 0
+    alone[-1]["measured_ms"] = 3.0
+    assert auto.kept_plan(alone, 9.0) is None  # a is judged 4.0 ms at the rounds' level
 
 
 def test_auto_runoff_rounds_run_in_drawn_orders() -> None:
@@ -911,6 +915,7 @@ def test_auto_tuner_runs_off_the_close_plans_in_turn(monkeypatch: pytest.MonkeyP
                   predict.Plan("dense", (), predicted.get("dense", 2.0))]
         tuner.by_label = {p.label: p for p in sorted(ranked, key=lambda p: p.step_ms)}
         tuner.plans, tuner.dense_ms, tuner.report["candidates"] = plans, dense_ms, list(later)
+        tuner.report["dense_ms"] = dense_ms  # as _choose reports it
         measured = {label: [ms, *runoff_ms.get(label, [])] for label, ms in {**guard_ms, **later}.items()}
         measured.setdefault("dense", runoff_ms.get("dense", []))
         tuner._next_plan(optimizer)
@@ -1000,8 +1005,21 @@ def test_auto_tuner_runs_off_the_close_plans_in_turn(monkeypatch: pytest.MonkeyP
     assert report["label"] == "fp16" and replanned == [], report
     # fp16 won all 3 rounds against dense, more than three quarters (kept_plan); threshold none
     assert [t.get("rounds_won") for t in report["tried"]] == [3, 0, None, None], report
-    text = auto.table({**report, "workers": 2, "dense_ms": 2.9, "dense_predicted_ms": 2.0, "measure_s": 0.0})
-    assert "(against the others in each round), faster than dense in 0 of 3 rounds, dropped" in text, text
+    lines = auto.table({**report, "workers": 2, "dense_ms": 2.9, "dense_predicted_ms": 2.0,
+                        "measure_s": 0.0}).splitlines()
+    assert [line.rsplit("ms ", 1)[1] for line in lines if line.startswith("tried") and "runoff" in line] == [
+        "(against the others in each round), faster than dense in 3 of 3 rounds, kept",
+        "(against the others in each round), faster than dense in 0 of 3 rounds, dropped",
+        "(against the others in each round), dropped"], lines
+    # fp16 judged faster than dense again (2.4 ms at the rounds' level, against 2.9), but faster in only 2 of the 3
+    # rounds: dense is kept
+    applied, report, replanned = guard(2, {"fp16": 3.4, "threshold": 3.5, "onebit": 4.3, "dense": 2.8}, 2.9,
+                                       {"fp16": [2.3, 2.4, 3.0], "threshold": [3.5, 3.6, 3.4],
+                                        "dense": [2.8, 2.9, 2.7]}, dense_band=0.5, runoff_s=1.6)
+    judged = dict(zip((t["label"] for t in report["tried"]), (t.get("judged_ms") for t in report["tried"]),
+                      strict=True))
+    assert judged["fp16"] < judged["dense"] and replanned == ["base"] and report["label"] == "dense", report
+    assert [t.get("rounds_won") for t in report["tried"]] == [2, 0, None, None], report
     # runoff: 0, or the two fastest 13% apart (dense's 4.25, fp16's 4.8): none; the guard's measurements decide
     for runoff, guard_ms in ((0, {"fp16": 4.26}), (2, {"fp16": 4.8, "b": 5.0})):
         applied, report, replanned = guard(runoff, guard_ms, 4.25, {})
