@@ -458,9 +458,12 @@ def kept_plan(tried: list[Mapping[str, Any]], dense_ms: float) -> int | None:
     more by chance 3.5% of the time (3 of 3: 12.5%), in 6 of 8 or more 14.5%. On the emulated cluster, 2 hosts at
     10 Gbit/s, digits, launch AB, fp16 was judged 2.6 ms against dense's 2.8 and was faster in 6 of 8 rounds;
     timed, it ran 1.18x dense's step by throughput (1.06x by the median step), and a job of its own measured it
-    slower than dense (``perf/auto_runoff.py``). The bar was set just above that case; re-judged so, the runoffs of
-    every launch before keep dense in one more setting, where the plan kept had timed 1.02x dense
-    (``perf/auto.py --rejudge``, perf/RESULTS.md)."""
+    slower than dense (``perf/auto_runoff.py``). The bar was set just above that case. Re-judged so, the runoffs of
+    every launch up to AC keep dense in two settings where AB's rule (the judged step alone) kept fp16: AB's, and
+    one where fp16 timed 1.02x dense (``perf/auto.py --rejudge``). It errs too: in a job of its own on 2 hosts at
+    1 Gbit/s, where fp16 ran 0.84x dense's step, a runoff of every candidate kept dense twice (fp16 won 3 of 5 and 6
+    of 8 rounds); runoffs of fp16 and dense alone judged it right in all 5 tunings, at 1 and 10 Gbit/s
+    (perf/RESULTS.md)."""
     judged = judged_ms(tried)
     won = rounds_won(tried)
     dense_ms = next((judged[i] for i, t in enumerate(tried) if t["label"] == "dense"), dense_ms)
