@@ -351,9 +351,9 @@ def judged_ms(tried: Sequence[Mapping[str, Any]]) -> list[float]:
     in most rounds is judged faster. The guard's measurements are no round (a plan's and dense's are taken far apart),
     and a median of one or two ratios is no judgment. Re-judged so, the runoffs of the launches before AB on the
     emulated cluster (which chose this rule) keep a plan timed within 10% of the best in three settings more than the
-    median did (two of them by under 1%), and in none fewer; in AB, the one launch since, it kept a plan timed 1.14x
-    the best in the one setting where the two differ, where the median would have kept the best
-    (``perf/auto.py --rejudge``, perf/RESULTS.md)."""
+    median did (two of them by under 1%), and in none fewer; in AB, the first launch since, it kept a plan timed 1.14x
+    the best in the one setting where the two differ, where the median would have kept the best; in AC the two kept
+    the same plans (``perf/auto.py --rejudge``, perf/RESULTS.md)."""
     judged = [float(t["measured_ms"]) for t in tried]
     ran_off = [i for i, t in enumerate(tried) if "runoff_ms" in t]
     rounds = list(zip(*(tried[i]["runoff_ms"] for i in ran_off), strict=True))
@@ -461,9 +461,9 @@ def kept_plan(tried: list[Mapping[str, Any]], dense_ms: float) -> int | None:
     slower than dense (``perf/auto_runoff.py``). The bar was set just above that case. Re-judged so, the runoffs of
     every launch up to AC keep dense in two settings where AB's rule (the judged step alone) kept fp16: AB's, and
     one where fp16 timed 1.02x dense (``perf/auto.py --rejudge``). It errs too: in a job of its own on 2 hosts at
-    1 Gbit/s, where fp16 ran 0.84x dense's step, a runoff of every candidate kept dense twice (fp16 won 3 of 5 and 6
-    of 8 rounds); runoffs of fp16 and dense alone judged it right in all 5 tunings, at 1 and 10 Gbit/s
-    (perf/RESULTS.md)."""
+    1 Gbit/s, where fp16 ran 0.85x dense's step (the steps' mean), a runoff of every candidate kept dense where fp16
+    won 6 of 8 rounds (and where it won 3 of 5, judged slower than dense by its step itself); the six runoffs of fp16
+    and dense alone, at 1 and 10 Gbit/s, all judged right (perf/RESULTS.md)."""
     judged = judged_ms(tried)
     won = rounds_won(tried)
     dense_ms = next((judged[i] for i, t in enumerate(tried) if t["label"] == "dense"), dense_ms)
