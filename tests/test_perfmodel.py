@@ -691,6 +691,11 @@ def _tried(*measured: tuple[str, float]) -> list[dict]:
     return [{"label": label, "measured_ms": ms} for label, ms in measured]
 
 
+def _ran_off(runoff: dict[str, tuple[float, list[float]]]) -> list[dict]:
+    """Runoff trials (label -> the guard's measured ms and the runoff's), as auto's report holds them."""
+    return [{"label": label, "measured_ms": ms, "runoff_ms": ran} for label, (ms, ran) in runoff.items()]
+
+
 def test_auto_keeps_only_a_plan_measured_faster_than_dense() -> None:
     assert auto.kept_plan(_tried(("a", 3.0), ("dense", 2.8)), 2.0) is None  # dense measured in the guard wins
     assert auto.kept_plan(_tried(("a", 3.0), ("dense", 3.2)), 2.0) == 0  # ... or loses; the earlier 2.0 is not used
@@ -755,7 +760,7 @@ def test_auto_judges_a_runoff_of_three_rounds_or_more_by_its_rounds() -> None:
               "qsgd": (4.483, [8.044, 3.872, 4.421, 5.521, 4.376, 4.864, 4.288, 4.376]),
               "terngrad": (5.698, [5.887, 5.635, 4.392, 6.752, 5.71, 4.366, 5.251, 4.351]),
               "powersgd": (4.367, [4.56, 5.531, 4.716, 6.692, 4.353, 5.989, 4.939, 4.373])}
-    tried = [{"label": label, "measured_ms": ms, "runoff_ms": ran} for label, (ms, ran) in runoff.items()]
+    tried = _ran_off(runoff)
     medians = {label: statistics.median([ms, *ran]) for label, (ms, ran) in runoff.items()}
     assert min(medians, key=medians.get) == "orq"
     assert tried[auto.kept_plan(tried, 28.4)]["label"] == "onebit"
@@ -770,7 +775,7 @@ def test_auto_keeps_a_plan_over_dense_only_where_it_won_most_rounds() -> None:
               "efsignsgd": (3.568, [3.577, 3.305, 3.435, 3.957, 3.699, 4.018, 3.812, 3.742]),
               "bingrad": (3.563, [4.087, 3.81, 3.611, 4.332, 3.614, 3.266, 3.414, 3.941]),
               "dense": (2.446, [2.458, 2.642, 3.119, 2.752, 2.854, 2.862, 2.981, 2.662])}
-    tried = [{"label": label, "measured_ms": ms, "runoff_ms": ran} for label, (ms, ran) in runoff.items()]
+    tried = _ran_off(runoff)
     tried.insert(4, {"label": "threshold", "measured_ms": 4.928})
     judged = dict(zip(runoff, (ms for t, ms in zip(tried, auto.judged_ms(tried), strict=True) if "runoff_ms" in t),
                       strict=True))
