@@ -53,8 +53,8 @@ WORKLOADS = ("synthetic", "digits")
 #: PowerSGD's warm-up shortened from 10 dense steps to 2, as in perf/cluster_training.py, for single runs and auto alike
 CANDIDATE_OPTIONS = {"powersgd": {"start_iter": 2}}
 AUTO = {"warmup_steps": 1, "measure_steps": 3, "repeats": 2}
-MAX_TUNING_STEPS = 7000  # up to 13 tries (every method alone, two mixes, dense; widened ones among them) x (2 + 50
-# steps), and a runoff of up to 8 rounds of 14 (wide_runoff)
+MAX_TUNING_STEPS = 8000  # up to 13 tries (every method alone, two mixes, dense; widened ones among them) x (2 + 50
+# steps), a runoff of up to 8 rounds of 14 (wide_runoff) and a final of up to 8 rounds of 2 (final_plan)
 #: digits' runs are timed in turn, 20 steps each, this many times (10 up to launch Z2, on 2026-11-24: there the
 #: ranking of the nine methods within 1.6x of each other on 2 hosts at 100 Mbit/s changed from launch to launch)
 ROUNDS = 30
@@ -286,6 +286,9 @@ def tried_text(r: dict[str, Any]) -> str:
                         + (f"; faster than dense in {t['rounds_won']} of {len(t['runoff_ms'])}"
                            if "rounds_won" in t else "") + ")"
                         if "runoff_ms" in t else "")
+                     + (f" (final {', '.join(map(ms, t['final_ms']))}"
+                        + (f"; faster than dense in {t['final_won']}" if "final_won" in t else "") + ")"
+                        if "final_ms" in t else "")
                      + (" kept" if t["kept"] else "") for t in r["tried"]) or "none tried"
 
 

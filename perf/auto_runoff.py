@@ -7,9 +7,9 @@ two plans as a benchmark that runs them for longer does? (Launches Y and AB of p
 One job per (hosts, rate), digits, 32 samples per rank, SGD with momentum 0.9 (as perf/auto.py), in turn:
 
 1. ``auto`` with fp16 its only candidate and a runoff of 8 rounds forced (``runoff: 8``, both bands wide,
-   ``runoff_s: 0``: the two fastest plans tried and dense; the plans ranked may include a per-tensor mix of fp16 and
-   dense, and the report names what ran off), tuned 3 times (``retune()``); each tuning's plans run off, their judged
-   steps and rounds won, and the plan kept.
+   ``runoff_s: 0``: the two fastest plans tried and dense, and no final; the plans ranked may include a per-tensor
+   mix of fp16 and dense, and the report names what ran off), tuned 3 times (``retune()``); each tuning's plans run
+   off, their judged steps and rounds won, and the plan kept.
 2. The same optimizer, settled, switched between fp16 as auto applies it (``Tuner._apply``, the plan auto ranked) and
    dense (its base config) in ROUNDS rounds, the order drawn each round, each plan 2 steps to settle and then 50
    steps timed by auto's own measure (``hvdcomp.auto.step_ms`` of the intervals between step ends, the slowest
@@ -17,7 +17,8 @@ One job per (hosts, rate), digits, 32 samples per rank, SGD with momentum 0.9 (a
 3. Separate models, one dense and one fp16 (``compression="fp16"``), interleaved the same way, each round as
    perf/auto.py times its runs after its first (one untimed step, a barrier, then each step's slowest rank's time),
    by the same three figures.
-4. ``auto`` with every default candidate and perf/auto.py's options, tuned 2 times: the plan kept.
+4. ``auto`` with every default candidate and perf/auto.py's options, tuned 4 times: the plan kept (and the final's
+   rounds won, where there was a final).
 
 Rows go to perf/results/auto_runoff.jsonl.
 """
@@ -134,7 +135,7 @@ def worker() -> None:
     del runs, model, optimizer
     candidates = {m: CANDIDATE_OPTIONS.get(m, {}) for m in hvdcomp.CompressionConfig.parse("auto").auto.methods()}
     model, optimizer = make({"method": "auto", "options": {**AUTO, "candidates": candidates}})
-    row["default"] = tunings(model, optimizer, 2)
+    row["default"] = tunings(model, optimizer, 4)
     if rank == 0:
         clusterbench.emit(row)
 
@@ -147,6 +148,8 @@ def report(row: dict[str, Any]) -> None:
             text = "; ".join(f"{label} judged {t['judged_ms']:.2f} ms"
                              + (f", won {t['rounds_won']} of {len(t['runoff_ms'])}" if "rounds_won" in t else "")
                              for label, t in ran_off.items())
+            text += "".join(f"; in the final {t['label']} won {t['final_won']} of {len(t['final_ms'])}"
+                            for t in tuning["tried"] if "final_won" in t)
             print(f"  auto ({part} candidates): kept {tuning['label']}; runoff: {text}")
     for part in ("switched", "separate"):
         for measure in ("auto_ms", "trimmed_ms", "mean_ms"):

@@ -840,7 +840,7 @@ def auto_run(candidates: dict | None, width: int = 1024, retune: bool = False,
         # 6 dense steps and 2 tries of 5 (and a method's warm-up): about 16; where the model misjudged the dense step
         # (shared memory's millisecond steps) every candidate alone and dense again: up to 14 tries of 5 (those widened
         # to among them: no plan is tried twice), and a runoff of up to 6 more: about 106; or, where runoff_s allows
-        # (wide_runoff), up to 8 rounds of those 14: 560 more
+        # (wide_runoff), up to 8 rounds of those 14: 560 more, and a final of up to 8 rounds of 2 (final_plan): 80
         for _ in range(800):
             step()
             if optimizer.auto_report()["phase"] == "settled":
@@ -923,6 +923,9 @@ def scenario_auto_local() -> None:
     kept = hvdcomp.auto.kept_plan(report["tried"], report["dense_ms"])
     assert report["label"] == ("dense" if kept is None else report["tried"][kept]["label"]), report
     assert [t.get("rounds_won") for t in report["tried"]] == hvdcomp.auto.rounds_won(report["tried"]), report
+    final = hvdcomp.auto.final_view(report["tried"])[1]  # a final, if any: a plan and dense, 3 rounds or more
+    assert not final or (len(final) == 2 and "dense" in {t["label"] for t in final} and
+                         len(final[0]["runoff_ms"]) == len(final[1]["runoff_ms"]) >= hvdcomp.auto.BLOCK_ROUNDS), report
     assert "signsgd" not in report["candidates"] and "randomk" not in report["candidates"], report  # the guard
     assert "states no costs the timeline can price" in report["excluded"]["probe"], report
     assert_same_plan(report, optimizer, "local")

@@ -782,6 +782,19 @@ def test_auto_keeps_a_plan_over_dense_only_where_it_won_most_rounds() -> None:
     assert judged["fp16"] < judged["dense"] == min(v for k, v in judged.items() if k != "fp16")
     assert auto.rounds_won(tried) == [0, 0, 6, 0, None, 0, None]
     assert auto.kept_plan(tried, 2.142) is None
+    # fp16, judged faster than dense, runs a final against dense alone (final_plan); a final decides alone
+    assert auto.final_plan(tried, 2.142, 0.1) == "fp16"
+    tried[2]["final_ms"] = [2.5, 2.4, 2.6, 2.5, 2.4, 2.5, 2.6, 2.5]
+    tried[-1]["final_ms"] = [2.6, 2.5, 2.7, 2.6, 2.5, 2.6, 2.7, 2.4]
+    assert auto.final_view(tried)[0] == [2, 6] and auto.kept_plan(tried, 2.142) == 2  # won 7 of 8
+    assert auto.final_plan(tried, 2.142, 0.1) is None  # one final at most
+    tried[2]["final_ms"][0] = 2.7
+    assert auto.kept_plan(tried, 2.142) is None  # won 6 of 8
+    del tried[2]["final_ms"], tried[-1]["final_ms"]
+    # no final where the fastest other plan was judged more than the band above dense
+    assert auto.final_plan(tried, 2.142, 0.0) is not None and auto.final_plan(
+        [{**t, "runoff_ms": [ms * 1.2 for ms in t["runoff_ms"]]} if t["label"] == "fp16" else t for t in tried],
+        2.142, 0.1) is None
     # 7 of 8 rounds is more than three quarters: kept
     tried[2]["runoff_ms"][1] = 2.6
     assert auto.rounds_won(tried)[2] == 7 and auto.kept_plan(tried, 2.142) == 2
@@ -791,9 +804,14 @@ def test_auto_keeps_a_plan_over_dense_only_where_it_won_most_rounds() -> None:
              {"label": "dense", "measured_ms": 3.2, "runoff_ms": [3.0, 4.6, 6.0]}]
     assert auto.judged_ms(tried)[0] < auto.judged_ms(tried)[1] < auto.judged_ms(tried)[2]
     assert auto.rounds_won(tried) == [2, 3, None] and auto.kept_plan(tried, 9.0) == 1
+    assert auto.final_plan(tried, 9.0, 0.1) is None  # a plan is kept: no final
     # two rounds are no blocks: judged by the median, as before, with no rounds to win
     two = [{**t, "runoff_ms": t["runoff_ms"][:2]} for t in tried]
     assert auto.rounds_won(two) == [None] * 3 and auto.kept_plan(two, 9.0) == 0
+    slow = [{**t, "runoff_ms": [ms * 2 for ms in t["runoff_ms"]]} if t["label"] != "dense" else t for t in tried]
+    assert auto.kept_plan(slow, 9.0) is None and auto.final_plan(slow, 9.0, 1.5) == "a"  # within 150% of dense
+    assert auto.final_plan([{**t, "runoff_ms": t["runoff_ms"][:2]} for t in slow], 9.0, 1.5) is None  # 2 rounds
+    assert auto.final_plan(slow[1:], 9.0, 1.5) is None  # only one other plan ran off: the runoff was its final
     # dense measured in the guard but not run off: no rounds to win either, and its one measurement is the bar
     alone = [*tried[:2], {"label": "dense", "measured_ms": 9.0}]
     assert auto.rounds_won(alone) == [None] * 3 and auto.kept_plan(alone, 1.0) == 0
@@ -1017,14 +1035,29 @@ def test_auto_tuner_runs_off_the_close_plans_in_turn(monkeypatch: pytest.MonkeyP
         "(against the others in each round), faster than dense in 0 of 3 rounds, dropped",
         "(against the others in each round), dropped"], lines
     # fp16 judged faster than dense again (2.4 ms at the rounds' level, against 2.9), but faster in only 2 of the 3
-    # rounds: dense is kept
+    # rounds: no plan is kept on the runoff, and fp16 runs a final against dense alone (final_plan), in as many rounds
+    # as fit in runoff_s at their guard measurements (52 steps of 3.4 and 2.8 ms a round: 4), alternating, the first
+    # round ending on dense, in force. Faster in all 4, fp16 is kept, and applied again
+    runoff = {"fp16": [2.3, 2.4, 3.0], "threshold": [3.5, 3.6, 3.4], "dense": [2.8, 2.9, 2.7]}
+    final = {"fp16": [2.5, 2.6, 2.4, 2.5], "dense": [2.8, 2.9, 2.7, 2.8]}
     applied, report, replanned = guard(2, {"fp16": 3.4, "threshold": 3.5, "onebit": 4.3, "dense": 2.8}, 2.9,
-                                       {"fp16": [2.3, 2.4, 3.0], "threshold": [3.5, 3.6, 3.4],
-                                        "dense": [2.8, 2.9, 2.7]}, dense_band=0.5, runoff_s=1.6)
-    judged = dict(zip((t["label"] for t in report["tried"]), (t.get("judged_ms") for t in report["tried"]),
-                      strict=True))
-    assert judged["fp16"] < judged["dense"] and replanned == ["base"] and report["label"] == "dense", report
-    assert [t.get("rounds_won") for t in report["tried"]] == [2, 0, None, None], report
+                                       {label: [*ms, *final.get(label, [])] for label, ms in runoff.items()},
+                                       dense_band=0.5, runoff_s=1.6)
+    assert applied[13:] == ["fp16", "dense"] * 4 + ["fp16"] and replanned == [], applied
+    assert [(t["label"], t.get("rounds_won"), t.get("final_ms"), t.get("final_won"), t["kept"])
+            for t in report["tried"]] == [("fp16", 2, final["fp16"], 4, True), ("threshold", 0, None, None, False),
+                                          ("onebit", None, None, None, False),
+                                          ("dense", None, final["dense"], None, False)], report
+    assert report["label"] == "fp16", report
+    assert auto.table({**report, "workers": 2, "dense_ms": 2.9, "dense_predicted_ms": 2.0, "measure_s": 0.0,
+                       "plan": []}).count("in the final against dense") == 2
+    # ... faster in 3 of the 4: dense is kept
+    final["fp16"][2] = 2.8
+    applied, report, replanned = guard(2, {"fp16": 3.4, "threshold": 3.5, "onebit": 4.3, "dense": 2.8}, 2.9,
+                                       {label: [*ms, *final.get(label, [])] for label, ms in runoff.items()},
+                                       dense_band=0.5, runoff_s=1.6)
+    assert replanned == ["base"] and report["label"] == "dense", report
+    assert [t.get("final_won") for t in report["tried"]] == [3, None, None, None], report
     # runoff: 0, or the two fastest 13% apart (dense's 4.25, fp16's 4.8): none; the guard's measurements decide
     for runoff, guard_ms in ((0, {"fp16": 4.26}), (2, {"fp16": 4.8, "b": 5.0})):
         applied, report, replanned = guard(runoff, guard_ms, 4.25, {})
