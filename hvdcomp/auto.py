@@ -59,9 +59,10 @@ in the same step on every rank):
    so judged is kept (:func:`kept_plan`: keeping a plan slower than dense costs more than keeping dense where a plan
    is a little faster; applied again if it is not the plan in force); with none, every parameter goes back to dense.
    But where dense and two other plans or more ran off in 3 rounds or more and none is kept so, the fastest of the
-   others, if judged within ``runoff_band`` above dense or faster, first runs a final against dense alone, in as many
-   rounds as fit in ``runoff_s`` by their measured steps (3 at least; :func:`final_plan`), and the final's rounds
-   alone decide, by the same rule: a round of a wide runoff measures a plan and dense far apart.
+   others, if judged within ``runoff_band`` above dense or faster (:func:`final_plan`), first runs a final against
+   dense alone, in as many rounds as fit in ``runoff_s`` by their measured steps, 3 to 8 (none where 3 do not fit:
+   :func:`wide_runoff`), and the final's rounds alone decide, by the same rule: a round of a wide runoff measures a
+   plan and dense far apart.
 
 Candidates: every registered method (``hvdcomp.METHODS``: a method added later joins) with its default options, or
 those of ``candidates``, but those in :data:`ACCURACY_GUARD` unless ``allow`` names them, and, where the wrapped
@@ -83,9 +84,8 @@ an elastic reset does too. ``optimizer.auto_report()`` holds the plan in force (
 its predicted ms alone and dense's), the predicted step of every plan ranked (``predicted``, fastest first), the
 measured step times and every plan tried (``tried``: predicted and measured ms, the runoff's measurements and the step
 it was judged by, in how many rounds it measured faster than dense (``rounds_won``, from 3 rounds with dense on),
-the final's measurements and rounds won (``final_ms``, ``final_won``), whether it was widened to and whether it was
-kept); ``hvdcomp train`` prints it and saves it in its
-JSON summary.
+the final's measurements, judged step and rounds won (``final_ms``, ``final_judged_ms``, ``final_won``), whether it
+was widened to and whether it was kept); ``hvdcomp train`` prints it and saves it in its JSON summary.
 """
 
 from __future__ import annotations
@@ -175,10 +175,11 @@ class AutoSettings:
             the fastest and dense), each is measured this many more times, in turn, and of those judged faster than
             dense (from BLOCK_ROUNDS rounds on by their measurements against the others' in the same rounds, else
             by the median of their measurements: :func:`judged_ms`) that, from BLOCK_ROUNDS rounds with dense on,
-            measured faster than dense in more than CLEAR_WINS of them, the fastest is kept (:func:`kept_plan`);
-            0: none.
-        runoff_band: the two fastest run off if the slower measured at most this fraction above the faster: closer
-            than that, one measurement cannot tell them apart (on the emulated cluster dense run twice in one launch
+            measured faster than dense in more than CLEAR_WINS of them, the fastest is kept (:func:`kept_plan`), or
+            after a final (``runoff_s``), the final decides; 0: none.
+        runoff_band: the two fastest run off if the slower measured at most this fraction above the faster (and a
+            plan judged at most this above dense runs a final against it: :func:`final_plan`): closer than that, one
+            measurement cannot tell them apart (on the emulated cluster dense run twice in one launch
             measured 0.68x to 1.38x of itself in four launches, perf/RESULTS.md; the target is within 10% of the
             best).
         dense_band: dense runs off too if the fastest is not dense and dense measured at most this fraction above
@@ -190,8 +191,9 @@ class AutoSettings:
             measured within ``dense_band`` of the fastest (dense among them) take at most this (typically
             millisecond steps), all of them run off, in as many rounds as take this, ``runoff`` at least and else
             MAX_RUNOFF_ROUNDS at most (:func:`wide_runoff`): there one measurement can be off by 2x (perf/RESULTS.md),
-            and measuring is cheap; and a final of the fastest and dense, in as many rounds as fit in this
-            (:func:`final_plan`); 0: never.
+            and measuring is cheap; and where that runoff keeps no plan, a final of the fastest other plan and
+            dense, in as many rounds as fit in this again, BLOCK_ROUNDS to MAX_RUNOFF_ROUNDS, and none where
+            BLOCK_ROUNDS do not (:func:`final_plan`); 0: never.
         repeats: timed runs of each candidate's encoding and decoding per gradient (the median is kept).
     """
 
@@ -451,7 +453,7 @@ def rounds_won(tried: Sequence[Mapping[str, Any]]) -> list[int | None]:
             if "runoff_ms" in t and t["label"] != "dense" else None for t in tried]
 
 
-def kept_plan(tried: list[Mapping[str, Any]], dense_ms: float) -> int | None:
+def kept_plan(tried: Sequence[Mapping[str, Any]], dense_ms: float) -> int | None:
     """Which of the plans ``tried`` (label, measured_ms and any runoff_ms) to keep, by :func:`judged_ms`: the fastest
     (after a runoff, of the runoff's plans: a plan measured once does not win over them on that one measurement) of
     those that are not dense and faster than dense (measured among them if it was, else ``dense_ms``) and, where dense
@@ -497,13 +499,14 @@ def final_plan(tried: Sequence[Mapping[str, Any]], dense_ms: float, band: float)
     """The plan to run off once more against dense alone, a final, after a runoff of the plans ``tried`` (label,
     measured_ms, runoff_ms): where dense and two other plans or more ran off in BLOCK_ROUNDS rounds or more and
     :func:`kept_plan` keeps none of them, the fastest of the others by :func:`judged_ms` if it was judged within
-    ``band`` (a fraction) above dense or faster; else None.
+    ``band`` (a fraction) above dense or faster; else None (and after a final: one at most). Its rounds are
+    :func:`wide_runoff`'s for the two.
 
     Why: a round of a wide runoff measures every plan in it once, one after another (on the emulated cluster up to
     ten, over a second or more), so a plan's and dense's measurements in one round lie far apart and the rounds won
     against dense are noisy. In jobs of their own on 2 hosts at 1 Gbit/s, digits, where fp16 ran 0.85x dense's
     step, runoffs of every candidate kept dense where fp16 won 6 of 8 rounds, and where it won 3 of 5 and was judged
-    as fast as dense (2.80 ms against 2.78); the six runoffs of fp16 and dense alone, at 1 and 10 Gbit/s, all judged
+    2.80 ms against dense's 2.78; the six runoffs of fp16 and dense alone, at 1 and 10 Gbit/s, all judged
     right (``perf/auto_runoff.py``, perf/RESULTS.md)."""
     if final_view(tried)[0] or kept_plan(tried, dense_ms) is not None:
         return None
@@ -725,9 +728,9 @@ class Tuner:
     def _next_plan(self, optimizer: Any) -> None:
         """Applies the next plan to measure: those to try, then those widened to (once), then the runoff, if
         :func:`wide_runoff` or else :func:`runoff_plans` names plans (each again in each of its rounds:
-        :func:`runoff_sequence`), then the final, if :func:`final_plan` names a plan (it and dense, in rounds as
-        :func:`wide_runoff` sizes them); after the last, keeps the plan :func:`kept_plan` says (applied again if it
-        is not the one in force), or goes back to dense."""
+        :func:`runoff_sequence`), then the final, if :func:`final_plan` names a plan and 3 rounds of it and dense
+        fit in ``runoff_s`` (in rounds as :func:`wide_runoff` sizes them); after the last, keeps the plan
+        :func:`kept_plan` says (applied again if it is not the one in force), or goes back to dense."""
         self.phase, self.steps, self.samples = "guard", 0, _Samples()
         tried = self.report["tried"]
         if not self.plans and not self.widened:
@@ -775,7 +778,8 @@ class Tuner:
             if won is not None:
                 trial["rounds_won"] = won
         finalists, final = final_view(tried)
-        for i, won in zip(finalists, rounds_won(final), strict=True):
+        for i, judged, won in zip(finalists, judged_ms(final), rounds_won(final), strict=True):
+            tried[i]["final_judged_ms"] = round(judged, 3)
             if won is not None:
                 tried[i]["final_won"] = won
         fastest = kept_plan(tried, self.report["dense_ms"])  # as the report holds it: its verdict can be re-judged
@@ -948,7 +952,9 @@ def table(report: Mapping[str, Any]) -> str:
             if "rounds_won" in tried:
                 measured += f", faster than dense in {tried['rounds_won']} of {len(tried['runoff_ms'])} rounds"
         if tried.get("final_ms"):
-            measured += ", in the final against dense " + ", ".join(f"{ms:.1f}" for ms in tried["final_ms"]) + " ms"
+            measured += (", in the final" + (" against dense " if tried["label"] != "dense" else " ") +
+                         ", ".join(f"{ms:.1f}" for ms in tried["final_ms"]) +
+                         f" ms: judged {tried['final_judged_ms']:.1f} ms")
             if "final_won" in tried:
                 measured += f", faster than dense in {tried['final_won']} of {len(tried['final_ms'])} rounds"
         lines.append(f"tried {tried['label']}: predicted {tried['predicted_ms']:.1f} ms, {measured}, "

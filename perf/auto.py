@@ -287,7 +287,8 @@ def tried_text(r: dict[str, Any]) -> str:
                            if "rounds_won" in t else "") + ")"
                         if "runoff_ms" in t else "")
                      + (f" (final {', '.join(map(ms, t['final_ms']))}"
-                        + (f"; faster than dense in {t['final_won']}" if "final_won" in t else "") + ")"
+                        + (f"; faster than dense in {t['final_won']} of {len(t['final_ms'])}"
+                           if "final_won" in t else "") + ")"
                         if "final_ms" in t else "")
                      + (" kept" if t["kept"] else "") for t in r["tried"]) or "none tried"
 
@@ -373,9 +374,11 @@ def rejudge(rows: list[dict[str, Any]]) -> None:
     the rounds won): per setting of each launch where auto ran a runoff, the plan it kept in the launch and the plan
     each rule keeps, each with its run alone's step / the best single method's in that launch (by throughput where
     the launch has it, else by the median step; "-" where the plan is a per-tensor mix, not run alone, and not
-    counted), and the counts within 10% of the best and at most 5% slower than dense. Every row, of every launch
+    counted), and the counts within 10% of the best and at most 5% slower than dense. Where auto would now run a
+    final (:func:`hvdcomp.auto.final_plan`) that a launch from before it did not, the last column says so: its plan
+    is then what the runoff alone keeps. Every row, of every launch
     (``--before`` does not apply)."""
-    from hvdcomp.auto import kept_plan
+    from hvdcomp.auto import AutoSettings, final_plan, kept_plan
 
     launches: dict[tuple, dict[str, dict[str, Any]]] = {}
     for row in rows:
@@ -395,6 +398,7 @@ def rejudge(rows: list[dict[str, Any]]) -> None:
         single = {m: r[figure] for m, r in methods.items() if m not in ("auto", CONTROL)}
         best = min(single.values())
         now = kept_plan(auto["tried"], auto["dense_ms"])
+        finalist = final_plan(auto["tried"], auto["dense_ms"], AutoSettings.runoff_band)
         labels = (auto["label"], by_median(auto["tried"], auto["dense_ms"]), by_rounds(auto["tried"], auto["dense_ms"]),
                   "dense" if now is None else auto["tried"][now]["label"])
         steps = [single.get(label, math.nan) for label in labels]
@@ -407,6 +411,8 @@ def rejudge(rows: list[dict[str, Any]]) -> None:
                              f"{steps[rule] / best:.2f})")
         cells = [f"{label} ({step / best:.2f})" if not math.isnan(step) else f"{label} (-)"
                  for label, step in zip(labels, steps, strict=True)]
+        if finalist:  # a runoff from before the final, where the final would have run: not measured
+            cells[3] += f", a final of {finalist} not measured"
         print(f"| {when} | {hosts} | {rate} | {workload} | {figure} | {len(ran_off)}, "
               f"{len(ran_off[0]['runoff_ms'])} | {' | '.join(cells)} |")
     print(f"\n{settings} settings with a runoff (a per-tensor mix kept counts in neither):")

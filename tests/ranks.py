@@ -923,9 +923,14 @@ def scenario_auto_local() -> None:
     kept = hvdcomp.auto.kept_plan(report["tried"], report["dense_ms"])
     assert report["label"] == ("dense" if kept is None else report["tried"][kept]["label"]), report
     assert [t.get("rounds_won") for t in report["tried"]] == hvdcomp.auto.rounds_won(report["tried"]), report
-    final = hvdcomp.auto.final_view(report["tried"])[1]  # a final, if any: a plan and dense, 3 rounds or more
-    assert not final or (len(final) == 2 and "dense" in {t["label"] for t in final} and
-                         len(final[0]["runoff_ms"]) == len(final[1]["runoff_ms"]) >= hvdcomp.auto.BLOCK_ROUNDS), report
+    # a final where final_plan names a plan, in wide_runoff's rounds for it and dense (runoff_s 1 here)
+    before = [{k: v for k, v in t.items() if not k.startswith("final_")} for t in report["tried"]]
+    finalist = hvdcomp.auto.final_plan(before, report["dense_ms"], defaults.runoff_band)
+    order, rounds = hvdcomp.auto.wide_runoff([t for t in before if t["label"] in (finalist, "dense")],
+                                             report["dense_ms"], math.inf, hvdcomp.auto.BLOCK_ROUNDS, 1,
+                                             lambda label: hvdcomp.auto.SETTLE_STEPS + 3) if finalist else ([], 0)
+    final = hvdcomp.auto.final_view(report["tried"])[1]
+    assert {t["label"]: len(t["runoff_ms"]) for t in final} == dict.fromkeys(order, rounds), report
     assert "signsgd" not in report["candidates"] and "randomk" not in report["candidates"], report  # the guard
     assert "states no costs the timeline can price" in report["excluded"]["probe"], report
     assert_same_plan(report, optimizer, "local")

@@ -787,10 +787,12 @@ def test_auto_keeps_a_plan_over_dense_only_where_it_won_most_rounds() -> None:
     tried[2]["final_ms"] = [2.5, 2.4, 2.6, 2.5, 2.4, 2.5, 2.6, 2.5]
     tried[-1]["final_ms"] = [2.6, 2.5, 2.7, 2.6, 2.5, 2.6, 2.7, 2.4]
     assert auto.final_view(tried)[0] == [2, 6] and auto.kept_plan(tried, 2.142) == 2  # won 7 of 8
-    assert auto.final_plan(tried, 2.142, 0.1) is None  # one final at most
     tried[2]["final_ms"][0] = 2.7
     assert auto.kept_plan(tried, 2.142) is None  # won 6 of 8
+    assert auto.final_plan(tried, 2.142, 0.1) is None  # one final at most
     del tried[2]["final_ms"], tried[-1]["final_ms"]
+    # no final where dense did not run off
+    assert auto.final_plan([t for t in tried if t["label"] != "dense"], 2.142, 0.1) is None
     # no final where the fastest other plan was judged more than the band above dense
     assert auto.final_plan(tried, 2.142, 0.0) is not None and auto.final_plan(
         [{**t, "runoff_ms": [ms * 1.2 for ms in t["runoff_ms"]]} if t["label"] == "fp16" else t for t in tried],
@@ -1049,8 +1051,11 @@ def test_auto_tuner_runs_off_the_close_plans_in_turn(monkeypatch: pytest.MonkeyP
                                           ("onebit", None, None, None, False),
                                           ("dense", None, final["dense"], None, False)], report
     assert report["label"] == "fp16", report
-    assert auto.table({**report, "workers": 2, "dense_ms": 2.9, "dense_predicted_ms": 2.0, "measure_s": 0.0,
-                       "plan": []}).count("in the final against dense") == 2
+    text = auto.table({**report, "workers": 2, "dense_ms": 2.9, "dense_predicted_ms": 2.0, "measure_s": 0.0,
+                       "plan": []})
+    assert ("in the final against dense 2.5, 2.6, 2.4, 2.5 ms: judged 2.5 ms, faster than dense in 4 of 4 rounds, "
+            "kept") in text, text
+    assert "in the final 2.8, 2.9, 2.7, 2.8 ms: judged 2.8 ms, dropped" in text, text
     # ... faster in 3 of the 4: dense is kept
     final["fp16"][2] = 2.8
     applied, report, replanned = guard(2, {"fp16": 3.4, "threshold": 3.5, "onebit": 4.3, "dense": 2.8}, 2.9,
