@@ -345,26 +345,26 @@ def report(rows: list[dict[str, Any]]) -> None:
         totals(by_median, "step_s")
 
 
+def kept_by(tried: list[dict[str, Any]], judged: list[float], dense_ms: float) -> str:
+    """Of the runoff's plans, the fastest by ``judged`` (a step per plan of ``tried``), if faster than dense (judged
+    so where it was measured, else ``dense_ms``); else dense: the verdict of the rules before the rounds won."""
+    steps = dict(zip((t["label"] for t in tried), judged, strict=True))
+    fastest = min((t["label"] for t in tried if "runoff_ms" in t), key=steps.__getitem__)
+    return fastest if fastest != "dense" and steps[fastest] < steps.get("dense", dense_ms) else "dense"
+
+
 def by_median(tried: list[dict[str, Any]], dense_ms: float) -> str:
-    """The plan the guard kept up to launch AA: of the runoff's plans, the fastest by the median of its measurements
-    (the guard's among them), if faster than dense (dense's median where it ran off, else ``dense_ms``); else dense."""
-    medians = {t["label"]: median_of(t) for t in tried if "runoff_ms" in t}
-    fastest = min(medians, key=medians.__getitem__)
-    bar = next((median_of(t) if "runoff_ms" in t else t["measured_ms"] for t in tried if t["label"] == "dense"),
-               dense_ms)
-    return fastest if fastest != "dense" and medians[fastest] < bar else "dense"
+    """The plan the guard kept up to launch AA (:func:`kept_by`), each plan judged by the median of its measurements
+    (the guard's among them) where it ran off, else by its one measurement."""
+    return kept_by(tried, [median_of(t) if "runoff_ms" in t else t["measured_ms"] for t in tried], dense_ms)
 
 
 def by_rounds(tried: list[dict[str, Any]], dense_ms: float) -> str:
-    """The plan the guard kept in launch AB: of the runoff's plans, the fastest by ``hvdcomp.auto.judged_ms`` (against
-    the others in each round from 3 rounds on, else the median), if faster than dense (judged so where it was
-    measured, else ``dense_ms``); else dense."""
+    """The plan the guard kept in launch AB (:func:`kept_by`), each plan judged by ``hvdcomp.auto.judged_ms``
+    (against the others in each round from 3 rounds on, else the median)."""
     from hvdcomp.auto import judged_ms
 
-    every = dict(zip((t["label"] for t in tried), judged_ms(tried), strict=True))
-    judged = {t["label"]: every[t["label"]] for t in tried if "runoff_ms" in t}
-    fastest = min(judged, key=judged.__getitem__)
-    return fastest if fastest != "dense" and judged[fastest] < every.get("dense", dense_ms) else "dense"
+    return kept_by(tried, judged_ms(tried), dense_ms)
 
 
 def rejudge(rows: list[dict[str, Any]]) -> None:
@@ -376,8 +376,7 @@ def rejudge(rows: list[dict[str, Any]]) -> None:
     the launch has it, else by the median step; "-" where the plan is a per-tensor mix, not run alone, and not
     counted), and the counts within 10% of the best and at most 5% slower than dense. Where auto would now run a
     final (:func:`hvdcomp.auto.final_plan`) that a launch from before it did not, the last column says so: its plan
-    is then what the runoff alone keeps. Every row, of every launch
-    (``--before`` does not apply)."""
+    is then what the runoff alone keeps. Every row, of every launch (``--before`` does not apply)."""
     from hvdcomp.auto import AutoSettings, final_plan, kept_plan
 
     launches: dict[tuple, dict[str, dict[str, Any]]] = {}
