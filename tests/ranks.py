@@ -811,6 +811,7 @@ class Scalar(Compressor):
 
 
 def auto_run(candidates: dict | None, width: int = 1024, retune: bool = False,
+             deadline: hvdcomp.Deadline = hvdcomp.optimizer.DEFAULT_DEADLINE,
              **settings: Any) -> tuple[dict, torch.optim.Optimizer, nn.Module]:
     """``compression: auto`` choosing among ``candidates`` (None: its defaults) for a model with one large weight
     (``width`` x ``width``, and the bias), batch 1, so that its dense step is mostly communication: trained until auto
@@ -822,7 +823,8 @@ def auto_run(candidates: dict | None, width: int = 1024, retune: bool = False,
                **settings}
     config = {"method": "auto", "options": options if candidates is None else {**options, "candidates": candidates}}
     optimizer = hvdcomp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
-                                             named_parameters=model.named_parameters(), compression=config)
+                                             named_parameters=model.named_parameters(), compression=config,
+                                             deadline=deadline)
     generator = torch.Generator().manual_seed(hvd.rank())
 
     def step() -> None:
@@ -1100,6 +1102,22 @@ def scenario_stall() -> None:
         optimizer.zero_grad()
         nn.functional.cross_entropy(model(x), y).backward()
         optimizer.step()
+
+
+def scenario_auto_stall() -> None:
+    """Rank 1 stalls (sleeps) as auto ends its first measurement of a plan, before the ranks agree on its slowest
+    rank's step: with a short deadline (2 s, or 3x the slowest step; 120 s at start-up) every other rank reports the
+    collective it waited for (hvdcomp.auto.agree.max) and the job ends, long before rank 1 wakes up. (If auto
+    settled without measuring a plan, the scenario would end, and the test fail on its exit status.)"""
+    if hvd.rank() == 1:
+        judge = hvdcomp.auto.Tuner._judge
+
+        def stalled(self: hvdcomp.auto.Tuner, optimizer: Any) -> None:
+            time.sleep(300)
+            judge(self, optimizer)
+
+        hvdcomp.auto.Tuner._judge = stalled
+    auto_run({"scalar_test": {}}, deadline=hvdcomp.Deadline(factor=3, floor_s=2, startup_s=120))
 
 
 SCENARIOS = {name[len("scenario_"):]: fn for name, fn in globals().items() if name.startswith("scenario_")}

@@ -74,6 +74,16 @@ def test_a_stalled_rank_ends_the_job_at_the_deadline(controller: str) -> None:
                      r"now: none; reachable: 1\)", result.output), result.output[-3000:]
 
 
+def test_a_rank_stalled_while_auto_measures_ends_the_job_at_the_deadline() -> None:
+    """Rank 1 sleeps 300 s where auto ends a plan's measurement (tests/ranks.py, auto_stall): rank 0 names the
+    agreeing collective it waited for, in auto's guard, and the job ends."""
+    start = time.monotonic()
+    result = run_ranks([str(REPO / "tests" / "ranks.py"), "auto_stall"], 2, timeout=120)
+    assert result.returncode != 0 and time.monotonic() - start < 60, result.output[-3000:]
+    assert re.search(r"hvdcomp: rank 0 on \S+ waited \d+\.\d s for collective 'hvdcomp\.auto\.agree\.max' in step "
+                     r"\d+ ", result.output), result.output[-3000:]
+
+
 @pytest.mark.parametrize("controller", CONTROLLERS)
 def test_powersgd_matches_pytorch_hook(controller: str) -> None:
     result = run_ranks([str(REPO / "tests" / "ranks.py"), "powersgd_reference"], 2, controller)

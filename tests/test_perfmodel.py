@@ -908,13 +908,6 @@ def test_auto_runs_off_every_close_plan_where_measuring_is_cheap() -> None:
 def test_auto_tuner_runs_off_the_close_plans_in_turn(monkeypatch: pytest.MonkeyPatch) -> None:
     """The guard's state machine on one rank, with the step times scripted (the slowest rank's: here the one's):
     which plans it applies in which order, where each measurement goes, and what it keeps."""
-    class OneRank:  # ProcessSetRanks among one rank: the slowest is this one
-        def __init__(self, *args: object) -> None:
-            pass
-
-        def slowest(self, value: float) -> float:
-            return value
-
     def guard(runoff: int, guard_ms: dict[str, float | list[float]], dense_ms: float,
               runoff_ms: dict[str, list[float]],
               dense_band: float = 0, predicted: dict[str, float] | None = None,
@@ -934,7 +927,7 @@ def test_auto_tuner_runs_off_the_close_plans_in_turn(monkeypatch: pytest.MonkeyP
             optimizer.config = plan.label
 
         monkeypatch.setattr(auto.Tuner, "_apply", apply)
-        optimizer = types.SimpleNamespace(config=base, process_set=None, _replan=replanned.append)
+        optimizer = types.SimpleNamespace(config=base, process_set=None, _replan=replanned.append, _wait=None)
         plans = [predict.Plan(label, (), predicted.get(label, 1.0)) for label in guard_ms]
         ranked = [*plans, *(predict.Plan(label, (), predicted[label]) for label in later),
                   predict.Plan("dense", (), predicted.get("dense", 2.0))]
@@ -951,7 +944,7 @@ def test_auto_tuner_runs_off_the_close_plans_in_turn(monkeypatch: pytest.MonkeyP
         assert not any(measured.values()), measured  # every scripted measurement was taken
         return applied, tuner.report, replanned
 
-    monkeypatch.setattr("hvdcomp.perfmodel.profile.ProcessSetRanks", OneRank)
+    monkeypatch.setattr(auto, "_agreed", lambda document, *args: document)  # one rank: the slowest is this one
     # a and b within 10%: each twice more, in turn, ending on the faster so far; a (median 4.6) beats b (4.7), and
     # c, measured once at 4.45, is not kept on that one measurement; a, in force after the runoff, is not re-applied
     applied, report, replanned = guard(2, {"a": 4.0, "b": 4.1, "c": 4.45}, 5.0, {"a": [4.6, 4.7], "b": [4.7, 4.8]})
