@@ -58,11 +58,13 @@ in the same step on every rank):
    dense ran off in 3 rounds or more, also measured faster than dense in more than 3 of 4 of those rounds, the fastest
    so judged is kept (:func:`kept_plan`: keeping a plan slower than dense costs more than keeping dense where a plan
    is a little faster; applied again if it is not the plan in force); with none, every parameter goes back to dense.
-   But where dense and two other plans or more ran off in 3 rounds or more and none is kept so, the fastest of the
-   others, if judged within ``runoff_band`` above dense or faster (:func:`final_plan`), first runs a final against
-   dense alone, in as many rounds as fit in ``runoff_s`` by their measured steps, 3 to 8 (none where 3 do not fit:
-   :func:`wide_runoff`), and the final's rounds alone decide, by the same rule: a round of a wide runoff measures a
-   plan and dense far apart.
+   But after a runoff of three plans or more in 3 rounds or more, two plans first run a final, alone
+   (:func:`final_plans`): where a plan is kept so, it and the next fastest that passed the same bar, if judged within
+   ``runoff_band`` of it, and the faster in the final is kept; where none is kept and dense ran off, the fastest of
+   the others and dense, if it was judged within ``runoff_band`` above dense or faster, and the final decides by the
+   same rule. A final runs in as many rounds as fit in ``runoff_s`` by their measured steps, 3 to 8 (none where 3 do
+   not fit: :func:`runoff_rounds`), and its rounds alone decide: a round of a wide runoff measures two plans far
+   apart.
 
 Candidates: every registered method (``hvdcomp.METHODS``: a method added later joins) with its default options, or
 those of ``candidates``, but those in :data:`ACCURACY_GUARD` unless ``allow`` names them, and, where the wrapped
@@ -178,10 +180,10 @@ class AutoSettings:
             measured faster than dense in more than CLEAR_WINS of them, the fastest is kept (:func:`kept_plan`), or
             after a final (``runoff_s``), the final decides; 0: none.
         runoff_band: the two fastest run off if the slower measured at most this fraction above the faster (and a
-            plan judged at most this above dense runs a final against it: :func:`final_plan`): closer than that, one
-            measurement cannot tell them apart (on the emulated cluster dense run twice in one launch
-            measured 0.68x to 1.38x of itself in four launches, perf/RESULTS.md; the target is within 10% of the
-            best).
+            plan judged at most this above dense, or above the plan kept, runs a final against it:
+            :func:`final_plans`): closer than that, one measurement cannot tell them apart (on the emulated cluster
+            dense run twice in one launch measured 0.68x to 1.38x of itself in four launches, perf/RESULTS.md; the
+            target is within 10% of the best).
         dense_band: dense runs off too if the fastest is not dense and dense measured at most this fraction above
             it: a plan is kept only if it beats dense in turn, unless it measured clearly faster (on the emulated
             cluster one measurement of fp16's 4.2 ms step read 2.6 ms, against dense's 3.6, and fp16 was kept: auto
@@ -191,9 +193,9 @@ class AutoSettings:
             measured within ``dense_band`` of the fastest (dense among them) take at most this (typically
             millisecond steps), all of them run off, in as many rounds as take this, ``runoff`` at least and else
             MAX_RUNOFF_ROUNDS at most (:func:`wide_runoff`): there one measurement can be off by 2x (perf/RESULTS.md),
-            and measuring is cheap; and where that runoff keeps no plan, a final of the fastest other plan and
-            dense, in as many rounds as fit in this again, BLOCK_ROUNDS to MAX_RUNOFF_ROUNDS, and none where
-            BLOCK_ROUNDS do not (:func:`final_plan`); 0: never.
+            and measuring is cheap; and then a final of two of them (:func:`final_plans`), in as many rounds as fit
+            in this again, BLOCK_ROUNDS to MAX_RUNOFF_ROUNDS, and none where BLOCK_ROUNDS do not
+            (:func:`runoff_rounds`); 0: never.
         repeats: timed runs of each candidate's encoding and decoding per gradient (the median is kept).
     """
 
@@ -411,10 +413,18 @@ def wide_runoff(tried: list[Mapping[str, Any]], dense_ms: float, band: float, ro
     steps = _measured_steps(tried, dense_ms)
     ranked = sorted(steps, key=steps.__getitem__)
     close = [label for label in ranked if steps[label] <= steps[ranked[0]] * (1 + band)]
-    round_ms = sum(steps_of(label) * steps[label] for label in close)
-    if len(close) < 2 or round_ms <= 0 or rounds * round_ms > budget_s * 1e3:
-        return [], 0
-    return close, max(rounds, min(MAX_RUNOFF_ROUNDS, math.floor(budget_s * 1e3 / round_ms)))
+    count = runoff_rounds({label: steps[label] for label in close}, rounds, budget_s, steps_of)
+    return (close, count) if len(close) >= 2 and count else ([], 0)
+
+
+def runoff_rounds(steps: Mapping[str, float], rounds: int, budget_s: float, steps_of: Callable[[str], int]) -> int:
+    """How many rounds of the plans ``steps`` (label -> measured ms; ``steps_of(label)`` steps a measurement) to run:
+    as many as take ``budget_s``, ``rounds`` at least and else MAX_RUNOFF_ROUNDS at most; 0 where ``rounds`` rounds
+    would take longer or nothing was measured (0 ms)."""
+    round_ms = sum(steps_of(label) * ms for label, ms in steps.items())
+    if round_ms <= 0 or rounds * round_ms > budget_s * 1e3:
+        return 0
+    return max(rounds, min(MAX_RUNOFF_ROUNDS, math.floor(budget_s * 1e3 / round_ms)))
 
 
 def runoff_sequence(ranked: list[str], rounds: int, current: str | None) -> list[str]:
@@ -458,8 +468,8 @@ def kept_plan(tried: Sequence[Mapping[str, Any]], dense_ms: float) -> int | None
     (after a runoff, of the runoff's plans: a plan measured once does not win over them on that one measurement) of
     those that are not dense and faster than dense (measured among them if it was, else ``dense_ms``) and, where dense
     ran off in BLOCK_ROUNDS rounds or more, measured faster than dense in more than CLEAR_WINS of its rounds
-    (:func:`rounds_won`); None keeps dense. After a final (:func:`final_plan`), its two plans' final_ms alone decide,
-    as a runoff of its own.
+    (:func:`rounds_won`); None keeps dense. After a final (:func:`final_plans`), its two plans' final_ms alone decide,
+    as a runoff of its own: against dense by the same rule; between two plans that both passed it, the faster.
 
     Why the rounds won: the targets weigh the two errors differently. A plan kept slower than dense breaks "never
     slower than dense"; dense kept where a plan is a little faster costs that little. So a plan must beat dense in
@@ -472,18 +482,28 @@ def kept_plan(tried: Sequence[Mapping[str, Any]], dense_ms: float) -> int | None
     one where fp16 timed 1.02x dense (``perf/auto.py --rejudge``). It errs too: in a job of its own on 2 hosts at
     1 Gbit/s, where fp16 ran 0.85x dense's step (the steps' mean), a runoff of every candidate kept dense where fp16
     won 6 of 8 rounds (and where it won 3 of 5, judged slower than dense by its step itself); the six runoffs of fp16
-    and dense alone, at 1 and 10 Gbit/s, all judged right (perf/RESULTS.md): hence the final (:func:`final_plan`)."""
+    and dense alone, at 1 and 10 Gbit/s, all judged right (perf/RESULTS.md): hence the final (:func:`final_plans`)."""
     finalists, final = final_view(tried)
     if finalists:
+        if all(tried[i]["label"] != "dense" for i in finalists):  # both passed the bar against dense: the faster
+            judged = judged_ms(final)
+            return finalists[min(range(len(final)), key=judged.__getitem__)]
         kept = kept_plan(final, dense_ms)
         return None if kept is None else finalists[kept]
+    passing = _passing(tried, dense_ms)[0]
+    return passing[0] if passing else None
+
+
+def _passing(tried: Sequence[Mapping[str, Any]], dense_ms: float) -> tuple[list[int], list[float]]:
+    """The plans of ``tried`` that :func:`kept_plan` may keep (its rule, without a final), fastest first, and every
+    plan's :func:`judged_ms`."""
     judged = judged_ms(tried)
     won = rounds_won(tried)
     dense_ms = next((judged[i] for i, t in enumerate(tried) if t["label"] == "dense"), dense_ms)
     ran_off = [i for i, t in enumerate(tried) if "runoff_ms" in t]
     clear = [i for i in ran_off or range(len(tried)) if tried[i]["label"] != "dense" and judged[i] < dense_ms
              and (won[i] is None or won[i] > CLEAR_WINS * len(tried[i]["runoff_ms"]))]
-    return min(clear, key=judged.__getitem__, default=None)
+    return sorted(clear, key=judged.__getitem__), judged
 
 
 def final_view(tried: Sequence[Mapping[str, Any]]) -> tuple[list[int], list[dict[str, Any]]]:
@@ -495,28 +515,42 @@ def final_view(tried: Sequence[Mapping[str, Any]]) -> tuple[list[int], list[dict
     return finalists, view
 
 
-def final_plan(tried: Sequence[Mapping[str, Any]], dense_ms: float, band: float) -> str | None:
-    """The plan to run off once more against dense alone, a final, after a runoff of the plans ``tried`` (label,
-    measured_ms, runoff_ms): where dense and two other plans or more ran off in BLOCK_ROUNDS rounds or more and
-    :func:`kept_plan` keeps none of them, the fastest of the others by :func:`judged_ms` if it was judged within
-    ``band`` (a fraction) above dense or faster; else None (and after a final: one at most). Its rounds are
-    :func:`wide_runoff`'s for the two.
+def final_plans(tried: Sequence[Mapping[str, Any]], dense_ms: float, band: float) -> list[str]:
+    """The two plans to run off once more, alone, in a final, fastest first by :func:`judged_ms`, after a runoff of
+    three plans or more in BLOCK_ROUNDS rounds or more (``tried``: label, measured_ms, runoff_ms):
+
+    - where :func:`kept_plan` keeps a plan: it and the next fastest it might have kept (faster than dense and, where
+      dense ran off, in more than CLEAR_WINS of the rounds), if that one was judged within ``band`` (a fraction)
+      above it;
+    - where it keeps none and dense ran off: the fastest other plan and dense, if it was judged within ``band``
+      above dense or faster;
+
+    else none (and after a final: one at most). Its rounds are as many as fit in ``runoff_s`` (:func:`runoff_rounds`).
 
     Why: a round of a wide runoff measures every plan in it once, one after another (on the emulated cluster up to
-    ten, over a second or more), so a plan's and dense's measurements in one round lie far apart and the rounds won
-    against dense are noisy. In jobs of their own on 2 hosts at 1 Gbit/s, digits, where fp16 ran 0.85x dense's
+    ten, over a second or more), so two plans' measurements in one round lie far apart, and plans within 10% of each
+    other are ranked by chance. In jobs of their own on 2 hosts at 1 Gbit/s, digits, where fp16 ran 0.85x dense's
     step, runoffs of every candidate kept dense where fp16 won 6 of 8 rounds, and where it won 3 of 5 and was judged
-    2.80 ms against dense's 2.78; the six runoffs of fp16 and dense alone, at 1 and 10 Gbit/s, all judged
-    right (``perf/auto_runoff.py``, perf/RESULTS.md)."""
-    if final_view(tried)[0] or kept_plan(tried, dense_ms) is not None:
-        return None
+    2.80 ms against dense's 2.78; the six runoffs of fp16 and dense alone, at 1 and 10 Gbit/s, all judged right
+    (``perf/auto_runoff.py``, perf/RESULTS.md). On 2 hosts at 100 Mbit/s, digits, launches AB and AC kept terngrad,
+    judged 3 to 7% faster than the next plans, where onebit alone ran 0.88x and 0.81x terngrad's step."""
     ran_off = [i for i, t in enumerate(tried) if "runoff_ms" in t]
-    dense = next((i for i in ran_off if tried[i]["label"] == "dense"), None)
-    if dense is None or len(ran_off) < 3 or len(tried[dense]["runoff_ms"]) < BLOCK_ROUNDS:
-        return None
-    judged = judged_ms(tried)
-    best = min((i for i in ran_off if i != dense), key=judged.__getitem__)
-    return tried[best]["label"] if judged[best] <= judged[dense] * (1 + band) else None
+    if final_view(tried)[0] or len(ran_off) < 3 or len(tried[ran_off[0]]["runoff_ms"]) < BLOCK_ROUNDS:
+        return []
+    passing, judged = _passing(tried, dense_ms)
+    if passing:  # the plan kept and the next
+        if len(passing) < 2 or judged[passing[1]] > judged[passing[0]] * (1 + band):
+            return []
+        pair = passing[:2]
+    else:  # none clearly faster than dense: the fastest other, against dense alone
+        dense = next((i for i in ran_off if tried[i]["label"] == "dense"), None)
+        if dense is None:
+            return []
+        best = min((i for i in ran_off if i != dense), key=judged.__getitem__)
+        if judged[best] > judged[dense] * (1 + band):
+            return []
+        pair = sorted([best, dense], key=judged.__getitem__)
+    return [tried[i]["label"] for i in pair]
 
 
 class _Clock:
@@ -728,8 +762,8 @@ class Tuner:
     def _next_plan(self, optimizer: Any) -> None:
         """Applies the next plan to measure: those to try, then those widened to (once), then the runoff, if
         :func:`wide_runoff` or else :func:`runoff_plans` names plans (each again in each of its rounds:
-        :func:`runoff_sequence`), then the final, if :func:`final_plan` names a plan and 3 rounds of it and dense
-        fit in ``runoff_s`` (in rounds as :func:`wide_runoff` sizes them); after the last, keeps the plan
+        :func:`runoff_sequence`), then the final, if :func:`final_plans` names two plans and 3 rounds of them fit in
+        ``runoff_s`` (:func:`runoff_rounds`); after the last, keeps the plan
         :func:`kept_plan` says (applied again if it is not the one in force), or goes back to dense."""
         self.phase, self.steps, self.samples = "guard", 0, _Samples()
         tried = self.report["tried"]
@@ -754,13 +788,11 @@ class Tuner:
             self.plans = [self.by_label[label] for label in runoff_sequence(order, rounds, self.report.get("label"))]
         if not self.plans and self.runoff_decided and not self.final_decided:
             self.final_decided = True
-            finalist = final_plan(tried, self.report["dense_ms"], self.settings.runoff_band)
-            if finalist is not None:  # rounds as a wide runoff of the two, while they fit in runoff_s
-                order, rounds = wide_runoff([t for t in tried if t["label"] in (finalist, "dense")],
-                                            self.report["dense_ms"], math.inf, BLOCK_ROUNDS, self.settings.runoff_s,
-                                            self._measurement_steps)
-                self.plans = [self.by_label[label]
-                              for label in runoff_sequence(order, rounds, self.report.get("label"))]
+            finalists = final_plans(tried, self.report["dense_ms"], self.settings.runoff_band)
+            rounds = runoff_rounds({t["label"]: t["measured_ms"] for t in tried if t["label"] in finalists},
+                                   BLOCK_ROUNDS, self.settings.runoff_s, self._measurement_steps)
+            self.plans = [self.by_label[label]
+                          for label in runoff_sequence(finalists if rounds else [], rounds, self.report.get("label"))]
         if self.plans:
             plan = self.plans.pop(0)
             if self.runoff_decided:
@@ -937,6 +969,7 @@ def table(report: Mapping[str, Any]) -> str:
                      "faster than dense)")
     lines.append(f"dense step: measured {report['dense_ms']:.1f} ms, predicted {report['dense_predicted_ms']:.1f} ms; "
                  f"measuring took {report['measure_s']:.1f} s")
+    finalists = [tried["label"] for tried in report["tried"] if tried.get("final_ms")]
     for tried in report["tried"]:
         measured = "not measured" if tried["measured_ms"] is None else f"measured {tried['measured_ms']:.1f} ms"
         if tried.get("dense_steps"):
@@ -950,8 +983,8 @@ def table(report: Mapping[str, Any]) -> str:
             if "rounds_won" in tried:
                 measured += f", faster than dense in {tried['rounds_won']} of {len(tried['runoff_ms'])} rounds"
         if tried.get("final_ms"):
-            measured += (", in the final" + (" against dense " if tried["label"] != "dense" else " ") +
-                         ", ".join(f"{ms:.1f}" for ms in tried["final_ms"]) +
+            (other,) = (label for label in finalists if label != tried["label"])
+            measured += (f", in the final against {other} " + ", ".join(f"{ms:.1f}" for ms in tried["final_ms"]) +
                          f" ms: judged {tried['final_judged_ms']:.1f} ms")
             if "final_won" in tried:
                 measured += f", faster than dense in {tried['final_won']} of {len(tried['final_ms'])} rounds"

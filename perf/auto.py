@@ -54,7 +54,7 @@ WORKLOADS = ("synthetic", "digits")
 CANDIDATE_OPTIONS = {"powersgd": {"start_iter": 2}}
 AUTO = {"warmup_steps": 1, "measure_steps": 3, "repeats": 2}
 MAX_TUNING_STEPS = 8000  # up to 13 tries (every method alone, two mixes, dense; widened ones among them) x (2 + 50
-# steps), a runoff of up to 8 rounds of 14 (wide_runoff) and a final of up to 8 rounds of 2 (final_plan)
+# steps), a runoff of up to 8 rounds of 14 (wide_runoff) and a final of up to 8 rounds of 2 (final_plans)
 #: digits' runs are timed in turn, 20 steps each, this many times (10 up to launch Z2, on 2026-11-24: there the
 #: ranking of the nine methods within 1.6x of each other on 2 hosts at 100 Mbit/s changed from launch to launch)
 ROUNDS = 30
@@ -375,9 +375,9 @@ def rejudge(rows: list[dict[str, Any]]) -> None:
     each rule keeps, each with its run alone's step / the best single method's in that launch (by throughput where
     the launch has it, else by the median step; "-" where the plan is a per-tensor mix, not run alone, and not
     counted), and the counts within 10% of the best and at most 5% slower than dense. Where auto would now run a
-    final (:func:`hvdcomp.auto.final_plan`) that a launch from before it did not, the last column says so: its plan
+    final (:func:`hvdcomp.auto.final_plans`) that a launch from before it did not, the last column says so: its plan
     is then what the runoff alone keeps. Every row, of every launch (``--before`` does not apply)."""
-    from hvdcomp.auto import AutoSettings, final_plan, kept_plan
+    from hvdcomp.auto import AutoSettings, final_plans, kept_plan
 
     launches: dict[tuple, dict[str, dict[str, Any]]] = {}
     for row in rows:
@@ -397,7 +397,7 @@ def rejudge(rows: list[dict[str, Any]]) -> None:
         single = {m: r[figure] for m, r in methods.items() if m not in ("auto", CONTROL)}
         best = min(single.values())
         now = kept_plan(auto["tried"], auto["dense_ms"])
-        finalist = final_plan(auto["tried"], auto["dense_ms"], AutoSettings.runoff_band)
+        finalists = final_plans(auto["tried"], auto["dense_ms"], AutoSettings.runoff_band)
         labels = (auto["label"], by_median(auto["tried"], auto["dense_ms"]), by_rounds(auto["tried"], auto["dense_ms"]),
                   "dense" if now is None else auto["tried"][now]["label"])
         steps = [single.get(label, math.nan) for label in labels]
@@ -410,8 +410,8 @@ def rejudge(rows: list[dict[str, Any]]) -> None:
                              f"{steps[rule] / best:.2f})")
         cells = [f"{label} ({step / best:.2f})" if not math.isnan(step) else f"{label} (-)"
                  for label, step in zip(labels, steps, strict=True)]
-        if finalist:  # a runoff from before the final, where the final would have run: not measured
-            cells[3] += f", a final of {finalist} not measured"
+        if finalists:  # a runoff from before the final, where the final would have run: not measured
+            cells[3] += f", a final of {' and '.join(finalists)} not measured"
         print(f"| {when} | {hosts} | {rate} | {workload} | {figure} | {len(ran_off)}, "
               f"{len(ran_off[0]['runoff_ms'])} | {' | '.join(cells)} |")
     print(f"\n{settings} settings with a runoff (a per-tensor mix kept counts in neither):")

@@ -842,7 +842,7 @@ def auto_run(candidates: dict | None, width: int = 1024, retune: bool = False,
         # 6 dense steps and 2 tries of 5 (and a method's warm-up): about 16; where the model misjudged the dense step
         # (shared memory's millisecond steps) every candidate alone and dense again: up to 14 tries of 5 (those widened
         # to among them: no plan is tried twice), and a runoff of up to 6 more: about 106; or, where runoff_s allows
-        # (wide_runoff), up to 8 rounds of those 14: 560 more, and a final of up to 8 rounds of 2 (final_plan): 80
+        # (wide_runoff), up to 8 rounds of those 14: 560 more, and a final of up to 8 rounds of 2 (final_plans): 80
         for _ in range(800):
             step()
             if optimizer.auto_report()["phase"] == "settled":
@@ -925,14 +925,14 @@ def scenario_auto_local() -> None:
     kept = hvdcomp.auto.kept_plan(report["tried"], report["dense_ms"])
     assert report["label"] == ("dense" if kept is None else report["tried"][kept]["label"]), report
     assert [t.get("rounds_won") for t in report["tried"]] == hvdcomp.auto.rounds_won(report["tried"]), report
-    # a final where final_plan names a plan, in wide_runoff's rounds for it and dense (runoff_s 1 here)
+    # a final where final_plans names two plans, in runoff_rounds' rounds for them (runoff_s 1 here)
     before = [{k: v for k, v in t.items() if not k.startswith("final_")} for t in report["tried"]]
-    finalist = hvdcomp.auto.final_plan(before, report["dense_ms"], defaults.runoff_band)
-    order, rounds = hvdcomp.auto.wide_runoff([t for t in before if t["label"] in (finalist, "dense")],
-                                             report["dense_ms"], math.inf, hvdcomp.auto.BLOCK_ROUNDS, 1,
-                                             lambda label: hvdcomp.auto.SETTLE_STEPS + 3) if finalist else ([], 0)
+    finalists = hvdcomp.auto.final_plans(before, report["dense_ms"], defaults.runoff_band)
+    rounds = hvdcomp.auto.runoff_rounds({t["label"]: t["measured_ms"] for t in before if t["label"] in finalists},
+                                        hvdcomp.auto.BLOCK_ROUNDS, 1, lambda label: hvdcomp.auto.SETTLE_STEPS + 3)
     final = hvdcomp.auto.final_view(report["tried"])[1]
-    assert {t["label"]: len(t["runoff_ms"]) for t in final} == dict.fromkeys(order, rounds), report
+    assert {t["label"]: len(t["runoff_ms"]) for t in final} == (dict.fromkeys(finalists, rounds) if rounds else {}), \
+        report
     assert "signsgd" not in report["candidates"] and "randomk" not in report["candidates"], report  # the guard
     assert "states no costs the timeline can price" in report["excluded"]["probe"], report
     assert_same_plan(report, optimizer, "local")

@@ -782,21 +782,22 @@ def test_auto_keeps_a_plan_over_dense_only_where_it_won_most_rounds() -> None:
     assert judged["fp16"] < judged["dense"] == min(v for k, v in judged.items() if k != "fp16")
     assert auto.rounds_won(tried) == [0, 0, 6, 0, None, 0, None]
     assert auto.kept_plan(tried, 2.142) is None
-    # fp16, judged faster than dense, runs a final against dense alone (final_plan); a final decides alone
-    assert auto.final_plan(tried, 2.142, 0.1) == "fp16"
+    # fp16, judged faster than dense, runs a final against dense alone (final_plans); a final decides alone
+    assert auto.final_plans(tried, 2.142, 0.1) == ["fp16", "dense"]
     tried[2]["final_ms"] = [2.5, 2.4, 2.6, 2.5, 2.4, 2.5, 2.6, 2.5]
     tried[-1]["final_ms"] = [2.6, 2.5, 2.7, 2.6, 2.5, 2.6, 2.7, 2.4]
     assert auto.final_view(tried)[0] == [2, 6] and auto.kept_plan(tried, 2.142) == 2  # won 7 of 8
     tried[2]["final_ms"][0] = 2.7
     assert auto.kept_plan(tried, 2.142) is None  # won 6 of 8
-    assert auto.final_plan(tried, 2.142, 0.1) is None  # one final at most
+    assert auto.final_plans(tried, 2.142, 0.1) == []  # one final at most
     del tried[2]["final_ms"], tried[-1]["final_ms"]
     # no final where dense did not run off
-    assert auto.final_plan([t for t in tried if t["label"] != "dense"], 2.142, 0.1) is None
+    # (there every plan is judged slower than the dense steps' 2.142 ms: none passes, and no final)
+    assert auto.final_plans([t for t in tried if t["label"] != "dense"], 2.142, 0.1) == []
     # no final where the fastest other plan was judged more than the band above dense
-    assert auto.final_plan(tried, 2.142, 0.0) is not None and auto.final_plan(
+    assert auto.final_plans(tried, 2.142, 0.0) != [] and auto.final_plans(
         [{**t, "runoff_ms": [ms * 1.2 for ms in t["runoff_ms"]]} if t["label"] == "fp16" else t for t in tried],
-        2.142, 0.1) is None
+        2.142, 0.1) == []
     # 7 of 8 rounds is more than three quarters: kept
     tried[2]["runoff_ms"][1] = 2.6
     assert auto.rounds_won(tried)[2] == 7 and auto.kept_plan(tried, 2.142) == 2
@@ -806,19 +807,54 @@ def test_auto_keeps_a_plan_over_dense_only_where_it_won_most_rounds() -> None:
              {"label": "dense", "measured_ms": 3.2, "runoff_ms": [3.0, 4.6, 6.0]}]
     assert auto.judged_ms(tried)[0] < auto.judged_ms(tried)[1] < auto.judged_ms(tried)[2]
     assert auto.rounds_won(tried) == [2, 3, None] and auto.kept_plan(tried, 9.0) == 1
-    assert auto.final_plan(tried, 9.0, 0.1) is None  # a plan is kept: no final
+    assert auto.final_plans(tried, 9.0, 0.1) == []  # b is kept, and no other plan passed the bar: no final
     # two rounds are no blocks: judged by the median, as before, with no rounds to win
     two = [{**t, "runoff_ms": t["runoff_ms"][:2]} for t in tried]
     assert auto.rounds_won(two) == [None] * 3 and auto.kept_plan(two, 9.0) == 0
     slow = [{**t, "runoff_ms": [ms * 2 for ms in t["runoff_ms"]]} if t["label"] != "dense" else t for t in tried]
-    assert auto.kept_plan(slow, 9.0) is None and auto.final_plan(slow, 9.0, 1.5) == "a"  # within 150% of dense
-    assert auto.final_plan([{**t, "runoff_ms": t["runoff_ms"][:2]} for t in slow], 9.0, 1.5) is None  # 2 rounds
-    assert auto.final_plan(slow[1:], 9.0, 1.5) is None  # only one other plan ran off: the runoff was its final
+    assert auto.kept_plan(slow, 9.0) is None and auto.final_plans(slow, 9.0, 1.5) == ["dense", "a"]  # a within 150%
+    assert auto.final_plans([{**t, "runoff_ms": t["runoff_ms"][:2]} for t in slow], 9.0, 1.5) == []  # 2 rounds
+    assert auto.final_plans(slow[1:], 9.0, 1.5) == []  # only one other plan ran off: the runoff was its final
     # dense measured in the guard but not run off: no rounds to win either, and its one measurement is the bar
     alone = [*tried[:2], {"label": "dense", "measured_ms": 9.0}]
     assert auto.rounds_won(alone) == [None] * 3 and auto.kept_plan(alone, 1.0) == 0
     alone[-1]["measured_ms"] = 3.0
     assert auto.kept_plan(alone, 9.0) is None  # a is judged 4.0 ms at the rounds' level
+
+
+def test_auto_runs_a_final_of_the_plan_kept_and_the_next() -> None:
+    # launch AC, 2 hosts at 100 Mbit/s, digits: five plans ran off in 8 rounds, dense (31 ms) not among them; the runoff
+    # keeps terngrad, judged 4.35 ms, and orq, judged 4.58 (5% above), is the next: the two run a final alone
+    # (final_plans), fastest first, and the faster in it is kept. Timed alone in AC: terngrad 4.71 ms, orq 4.83
+    runoff = {"onebit": (4.567, [4.609, 6.652, 4.974, 4.819, 4.415, 4.981, 5.723, 3.255]),
+              "orq": (4.74, [4.49, 3.691, 6.336, 4.266, 4.519, 4.393, 4.286, 3.865]),
+              "bingrad": (3.946, [3.596, 5.653, 4.181, 5.458, 4.877, 5.25, 6.252, 3.673]),
+              "terngrad": (4.211, [3.683, 4.328, 5.074, 4.146, 3.95, 4.616, 6.573, 8.823]),
+              "qsgd": (5.707, [4.358, 4.772, 4.443, 4.384, 5.143, 6.499, 5.481, 5.186])}
+    tried = [*_tried(("threshold", 6.183), ("powersgd", 6.278)), *_ran_off(runoff),
+             *_tried(("fp16", 15.32), ("dense", 30.968))]
+    terngrad, orq = 5, 3
+    assert auto.kept_plan(tried, 33.621) == terngrad and auto.rounds_won(tried) == [None] * len(tried)
+    assert auto.final_plans(tried, 33.621, 0.1) == ["terngrad", "orq"]
+    assert auto.final_plans(tried, 33.621, 0.05) == []  # orq is judged 5.4% above terngrad
+    # the final decides alone, between two plans that both passed the bar: the faster, here orq ...
+    tried[terngrad]["final_ms"] = [4.2, 4.4, 4.1, 4.3]
+    tried[orq]["final_ms"] = [4.0, 4.2, 4.3, 4.1]
+    assert auto.final_view(tried)[0] == [orq, terngrad] and auto.kept_plan(tried, 33.621) == orq
+    assert auto.kept_plan(tried, 1.0) == orq  # (dense's step is no bar in it: both beat dense in the runoff)
+    assert auto.final_plans(tried, 33.621, 0.1) == []  # one final at most
+    # ... or terngrad
+    tried[orq]["final_ms"] = [4.3, 4.5, 4.0, 4.4]
+    assert auto.kept_plan(tried, 33.621) == terngrad
+    # where dense ran off, both must have passed its bar: a (judged 3.8 ms) and b (4.5) each beat dense in all 3
+    # rounds, and b is within 20% of a, not 10%; where a won only 2 of 3, b alone passed, is kept, and has no final
+    both = [{"label": "a", "measured_ms": 2.5, "runoff_ms": [2.0, 4.0, 5.0]},
+            {"label": "b", "measured_ms": 2.8, "runoff_ms": [2.9, 4.5, 5.9]},
+            {"label": "dense", "measured_ms": 3.2, "runoff_ms": [3.0, 4.6, 6.0]}]
+    assert auto.rounds_won(both) == [3, 3, None] and auto.kept_plan(both, 9.0) == 0
+    assert auto.final_plans(both, 9.0, 0.2) == ["a", "b"] and auto.final_plans(both, 9.0, 0.1) == []
+    both[0]["runoff_ms"][2] = 7.0
+    assert auto.kept_plan(both, 9.0) == 1 and auto.final_plans(both, 9.0, 1.0) == []
 
 
 def test_auto_runoff_rounds_run_in_drawn_orders() -> None:
@@ -1030,7 +1066,7 @@ def test_auto_tuner_runs_off_the_close_plans_in_turn(monkeypatch: pytest.MonkeyP
         "(against the others in each round), faster than dense in 0 of 3 rounds, dropped",
         "(against the others in each round), dropped"], lines
     # fp16 judged faster than dense again (2.4 ms at the rounds' level, against 2.9), but faster in only 2 of the 3
-    # rounds: no plan is kept on the runoff, and fp16 runs a final against dense alone (final_plan), in as many rounds
+    # rounds: no plan is kept on the runoff, and fp16 runs a final against dense alone (final_plans), in as many rounds
     # as fit in runoff_s at their guard measurements (52 steps of 3.4 and 2.8 ms a round: 4), alternating, the first
     # round ending on dense, in force. Faster in all 4, fp16 is kept, and applied again
     runoff = {"fp16": [2.3, 2.4, 3.0], "threshold": [3.5, 3.6, 3.4], "dense": [2.8, 2.9, 2.7]}
@@ -1048,7 +1084,7 @@ def test_auto_tuner_runs_off_the_close_plans_in_turn(monkeypatch: pytest.MonkeyP
                        "plan": []})
     assert ("in the final against dense 2.5, 2.6, 2.4, 2.5 ms: judged 2.5 ms, faster than dense in 4 of 4 rounds, "
             "kept") in text, text
-    assert "in the final 2.8, 2.9, 2.7, 2.8 ms: judged 2.8 ms, dropped" in text, text
+    assert "in the final against fp16 2.8, 2.9, 2.7, 2.8 ms: judged 2.8 ms, dropped" in text, text
     # ... faster in 3 of the 4: dense is kept
     final["fp16"][2] = 2.8
     applied, report, replanned = guard(2, {"fp16": 3.4, "threshold": 3.5, "onebit": 4.3, "dense": 2.8}, 2.9,
@@ -1056,6 +1092,19 @@ def test_auto_tuner_runs_off_the_close_plans_in_turn(monkeypatch: pytest.MonkeyP
                                        dense_band=0.5, runoff_s=1.6)
     assert replanned == ["base"] and report["label"] == "dense", report
     assert [t.get("final_won") for t in report["tried"]] == [3, None, None, None], report
+    # three plans within 50% of each other run off, dense (9 ms) not among them: 3 rounds fit in runoff_s (52 steps of
+    # each, 0.48 s a round); a, judged fastest, would be kept, and b, within 10% of it, is next: the two run a final, in
+    # 5 rounds (0.32 s each), a first; b, faster in most of them, is kept and applied again
+    final = {"a": [3.2, 3.3, 3.2, 3.3, 3.2], "b": [3.0, 3.1, 3.0, 3.1, 3.0]}
+    applied, report, replanned = guard(2, {"a": 3.0, "b": 3.1, "c": 3.2}, 9.0,
+                                       {"a": [3.0, 3.1, 3.0, *final["a"]], "b": [3.1, 3.2, 3.1, *final["b"]],
+                                        "c": [3.6, 3.7, 3.6]}, dense_band=0.5, runoff_s=1.6)
+    assert len(applied) == 3 + 9 + 10 + 1 and sorted(applied[12:22]) == ["a"] * 5 + ["b"] * 5, applied
+    assert applied[22] == "b" and replanned == [] and report["label"] == "b", applied
+    assert [(t["label"], t.get("final_ms"), t["kept"]) for t in report["tried"]] == [
+        ("a", final["a"], False), ("b", final["b"], True), ("c", None, False)], report
+    text = auto.table({**report, "workers": 2, "dense_ms": 9.0, "dense_predicted_ms": 2.0, "measure_s": 0.0})
+    assert "in the final against a 3.0, 3.1, 3.0, 3.1, 3.0 ms: judged 3.0 ms, kept" in text, text
     # runoff: 0, or the two fastest 13% apart (dense's 4.25, fp16's 4.8): none; the guard's measurements decide
     for runoff, guard_ms in ((0, {"fp16": 4.26}), (2, {"fp16": 4.8, "b": 5.0})):
         applied, report, replanned = guard(runoff, guard_ms, 4.25, {})
