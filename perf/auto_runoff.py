@@ -1,26 +1,29 @@
 """``compression: auto``'s runoff against steady-state timing in one job, on the emulated cluster: does auto measure
 two plans as a benchmark that runs them for longer does? (Launches Y and AB of perf/auto.py kept fp16 on 2 hosts at
-10 Gbit/s, digits, where fp16 alone then ran 1.10x and 1.18x dense's step by throughput, and auto 1.22x and 1.14x.)
+10 Gbit/s, digits, where fp16 alone then ran 1.10x and 1.18x dense's step by throughput, and auto 1.22x and 1.14x;
+launches AB and AC kept terngrad on 2 hosts at 100 Mbit/s, where onebit alone ran 0.88x and 0.81x terngrad's step.)
 
-    .venv/bin/python perf/auto_runoff.py [--hosts 2] [--rates 10gbit]
+    .venv/bin/python perf/auto_runoff.py [--hosts 2] [--rates 10gbit] [--plans fp16 dense]
+    .venv/bin/python perf/auto_runoff.py --rates 100mbit --plans onebit terngrad
 
-One job per (hosts, rate), digits, 32 samples per rank, SGD with momentum 0.9 (as perf/auto.py), in turn:
+Two plans, A and B (``--plans``: each a method alone, with perf/auto.py's options, or dense). One job per (hosts,
+rate), digits, 32 samples per rank, SGD with momentum 0.9 (as perf/auto.py), in turn:
 
-1. ``auto`` with fp16 its only candidate and a runoff of 8 rounds forced (``runoff: 8``, both bands wide,
-   ``runoff_s: 0``: the two fastest plans tried and dense, and no final; the plans ranked may include a per-tensor
-   mix of fp16 and dense, and the report names what ran off), tuned 3 times (``retune()``); each tuning's plans run
-   off, their judged steps and rounds won, and the plan kept.
-2. The same optimizer, settled, switched between fp16 as auto applies it (``Tuner._apply``, the plan auto ranked) and
-   dense (its base config) in ROUNDS rounds, the order drawn each round, each plan 2 steps to settle and then 50
-   steps timed by auto's own measure (``hvdcomp.auto.step_ms`` of the intervals between step ends, the slowest
+1. ``auto`` with A's and B's methods its only candidates and a runoff of 8 rounds forced (``runoff: 8``, both bands
+   wide, ``runoff_s: 0``: the two fastest plans tried and dense, and no final; the plans ranked may include a
+   per-tensor mix, and the report names what ran off), tuned 3 times (``retune()``); each tuning's plans run off,
+   their judged steps and rounds won, and the plan kept.
+2. The same optimizer, settled, switched between A and B as auto applies them (``Tuner._apply``, the plans auto
+   ranked; dense: its base config) in ROUNDS rounds, the order drawn each round, each plan 2 steps to settle and then
+   50 steps timed by auto's own measure (``hvdcomp.auto.step_ms`` of the intervals between step ends, the slowest
    rank's) and by perf/auto.py's (each step's slowest rank's time: their mean; and their ``step_ms``).
-3. Separate models, one dense and one fp16 (``compression="fp16"``), interleaved the same way, each round as
-   perf/auto.py times its runs after its first (one untimed step, a barrier, then each step's slowest rank's time),
-   by the same three figures.
+3. Separate models, one for A and one for B (as perf/auto.py runs each method alone), interleaved the same way, each
+   round as perf/auto.py times its runs after its first (one untimed step, a barrier, then each step's slowest rank's
+   time), by the same three figures.
 4. ``auto`` with every default candidate and perf/auto.py's options, tuned 4 times: the plan kept (and the final's
    rounds won, where there was a final).
 
-Rows go to perf/results/auto_runoff.jsonl.
+Rows go to perf/results/auto_runoff.jsonl (``plans``: A and B; rows without it ran fp16 and dense).
 """
 
 from __future__ import annotations
@@ -38,10 +41,12 @@ from auto import AUTO, BATCH, CANDIDATE_OPTIONS
 
 RESULTS = "auto_runoff.jsonl"
 ROUNDS = 20
-FORCED = {"candidates": {"fp16": {}}, "runoff": 8, "runoff_s": 0, "runoff_band": 1.0, "dense_band": 1.0}
+#: auto's options in part 1 but the candidates: a runoff of 8 rounds, forced
+FORCED = {"runoff": 8, "runoff_s": 0, "runoff_band": 1.0, "dense_band": 1.0}
+PLANS = ("fp16", "dense")  # the rows without "plans"
 
 
-def worker() -> None:
+def worker(plans: list[str]) -> None:
     import horovod.torch as hvd
     import torch
     from torch import nn
@@ -103,30 +108,32 @@ def worker() -> None:
         step_once(warm, optimizer)
     del warm, optimizer
     draw = random.Random(0)
-    model, optimizer = make({"method": "auto", "options": {**AUTO, **FORCED}})
-    row: dict[str, Any] = {"forced": tunings(model, optimizer, 3)}
-    # fp16 applied exactly as auto applies it, dense as auto goes back to it (private: this is what is measured; the
-    # settled tuner's report then says "guard", which nothing reads here)
+    methods = {m: CANDIDATE_OPTIONS.get(m, {}) for m in plans if m != "dense"}
+    model, optimizer = make({"method": "auto", "options": {**AUTO, **FORCED, "candidates": methods}})
+    row: dict[str, Any] = {"plans": plans, "forced": tunings(model, optimizer, 3)}
+    # each plan applied exactly as auto applies it, dense as auto goes back to it (private: this is what is measured;
+    # the settled tuner's report then says "guard", which nothing reads here)
     tuner = optimizer._auto
-    switched: dict[str, list[dict[str, float]]] = {"dense": [], "fp16": []}
+    switched: dict[str, list[dict[str, float]]] = {label: [] for label in plans}
     for turn in range(ROUNDS):
-        for label in draw.sample(sorted(switched), 2):
-            if label == "fp16":
-                tuner._apply(optimizer, tuner.by_label["fp16"])
-            else:
+        for label in draw.sample(plans, 2):
+            if label == "dense":
                 optimizer._replan(tuner.base)
+            else:
+                tuner._apply(optimizer, tuner.by_label[label])
             for _ in range(2):
                 step_once(model, optimizer)
             switched[label].append(timed(model, optimizer, f"switched.{label}.{turn}"))
     row["switched"] = switched
     del model, optimizer, tuner
-    runs = {"dense": make("none"), "fp16": make("fp16")}
+    runs = {label: make("none" if label == "dense" else {"method": label, "options": methods[label]})
+            for label in plans}
     for model, optimizer in runs.values():
         for _ in range(5):
             step_once(model, optimizer)
-    separate: dict[str, list[dict[str, float]]] = {"dense": [], "fp16": []}
+    separate: dict[str, list[dict[str, float]]] = {label: [] for label in plans}
     for turn in range(ROUNDS):
-        for label in draw.sample(sorted(runs), 2):
+        for label in draw.sample(plans, 2):
             model, optimizer = runs[label]
             step_once(model, optimizer)
             hvd.allreduce(torch.zeros(1), name=f"separate.{label}.{turn}.barrier")
@@ -141,7 +148,8 @@ def worker() -> None:
 
 
 def report(row: dict[str, Any]) -> None:
-    print(f"{row['hosts']} hosts at {row['rate']}, digits, {row['time']}:")
+    a, b = row.get("plans", PLANS)
+    print(f"{row['hosts']} hosts at {row['rate']}, digits, {a} against {b}, {row['time']}:")
     for part in ("forced", "default"):
         for tuning in row[part]:
             ran_off = {t["label"]: t for t in tuning["tried"] if "runoff_ms" in t}
@@ -153,26 +161,34 @@ def report(row: dict[str, Any]) -> None:
             print(f"  auto ({part} candidates): kept {tuning['label']}; runoff: {text}")
     for part in ("switched", "separate"):
         for measure in ("auto_ms", "trimmed_ms", "mean_ms"):
-            dense, fp16 = ([r[measure] for r in row[part][label]] for label in ("dense", "fp16"))
-            faster = sum(f < d for f, d in zip(fp16, dense, strict=True))
-            print(f"  {part}, {measure}: medians of {len(dense)} rounds dense {statistics.median(dense):.2f} ms, fp16 "
-                  f"{statistics.median(fp16):.2f} ms ({statistics.median(fp16) / statistics.median(dense):.2f}x); "
-                  f"fp16 faster in {faster}")
+            mine, theirs = ([r[measure] for r in row[part][label]] for label in (a, b))
+            faster = sum(x < y for x, y in zip(mine, theirs, strict=True))
+            print(f"  {part}, {measure}: medians of {len(mine)} rounds {b} {statistics.median(theirs):.2f} ms, {a} "
+                  f"{statistics.median(mine):.2f} ms ({statistics.median(mine) / statistics.median(theirs):.2f}x); "
+                  f"{a} faster in {faster}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hosts", type=int, nargs="+", default=[2])
     parser.add_argument("--rates", nargs="+", default=["10gbit"])
+    parser.add_argument("--plans", nargs=2, default=list(PLANS), metavar=("A", "B"),
+                        help="the two plans: method names (perf/auto.py's candidates) or dense")
     parser.add_argument("--report", action="store_true", help="only print the latest rows")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        worker()
+        worker(args.worker)
         return
+    import hvdcomp
+
+    valid = {"dense", *hvdcomp.CompressionConfig.parse("auto").auto.methods()}  # auto's default candidates
+    if len(set(args.plans)) != 2 or not set(args.plans) <= valid:
+        parser.error(f"--plans: two different plans of {', '.join(sorted(valid))}; got {' '.join(args.plans)}")
     if not args.report:
-        clusterbench.run_settings(__file__, [], args.hosts, args.rates, timeout=1200, results=RESULTS)
-    for row in clusterbench.latest(clusterbench.load(RESULTS), "hosts", "rate"):
+        clusterbench.run_settings(__file__, args.plans, args.hosts, args.rates, timeout=1200, results=RESULTS)
+    rows = [{**row, "plans": tuple(row.get("plans", PLANS))} for row in clusterbench.load(RESULTS)]
+    for row in clusterbench.latest(rows, "hosts", "rate", "plans"):
         report(row)
 
 
