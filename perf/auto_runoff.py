@@ -156,8 +156,10 @@ def report(row: dict[str, Any]) -> None:
             text = "; ".join(f"{label} judged {t['judged_ms']:.2f} ms"
                              + (f", won {t['rounds_won']} of {len(t['runoff_ms'])}" if "rounds_won" in t else "")
                              for label, t in ran_off.items())
-            text += "".join(f"; in the final {t['label']} won {t['final_won']} of {len(t['final_ms'])}"
-                            for t in tuning["tried"] if "final_won" in t)
+            text += "".join(f"; in the final {t['label']}"  # (judged: in the report from b587d4c on)
+                            + (f" judged {t['final_judged_ms']:.2f} ms" if "final_judged_ms" in t else "")
+                            + (f", won {t['final_won']} of {len(t['final_ms'])}" if "final_won" in t else "")
+                            for t in tuning["tried"] if "final_ms" in t)
             print(f"  auto ({part} candidates): kept {tuning['label']}; runoff: {text}")
     for part in ("switched", "separate"):
         for measure in ("auto_ms", "trimmed_ms", "mean_ms"):
