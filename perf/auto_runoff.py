@@ -10,8 +10,9 @@ Two plans, A and B (``--plans``: each a method alone, with perf/auto.py's option
 rate), digits, 32 samples per rank, SGD with momentum 0.9 (as perf/auto.py), in turn:
 
 1. ``auto`` with A's and B's methods its only candidates and a runoff of 8 rounds forced (``runoff: 8``, both bands
-   wide, ``runoff_s: 0``: the two fastest plans tried and dense, and no final; the plans ranked may include a
-   per-tensor mix, and the report names what ran off), tuned 3 times (``retune()``); each tuning's plans run off,
+   wide, ``runoff_s: 0``: the two fastest plans tried, and dense if it measured within 2x of the fastest, and no
+   final; the plans ranked may include a per-tensor mix, which may run off in A's or B's place, and the report
+   names what ran off), tuned 3 times (``retune()``); each tuning's plans run off,
    their judged steps and rounds won, and the plan kept.
 2. The same optimizer, settled, switched between A and B as auto applies them (``Tuner._apply``, the plans auto
    ranked; dense: its base config) in ROUNDS rounds, the order drawn each round, each plan 2 steps to settle and then
@@ -114,9 +115,13 @@ def worker(plans: list[str]) -> None:
     # each plan applied exactly as auto applies it, dense as auto goes back to it (private: this is what is measured;
     # the settled tuner's report then says "guard", which nothing reads here)
     tuner = optimizer._auto
+    for label in plans:
+        if label != "dense" and label not in tuner.by_label:
+            raise RuntimeError(f"auto did not rank {label} alone in this job (left out: "
+                               f"{tuner.report.get('excluded', {}).get(label, 'not a candidate')})")
     switched: dict[str, list[dict[str, float]]] = {label: [] for label in plans}
     for turn in range(ROUNDS):
-        for label in draw.sample(plans, 2):
+        for label in draw.sample(sorted(plans), 2):
             if label == "dense":
                 optimizer._replan(tuner.base)
             else:
@@ -133,7 +138,7 @@ def worker(plans: list[str]) -> None:
             step_once(model, optimizer)
     separate: dict[str, list[dict[str, float]]] = {label: [] for label in plans}
     for turn in range(ROUNDS):
-        for label in draw.sample(plans, 2):
+        for label in draw.sample(sorted(plans), 2):
             model, optimizer = runs[label]
             step_once(model, optimizer)
             hvd.allreduce(torch.zeros(1), name=f"separate.{label}.{turn}.barrier")

@@ -857,6 +857,22 @@ def test_auto_runs_a_final_of_the_plan_kept_and_the_next() -> None:
     assert auto.kept_plan(both, 9.0) == 1 and auto.final_plans(both, 9.0, 1.0) == []
 
 
+def test_auto_runoff_rounds_fit_in_runoff_s() -> None:
+    steps = {"a": 3.0, "b": 3.1}  # 52 steps of each a round: 317.2 ms
+
+    def per(label: str) -> int:
+        return 52
+
+    assert auto.runoff_rounds(steps, 3, 0.952, per) == 3  # 951.6 ms: 3 fit
+    assert auto.runoff_rounds(steps, 3, 0.95, per) == 0  # 3 do not: none
+    assert auto.runoff_rounds(steps, 2, 0.95, per) == 2
+    assert auto.runoff_rounds(steps, 3, 10.0, per) == 8  # MAX_RUNOFF_ROUNDS at most ...
+    assert auto.runoff_rounds(steps, 10, 10.0, per) == 10  # ... unless more are asked for
+    assert auto.runoff_rounds(steps, 3, 0, per) == 0  # runoff_s 0: never
+    assert auto.runoff_rounds({"a": 0.0, "b": 0.0}, 3, 10.0, per) == 0  # nothing measured
+    assert auto.runoff_rounds({}, 3, 10.0, per) == 0  # no plans
+
+
 def test_auto_runoff_rounds_run_in_drawn_orders() -> None:
     ranked = ["a", "b", "c", "d"]  # fastest first
     sequence = auto.runoff_sequence(ranked, 8, "b")
@@ -1094,17 +1110,29 @@ def test_auto_tuner_runs_off_the_close_plans_in_turn(monkeypatch: pytest.MonkeyP
     assert [t.get("final_won") for t in report["tried"]] == [3, None, None, None], report
     # three plans within 50% of each other run off, dense (9 ms) not among them: 3 rounds fit in runoff_s (52 steps of
     # each, 0.48 s a round); a, judged fastest, would be kept, and b, within 10% of it, is next: the two run a final, in
-    # 5 rounds (0.32 s each), a first; b, faster in most of them, is kept and applied again
+    # 5 rounds (0.32 s each), alternating, the first slowest first and ending on a; b, faster in most of them, is
+    # kept and applied again
     final = {"a": [3.2, 3.3, 3.2, 3.3, 3.2], "b": [3.0, 3.1, 3.0, 3.1, 3.0]}
     applied, report, replanned = guard(2, {"a": 3.0, "b": 3.1, "c": 3.2}, 9.0,
                                        {"a": [3.0, 3.1, 3.0, *final["a"]], "b": [3.1, 3.2, 3.1, *final["b"]],
                                         "c": [3.6, 3.7, 3.6]}, dense_band=0.5, runoff_s=1.6)
-    assert len(applied) == 3 + 9 + 10 + 1 and sorted(applied[12:22]) == ["a"] * 5 + ["b"] * 5, applied
+    assert len(applied) == 3 + 9 + 10 + 1 and applied[12:22] == ["b", "a"] * 5, applied
     assert applied[22] == "b" and replanned == [] and report["label"] == "b", applied
     assert [(t["label"], t.get("final_ms"), t["kept"]) for t in report["tried"]] == [
         ("a", final["a"], False), ("b", final["b"], True), ("c", None, False)], report
     text = auto.table({**report, "workers": 2, "dense_ms": 9.0, "dense_predicted_ms": 2.0, "measure_s": 0.0})
     assert "in the final against a 3.0, 3.1, 3.0, 3.1, 3.0 ms: judged 3.0 ms, kept" in text, text
+    # runoff 3 asked for and runoff_s 0 (no wide runoff): a, b and dense (3.4 ms, within dense_band) run off in 3
+    # rounds; a and b both beat dense in all 3, and b is judged within 10% of a, but 3 rounds of a final do not fit in
+    # runoff_s: no final, and a is kept
+    applied, report, replanned = guard(3, {"a": 3.0, "b": 3.1, "c": 3.6}, 3.4,
+                                       {"a": [3.0, 3.1, 3.0], "b": [3.1, 3.2, 3.1], "dense": [3.5, 3.6, 3.5]},
+                                       dense_band=0.5)
+    assert auto.final_plans(report["tried"], 3.4, 0.1) == ["a", "b"] and report["label"] == "a", report
+    assert [(t["label"], len(t.get("runoff_ms", ())), t.get("final_ms")) for t in report["tried"]] == [
+        ("a", 3, None), ("b", 3, None), ("c", 0, None), ("dense", 3, None)], report
+    assert applied == ["a", "b", "c", "dense", "b", "a", "b", "dense", "a", "b", "dense", "a"] and replanned == [], \
+        applied
     # runoff: 0, or the two fastest 13% apart (dense's 4.25, fp16's 4.8): none; the guard's measurements decide
     for runoff, guard_ms in ((0, {"fp16": 4.26}), (2, {"fp16": 4.8, "b": 5.0})):
         applied, report, replanned = guard(runoff, guard_ms, 4.25, {})
