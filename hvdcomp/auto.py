@@ -63,8 +63,8 @@ in the same step on every rank):
    ``runoff_band`` of it, and the faster in the final is kept; where none is kept and dense ran off, the fastest of
    the others and dense, if it was judged within ``runoff_band`` above dense or faster, and the final decides by the
    same rule. A final runs in as many rounds as fit in ``runoff_s`` by their measured steps, 3 to 8 (none where 3 do
-   not fit: :func:`runoff_rounds`), and its rounds alone decide: a round of a wide runoff measures two plans far
-   apart.
+   not fit: :func:`runoff_rounds`), and its rounds alone decide: a round of three plans or more measures two of them
+   far apart.
 
 Candidates: every registered method (``hvdcomp.METHODS``: a method added later joins) with its default options, or
 those of ``candidates``, but those in :data:`ACCURACY_GUARD` unless ``allow`` names them, and, where the wrapped
@@ -193,9 +193,9 @@ class AutoSettings:
             measured within ``dense_band`` of the fastest (dense among them) take at most this (typically
             millisecond steps), all of them run off, in as many rounds as take this, ``runoff`` at least and else
             MAX_RUNOFF_ROUNDS at most (:func:`wide_runoff`): there one measurement can be off by 2x (perf/RESULTS.md),
-            and measuring is cheap; and then a final of two of them (:func:`final_plans`), in as many rounds as fit
-            in this again, BLOCK_ROUNDS to MAX_RUNOFF_ROUNDS, and none where BLOCK_ROUNDS do not
-            (:func:`runoff_rounds`); 0: never.
+            and measuring is cheap; and after any runoff of three plans or more in BLOCK_ROUNDS rounds or more, a
+            final of two of them (:func:`final_plans`), in as many rounds as fit in this, BLOCK_ROUNDS to
+            MAX_RUNOFF_ROUNDS, and none where BLOCK_ROUNDS do not (:func:`runoff_rounds`); 0: never.
         repeats: timed runs of each candidate's encoding and decoding per gradient (the median is kept).
     """
 
@@ -486,8 +486,8 @@ def kept_plan(tried: Sequence[Mapping[str, Any]], dense_ms: float) -> int | None
     finalists, final = final_view(tried)
     if finalists:
         if all(tried[i]["label"] != "dense" for i in finalists):  # both passed the bar against dense: the faster
-            judged = judged_ms(final)
-            return finalists[min(range(len(final)), key=judged.__getitem__)]
+            judged, before = judged_ms(final), judged_ms(tried)  # a tie: the one the runoff judged faster
+            return finalists[min(range(len(final)), key=lambda k: (judged[k], before[finalists[k]]))]
         kept = kept_plan(final, dense_ms)
         return None if kept is None else finalists[kept]
     passing = _passing(tried, dense_ms)[0]
@@ -969,7 +969,7 @@ def table(report: Mapping[str, Any]) -> str:
                      "faster than dense)")
     lines.append(f"dense step: measured {report['dense_ms']:.1f} ms, predicted {report['dense_predicted_ms']:.1f} ms; "
                  f"measuring took {report['measure_s']:.1f} s")
-    finalists = [tried["label"] for tried in report["tried"] if tried.get("final_ms")]
+    finalists = [report["tried"][i]["label"] for i in final_view(report["tried"])[0]]
     for tried in report["tried"]:
         measured = "not measured" if tried["measured_ms"] is None else f"measured {tried['measured_ms']:.1f} ms"
         if tried.get("dense_steps"):

@@ -843,8 +843,10 @@ def test_auto_runs_a_final_of_the_plan_kept_and_the_next() -> None:
     assert auto.final_view(tried)[0] == [orq, terngrad] and auto.kept_plan(tried, 33.621) == orq
     assert auto.kept_plan(tried, 1.0) == orq  # (dense's step is no bar in it: both beat dense in the runoff)
     assert auto.final_plans(tried, 33.621, 0.1) == []  # one final at most
-    # ... or terngrad
+    # ... or terngrad; a tie goes to the plan the runoff judged faster, terngrad
     tried[orq]["final_ms"] = [4.3, 4.5, 4.0, 4.4]
+    assert auto.kept_plan(tried, 33.621) == terngrad
+    tried[orq]["final_ms"] = list(tried[terngrad]["final_ms"])
     assert auto.kept_plan(tried, 33.621) == terngrad
     # where dense ran off, both must have passed its bar: a (judged 3.8 ms) and b (4.5) each beat dense in all 3
     # rounds, and b is within 20% of a, not 10%; where a won only 2 of 3, b alone passed, is kept, and has no final
