@@ -533,7 +533,9 @@ def final_plans(tried: Sequence[Mapping[str, Any]], dense_ms: float, band: float
     step, runoffs of every candidate kept dense where fp16 won 6 of 8 rounds, and where it won 3 of 5 and was judged
     2.80 ms against dense's 2.78; the six runoffs of fp16 and dense alone, at 1 and 10 Gbit/s, all judged right
     (``perf/auto_runoff.py``, perf/RESULTS.md). On 2 hosts at 100 Mbit/s, digits, launches AB and AC kept terngrad,
-    judged 3 to 7% faster than the next plans, where onebit alone ran 0.88x and 0.81x terngrad's step."""
+    judged 3 to 7% faster than the next plans, where onebit alone ran 0.88x and 0.81x terngrad's step (but switched
+    in one optimizer, as auto runs them, onebit ran 0.92x to 0.98x terngrad's step in a job of its own: a final
+    settles what auto's own plan runs at, which is what a user gets)."""
     ran_off = [i for i, t in enumerate(tried) if "runoff_ms" in t]
     if final_view(tried)[0] or len(ran_off) < 3 or len(tried[ran_off[0]]["runoff_ms"]) < BLOCK_ROUNDS:
         return []
