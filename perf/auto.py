@@ -282,15 +282,17 @@ def tried_text(r: dict[str, Any]) -> str:
     return "; ".join(f"{t['label']}: {ms(t['predicted_ms'])} -> {ms(t['measured_ms'])}"
                      + (" (dense steps)" if t.get("dense_steps") else "")
                      + (" (widened)" if t.get("widened") else "")
-                     + (f" (runoff {', '.join(map(ms, t['runoff_ms']))}: {judged_text(t)}"
-                        + (f"; faster than dense in {t['rounds_won']} of {len(t['runoff_ms'])}"
-                           if "rounds_won" in t else "") + ")"
+                     + (rounds_text("runoff", t["runoff_ms"], f": {judged_text(t)}", t.get("rounds_won"))
                         if "runoff_ms" in t else "")
-                     + (f" (final {', '.join(map(ms, t['final_ms']))}"
-                        + (f"; faster than dense in {t['final_won']} of {len(t['final_ms'])}"
-                           if "final_won" in t else "") + ")"
-                        if "final_ms" in t else "")
+                     + (rounds_text("final", t["final_ms"], "", t.get("final_won")) if "final_ms" in t else "")
                      + (" kept" if t["kept"] else "") for t in r["tried"]) or "none tried"
+
+
+def rounds_text(kind: str, measured: list[float], judged: str, won: int | None) -> str:
+    """A plan's measurements in a runoff or a final (``kind``), then ``judged``, and the rounds it was faster than
+    dense in, where counted."""
+    return (f" ({kind} {', '.join(map(ms, measured))}{judged}"
+            + (f"; faster than dense in {won} of {len(measured)}" if won is not None else "") + ")")
 
 
 def totals(table: list[dict[str, Any]], figure: str) -> None:
