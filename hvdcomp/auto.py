@@ -672,7 +672,7 @@ class Tuner:
         started = time.perf_counter()
         live, excluded, fusion = self._live_profile(optimizer)
         cluster, links = _live_cluster(optimizer.process_set, optimizer._slots[0].param.device, live.dense_bytes,
-                                       fusion)
+                                       fusion, optimizer._wait)
         workers, margin = optimizer.process_set.size(), self.settings.margin
         plans = predict.choose_plans(cluster, live, workers, list(live.compressors), margin)
         self.by_label = {p.label: p for p in plans}
@@ -876,17 +876,17 @@ class Tuner:
         self._next_plan(optimizer)
 
 
-def _live_cluster(process_set: Any, device: torch.device, largest: int,
-                  fusion: int) -> tuple[Cluster, dict[str, dict[str, float]]]:
+def _live_cluster(process_set: Any, device: torch.device, largest: int, fusion: int,
+                  wait: Callable[[int, str], Any]) -> tuple[Cluster, dict[str, dict[str, float]]]:
     """The links as the job's collectives see them: Horovod's negotiation round
     (:func:`hvdcomp.perfmodel.probe.horovod_round`), then its allreduce, allgather and alltoall among the process
     set's ranks on ``device``, at sizes up to ``largest`` bytes (:func:`link_sizes`), fitted (the slowest rank's
     times), with Horovod's tensor fusion up to ``fusion`` bytes; and, for the report, the round's latency and each
-    collective's latency and bus bandwidth. (These collectives are Horovod's blocking calls, outside the optimizer's
-    deadline.)"""
+    collective's latency and bus bandwidth. Each of these collectives is waited for with ``wait`` (the optimizer's
+    deadline): a rank lost or stalled while the others probe ends the job as it would in a step."""
     from hvdcomp.perfmodel import probe, profile, schema
 
-    group = profile.ProcessSetRanks(process_set, PREFIX)
+    group = profile.ProcessSetRanks(process_set, f"{PREFIX}.probe", wait)
     round_s = probe.horovod_round(group, device, process_set, budget_s=0.2, prefix=f"{PREFIX}.probe")
     links = probe.horovod_collectives(group, link_sizes(largest), device, process_set, budget_s=0.2,
                                       prefix=f"{PREFIX}.probe", round_s=round_s)

@@ -27,6 +27,7 @@ import hvdcomp
 from hvdcomp import reductions
 from hvdcomp.collectives import Agree, Allgather, Allreduce, Alltoall, Broadcast, Reduction, run_alone
 from hvdcomp.compressor import Compressor, Context, Payload, State
+from hvdcomp.perfmodel import probe
 
 torch.set_num_threads(1)  # several ranks share 2 cores
 
@@ -457,9 +458,9 @@ def scenario_powersgd_reference() -> None:
 
     port = None
     if hvd.rank() == 0:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
+        with socket.socket() as listener:
+            listener.bind(("127.0.0.1", 0))
+            port = listener.getsockname()[1]
     port = hvd.broadcast_object(port, name="powersgd.port")
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=hvd.rank(), world_size=hvd.size())
     rank_r, start_iter, steps = 2, 2, 7
@@ -1104,20 +1105,32 @@ def scenario_stall() -> None:
         optimizer.step()
 
 
-def scenario_auto_stall() -> None:
-    """Rank 1 stalls (sleeps) as auto ends its first measurement of a plan, before the ranks agree on its slowest
-    rank's step: with a short deadline (2 s, or 3x the slowest step; 120 s at start-up) every other rank reports the
-    collective it waited for (hvdcomp.auto.agree.max) and the job ends, long before rank 1 wakes up. (If auto
-    settled without measuring a plan, the scenario would end, and the test fail on its exit status.)"""
+def _auto_stalled(owner: Any, name: str) -> None:
+    """auto's run with a short deadline (2 s, or 3x the slowest step; 120 s at start-up), in which rank 1 stalls
+    (sleeps 300 s) where it would call ``owner.name``: every other rank reports the collective it waited for and
+    the job ends, long before rank 1 wakes up. (If auto settled without reaching ``name``, the scenario would end,
+    and the test fail on its exit status.)"""
     if hvd.rank() == 1:
-        judge = hvdcomp.auto.Tuner._judge
+        call = getattr(owner, name)
 
-        def stalled(self: hvdcomp.auto.Tuner, optimizer: Any) -> None:
+        def stalled(*args: Any, **kwargs: Any) -> Any:
             time.sleep(300)
-            judge(self, optimizer)
+            return call(*args, **kwargs)
 
-        hvdcomp.auto.Tuner._judge = stalled
+        setattr(owner, name, stalled)
     auto_run({"scalar_test": {}}, deadline=hvdcomp.Deadline(factor=3, floor_s=2, startup_s=120))
+
+
+def scenario_auto_stall() -> None:
+    """Rank 1 stalls as auto ends its first measurement of a plan, before the ranks agree on its slowest rank's step
+    (rank 0 waits in hvdcomp.auto.agree.max)."""
+    _auto_stalled(hvdcomp.auto.Tuner, "_judge")
+
+
+def scenario_auto_stall_probe() -> None:
+    """Rank 1 stalls between auto's probe of Horovod's negotiation round and of its collectives (rank 0 waits in
+    the probe's barrier, hvdcomp.auto.probe.barrier)."""
+    _auto_stalled(probe, "horovod_collectives")
 
 
 SCENARIOS = {name[len("scenario_"):]: fn for name, fn in globals().items() if name.startswith("scenario_")}

@@ -74,14 +74,17 @@ def test_a_stalled_rank_ends_the_job_at_the_deadline(controller: str) -> None:
                      r"now: none; reachable: 1\)", result.output), result.output[-3000:]
 
 
-def test_a_rank_stalled_while_auto_measures_ends_the_job_at_the_deadline() -> None:
-    """Rank 1 sleeps 300 s where auto ends a plan's measurement (tests/ranks.py, auto_stall): rank 0 names the
-    agreeing collective it waited for, in auto's guard, and the job ends."""
+@pytest.mark.parametrize(("scenario", "collective"), [("auto_stall", "agree.max"),
+                                                     ("auto_stall_probe", "probe.barrier")])
+def test_a_rank_stalled_while_auto_measures_ends_the_job_at_the_deadline(scenario: str, collective: str) -> None:
+    """Rank 1 sleeps 300 s while auto measures (tests/ranks.py): where it ends a plan's measurement (auto_stall)
+    or between the probe's round and its collectives (auto_stall_probe). Rank 0 names the collective it waited
+    for, and the job ends."""
     start = time.monotonic()
-    result = run_ranks([str(REPO / "tests" / "ranks.py"), "auto_stall"], 2, timeout=120)
+    result = run_ranks([str(REPO / "tests" / "ranks.py"), scenario], 2, timeout=120)
     assert result.returncode != 0 and time.monotonic() - start < 60, result.output[-3000:]
-    assert re.search(r"hvdcomp: rank 0 on \S+ waited \d+\.\d s for collective 'hvdcomp\.auto\.agree\.max' in step "
-                     r"\d+ ", result.output), result.output[-3000:]
+    waited = rf"hvdcomp: rank 0 on \S+ waited \d+\.\d s for collective 'hvdcomp\.auto\.{re.escape(collective)}' "
+    assert re.search(waited + r"in step \d+ ", result.output), result.output[-3000:]
 
 
 @pytest.mark.parametrize("controller", CONTROLLERS)

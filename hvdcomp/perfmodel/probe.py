@@ -286,9 +286,10 @@ def horovod_round(ranks: Any, device: Any = None, process_set: Any = None, budge
                                device=device)) for dtype in ROUND_DTYPES]
 
     def together(count: int) -> None:
-        handles = [hvd.allreduce_async(tensor, name=f"{prefix}.round.{count}.{i}", op=hvd.Sum,
-                                       process_set=process_set) for i, tensor in enumerate(tensors[:count])]
-        done([hvd.synchronize(handle) for handle in handles])
+        names = [f"{prefix}.round.{count}.{i}" for i in range(count)]
+        handles = [hvd.allreduce_async(tensor, name=name, op=hvd.Sum, process_set=process_set)
+                   for name, tensor in zip(names, tensors[:count], strict=True)]
+        done([ranks.wait(handle, name) for handle, name in zip(handles, names, strict=True)])
 
     times = {}
     for count in (1, len(tensors)):
@@ -305,9 +306,10 @@ def horovod_collectives(ranks: Any, sizes: list[int], device: Any = None, proces
                         round_s: float = 0.0) -> dict[str, dict[str, Any]]:
     """Horovod's allreduce, allgather and alltoall on ``device``'s tensors (CPU: MPI or Gloo; CUDA: NCCL) among
     ``process_set``'s ranks (default: all), fitted per collective; ``ranks`` (:class:`hvdcomp.perfmodel.profile.Ranks`:
-    the same ranks) synchronizes the timing, and every rank returns the same (the slowest rank's times). About
-    ``budget_s`` per size and collective; the collectives are named under ``prefix``. ``round_s``, a negotiation
-    round's seconds (:func:`horovod_round`), is taken off each fitted latency: what remains is the collective's own."""
+    the same ranks) synchronizes the timing and waits for each collective (its ``wait``), and every rank returns the
+    same (the slowest rank's times). About ``budget_s`` per size and collective; the collectives are named under
+    ``prefix``. ``round_s``, a negotiation round's seconds (:func:`horovod_round`), is taken off each fitted latency:
+    what remains is the collective's own."""
     import horovod.torch as hvd
     import torch
 
@@ -317,14 +319,17 @@ def horovod_collectives(ranks: Any, sizes: list[int], device: Any = None, proces
     # (the input for n bytes, the collective on it); the input is made once per size, outside the timed calls
     # (at 64 MiB its allocation and fill took 40 to 50 ms, a third of the allreduce, on the emulated cluster)
     done = _finished(on["device"])
-    within = {"process_set": process_set}
+
+    def waited(start: Callable[..., int], x: Any, name: str, **options: Any) -> Any:
+        return done(ranks.wait(start(x, name=name, process_set=process_set, **options), name))
+
     calls = {
         "allreduce": (lambda n: done(torch.ones(n // 4, **on)),
-                      lambda x, n: done(hvd.allreduce(x, name=f"{prefix}.ar.{n}", op=hvd.Sum, **within))),
+                      lambda x, n: waited(hvd.allreduce_async, x, f"{prefix}.ar.{n}", op=hvd.Sum)),
         "allgather": (lambda n: done(torch.ones(n // p, dtype=torch.uint8, **on)),
-                      lambda x, n: done(hvd.allgather(x, name=f"{prefix}.ag.{n}", **within))),
+                      lambda x, n: waited(hvd.allgather_async, x, f"{prefix}.ag.{n}")),
         "alltoall": (lambda n: done(torch.ones(n // p * p, dtype=torch.uint8, **on)),
-                     lambda x, n: done(hvd.alltoall(x, name=f"{prefix}.a2a.{n}", **within))),
+                     lambda x, n: waited(hvd.alltoall_async, x, f"{prefix}.a2a.{n}")),
     }
     result = {}
     for collective, (make, call) in calls.items():

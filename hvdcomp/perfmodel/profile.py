@@ -87,24 +87,41 @@ class Ranks:
 
         return self.comm.allreduce(value, op=MPI.MAX)
 
+    def wait(self, handle: int, name: str) -> Any:
+        """The result of the Horovod collective ``handle`` (named ``name``) that these ranks timed: waited for
+        without a deadline (``hvd.synchronize``)."""
+        import horovod.torch as hvd
+
+        return hvd.synchronize(handle)
+
 
 class ProcessSetRanks(Ranks):
     """The ranks of a Horovod process set, measuring together through Horovod's own collectives (any controller:
-    what a running job has); collectives are named under ``prefix``."""
+    what a running job has); collectives are named under ``prefix``. ``wait(handle, name)`` waits for each of them,
+    and for the collectives timed with these ranks (:meth:`Ranks.wait`): a running job's bounds the wait with its
+    deadline (the hvdcomp optimizer's ``_wait``); None waits without one. The barrier is an allreduce of one number,
+    which no rank leaves before every rank has entered (``hvd.barrier`` has no asynchronous form to bound)."""
 
-    def __init__(self, process_set: Any, prefix: str) -> None:
+    def __init__(self, process_set: Any, prefix: str, wait: Callable[[int, str], Any] | None = None) -> None:
         import horovod.torch as hvd
 
-        self.hvd, self.process_set, self.prefix = hvd, process_set, prefix
+        self.hvd, self.process_set, self.prefix, self._wait = hvd, process_set, prefix, wait
         self.comm = None
         self.rank, self.size = process_set.rank(), process_set.size()
 
+    def wait(self, handle: int, name: str) -> Any:
+        return self.hvd.synchronize(handle) if self._wait is None else self._wait(handle, name)
+
+    def _max(self, value: float, name: str) -> float:
+        name = f"{self.prefix}.{name}"
+        return self.wait(self.hvd.allreduce_async(torch.tensor([value], dtype=torch.float64), op=self.hvd.Max,
+                                                  name=name, process_set=self.process_set), name).item()
+
     def barrier(self) -> None:
-        self.hvd.barrier(process_set=self.process_set)
+        self._max(0.0, "barrier")
 
     def slowest(self, value: float) -> float:
-        return self.hvd.allreduce(torch.tensor([value], dtype=torch.float64), op=self.hvd.Max,
-                                  name=f"{self.prefix}.slowest", process_set=self.process_set).item()
+        return self._max(value, "slowest")
 
 
 CPU = torch.device("cpu")
