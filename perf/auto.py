@@ -18,8 +18,11 @@ steps come after its warm-up (5 steps, 1 for synthetic at 100 Mbit/s, and PowerS
 method's after a dense run of twice that (the first steps of a job run slower); ``auto``'s after it settled. Each
 step's time is its slowest rank's. The timed steps: for synthetic, after one more step (a probe, not counted), as many
 steps as take about 12 s by the probe's time, up to 30 and at least 3 at 100 Mbit/s (a dense step on 4 hosts takes
-over 10 s) or 6 on faster links, in one round; for digits 600, in 30 rounds of 20 steps in which every run (dense, each
-method, auto, dense again) takes its turn (each round in another order, and after one untimed step). A millisecond
+over 10 s) or 6 on faster links, in a first round; then auto and the 4 fastest other runs within 1.25x of the fastest
+(:func:`contenders`; the others' rows are written after their first round) go on for 5 more rounds of 3 steps, in
+turn (up to launch AG, on 2026-11-25, the first round was all); for digits 600, in 30 rounds of 20 steps in which
+every run (dense, each method, auto, dense again) takes its turn. Each round after the first runs in another order,
+and each run in it after one untimed step. A millisecond
 step's time drifts between runs on the emulated links (their token buckets refill at 4 ms timer ticks), and
 interleaving compares the runs under the same drift. A run's step time is its throughput, ``mean_step_s``: each round's
 mean step, the median over the rounds (a throughput figure that one slow round does not decide). The rows also hold
@@ -39,6 +42,7 @@ Rows go to perf/results/auto.jsonl.
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import random
 import statistics
@@ -62,6 +66,14 @@ ROUNDS = 30
 #: faster links), up to SYNTHETIC_STEPS steps
 SYNTHETIC_S = 12.0
 SYNTHETIC_STEPS = 30
+#: synthetic: after that first round, auto and the CONTENDERS fastest other runs within CONTENDER_BAND of the fastest
+#: go on in turn for SYNTHETIC_ROUNDS rounds in all, SYNTHETIC_BLOCK steps each (launch AH on; one round before: a
+#: second-long step drifts by 10% and more within a run, and auto and the plan it kept, run alone, timed 0.82x in
+#: launch AE and 1.12x in AG on 4 hosts at 100 Mbit/s)
+SYNTHETIC_ROUNDS = 6
+SYNTHETIC_BLOCK = 3
+CONTENDERS = 4
+CONTENDER_BAND = 1.25
 CONTROL = "dense again"
 RESAMPLINGS = 2000  # draws of the rounds (resampled)
 #: the figures a setting is judged by: row key -> what it is
@@ -87,10 +99,10 @@ def worker(workloads: list[str], rate: str) -> None:
     def measure(workload: str) -> None:
         data = BUILT_IN[workload](0).data
         warmup = 1 if workload == "synthetic" and rate == "100mbit" else 5
-        # digits: ROUNDS rounds of 20 steps, every run in turn (the same drift of the links for all); synthetic: one,
-        # of at least this many steps (more for shorter steps: run_steps)
+        # digits: ROUNDS rounds of 20 steps, every run in turn (the same drift of the links for all); synthetic: a
+        # first of at least this many steps (more for shorter steps: run_steps), then SYNTHETIC_BLOCK for contenders
         block = 20 if workload == "digits" else 3 if rate == "100mbit" else 6
-        rounds = ROUNDS if workload == "digits" else 1
+        rounds = ROUNDS if workload == "digits" else SYNTHETIC_ROUNDS
 
         def step_once(model: nn.Module, optimizer: torch.optim.Optimizer, step: int, data: Any = data) -> None:
             start = ((step * size + rank) * BATCH) % (len(data.train_x) - BATCH)
@@ -129,8 +141,7 @@ def worker(workloads: list[str], rate: str) -> None:
                 compression = {"method": method, "options": candidates[method]}
             optimizer = hvdcomp.DistributedOptimizer(sgd, named_parameters=model.named_parameters(),
                                                      compression=compression)
-            row: dict[str, Any] = {"workload": workload, "method": method, "ranks": size, "batch_size": BATCH,
-                                   "steps": block * rounds, "rounds": rounds}
+            row: dict[str, Any] = {"workload": workload, "method": method, "ranks": size, "batch_size": BATCH}
             if method != "auto":
                 first = warmup + 2 if method == "powersgd" else warmup
                 for step in range(first):
@@ -159,47 +170,78 @@ def worker(workloads: list[str], rate: str) -> None:
         del model, optimizer
         runs: dict[str, list[Any]] = {}
         times: dict[str, list[list[float]]] = {}  # per round
+
+        def finish(method: str) -> None:
+            """The run's row: its rounds, each round's step count, every step, and the step time by each figure."""
+            row = runs.pop(method)[3]  # (synthetic: 25 M parameters and their method state per run)
+            every = [t for steps_s in times[method] for t in steps_s]
+            quartiles = statistics.quantiles(every, n=4)
+            # throughput: each round's mean step, the median over the rounds
+            row.update(steps=len(every), rounds=len(times[method]), round_steps=[len(t) for t in times[method]],
+                       step_s=quartiles[1], step_p25_s=quartiles[0], step_p75_s=quartiles[2],
+                       mean_step_s=statistics.median(map(statistics.fmean, times[method])),
+                       steps_s=[round(t, 6) for t in every])
+            if rank == 0:
+                clusterbench.emit(row)
+
         methods = ["dense", *candidates, "auto", CONTROL]
         for turn in range(rounds):
             # each round starting from another run (the order rotated), and from the second on one untimed
             # step per run first (the runs share collective names, which Horovod negotiates anew for each)
             for method in methods[turn % len(methods):] + methods[:turn % len(methods)]:
+                if turn and method not in runs:
+                    continue  # synthetic: not a contender (contenders)
                 if method not in runs:
                     runs[method] = list(start(method))
-                model, optimizer, first, row = runs[method]
+                model, optimizer, first = runs[method][:3]
                 steps = block
                 if turn:
                     step_once(model, optimizer, first)
                     first += 1
+                    steps = block if workload == "digits" else SYNTHETIC_BLOCK
                 elif workload == "synthetic":
                     steps = run_steps(model, optimizer, first, f"{workload}.{method}")
                     first += 1
-                    row["steps"] = steps
                 times.setdefault(method, []).append(timed(model, optimizer, first, f"{workload}.{method}.{turn}",
                                                           steps))
                 runs[method][2] = first + steps
-                if turn == rounds - 1:
-                    del runs[method], model, optimizer  # (synthetic: 25 M parameters and their method state per run)
-                    every = [t for steps_s in times[method] for t in steps_s]
-                    quartiles = statistics.quantiles(every, n=4)
-                    # throughput: each round's mean step, the median over the rounds
-                    row.update(step_s=quartiles[1], step_p25_s=quartiles[0], step_p75_s=quartiles[2],
-                               mean_step_s=statistics.median(map(statistics.fmean, times[method])),
-                               steps_s=[round(t, 6) for t in every])
-                    if rank == 0:
-                        clusterbench.emit(row)
+                del model, optimizer
+                if workload == "synthetic" and not turn:
+                    going_on = contenders({m: statistics.fmean(t[0]) for m, t in times.items()})
+                    for dropped in [m for m in runs if m not in going_on]:
+                        finish(dropped)
+            if turn == rounds - 1:
+                for method in list(runs):
+                    finish(method)
 
     for workload in workloads:
         measure(workload)
 
 
+def contenders(first: dict[str, float]) -> set[str]:
+    """The synthetic runs timed again after their first round: auto, and the ``CONTENDERS`` fastest of the others
+    within ``CONTENDER_BAND`` of the fastest run so far (auto among them), by ``first`` (each run's first-round mean
+    step, those timed so far). A run left out timed over 1.25x the fastest, or slower than four others that did not.
+    Every rank decides the same: the times are the slowest rank's."""
+    fastest = min(first.values())
+    close = sorted((m for m, step in first.items() if m != "auto" and step <= CONTENDER_BAND * fastest),
+                   key=first.__getitem__)
+    return {"auto", *close[:CONTENDERS]}
+
+
 def round_means(row: dict[str, Any]) -> list[float]:
-    """A run's mean step in each of its rounds (``steps_s`` holds them in turn, the same count each)."""
+    """A run's mean step in each of its rounds (``steps_s`` holds them in turn: ``round_steps`` each where the row
+    has it, else the same count each)."""
     steps = row["steps_s"]
-    if len(steps) % row["rounds"]:
-        raise ValueError(f"{row['method']}: {len(steps)} timed steps do not split into {row['rounds']} rounds")
-    size = len(steps) // row["rounds"]
-    return [statistics.fmean(steps[i:i + size]) for i in range(0, len(steps), size)]
+    counts = row.get("round_steps")
+    if counts is None:
+        if len(steps) % row["rounds"]:
+            raise ValueError(f"{row['method']}: {len(steps)} timed steps do not split into {row['rounds']} rounds")
+        counts = [len(steps) // row["rounds"]] * row["rounds"]
+    if sum(counts) != len(steps):
+        raise ValueError(f"{row['method']}: {len(steps)} timed steps, but rounds of {counts}")
+    ends = list(itertools.accumulate(counts))
+    return [statistics.fmean(steps[end - count:end]) for end, count in zip(ends, counts, strict=True)]
 
 
 def resampled(methods: dict[str, dict[str, Any]], draws: int = RESAMPLINGS) -> tuple[float, float, float]:
