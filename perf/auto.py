@@ -18,11 +18,11 @@ steps come after its warm-up (5 steps, 1 for synthetic at 100 Mbit/s, and PowerS
 method's after a dense run of twice that (the first steps of a job run slower); ``auto``'s after it settled. Each
 step's time is its slowest rank's. The timed steps: for synthetic, after one more step (a probe, not counted), as many
 steps as take about 12 s by the probe's time, up to 30 and at least 3 at 100 Mbit/s (a dense step on 4 hosts takes
-over 10 s) or 6 on faster links, in a first round; then auto and the 4 fastest other runs within 1.25x of the fastest
-(:func:`contenders`; the others' rows are written after their first round) go on for 5 more rounds of 3 steps, in
-turn (up to launch AG, on 2026-11-25, the first round was all); for digits 600, in 30 rounds of 20 steps in which
-every run (dense, each method, auto, dense again) takes its turn. Each round after the first runs in another order,
-and each run in it after one untimed step. A millisecond
+over 10 s) or 6 on faster links, in a first round; then auto and the 4 fastest of dense and the methods within 1.25x
+of the fastest (:func:`contenders`; the others' rows are written as they drop out) go on for 5 more rounds of 3
+steps, in turn (up to launch AG, on 2026-11-25, the first round was all); for digits 600, in 30 rounds of 20 steps
+in which every run (dense, each method, auto, dense again) takes its turn. Each round after the first runs in another
+order, and each run in it after one untimed step. A millisecond
 step's time drifts between runs on the emulated links (their token buckets refill at 4 ms timer ticks), and
 interleaving compares the runs under the same drift. A run's step time is its throughput, ``mean_step_s``: each round's
 mean step, the median over the rounds (a throughput figure that one slow round does not decide). The rows also hold
@@ -42,6 +42,7 @@ Rows go to perf/results/auto.jsonl.
 from __future__ import annotations
 
 import argparse
+import gc
 import itertools
 import math
 import random
@@ -66,7 +67,7 @@ ROUNDS = 30
 #: faster links), up to SYNTHETIC_STEPS steps
 SYNTHETIC_S = 12.0
 SYNTHETIC_STEPS = 30
-#: synthetic: after that first round, auto and the CONTENDERS fastest other runs within CONTENDER_BAND of the fastest
+#: synthetic: after that first round, auto and the CONTENDERS fastest single plans within CONTENDER_BAND of the fastest
 #: go on in turn for SYNTHETIC_ROUNDS rounds in all, SYNTHETIC_BLOCK steps each (launch AH on; one round before: a
 #: second-long step drifts by 10% and more within a run, and auto and the plan it kept, run alone, timed 0.82x in
 #: launch AE and 1.12x in AG on 4 hosts at 100 Mbit/s)
@@ -168,12 +169,15 @@ def worker(workloads: list[str], rate: str) -> None:
         for step in range(2 * warmup):
             step_once(model, optimizer, step)
         del model, optimizer
+        gc.collect()
         runs: dict[str, list[Any]] = {}
         times: dict[str, list[list[float]]] = {}  # per round
 
         def finish(method: str) -> None:
             """The run's row: its rounds, each round's step count, every step, and the step time by each figure."""
-            row = runs.pop(method)[3]  # (synthetic: 25 M parameters and their method state per run)
+            row = runs.pop(method)[3]
+            gc.collect()  # (synthetic: 25 M parameters and their method state per run; an optimizer's hooks and its
+            # parameters refer to each other, and only a collection frees them)
             every = [t for steps_s in times[method] for t in steps_s]
             quartiles = statistics.quantiles(every, n=4)
             # throughput: each round's mean step, the median over the rounds
@@ -186,11 +190,10 @@ def worker(workloads: list[str], rate: str) -> None:
 
         methods = ["dense", *candidates, "auto", CONTROL]
         for turn in range(rounds):
-            # each round starting from another run (the order rotated), and from the second on one untimed
-            # step per run first (the runs share collective names, which Horovod negotiates anew for each)
-            for method in methods[turn % len(methods):] + methods[:turn % len(methods)]:
-                if turn and method not in runs:
-                    continue  # synthetic: not a contender (contenders)
+            # each round starting from another run (the order of the runs going on rotated), and from the second on
+            # one untimed step per run first (the runs share collective names, which Horovod negotiates anew for each)
+            going = [m for m in methods if not turn or m in runs]  # synthetic: the contenders after the first
+            for method in going[turn % len(going):] + going[:turn % len(going)]:
                 if method not in runs:
                     runs[method] = list(start(method))
                 model, optimizer, first = runs[method][:3]
@@ -219,12 +222,14 @@ def worker(workloads: list[str], rate: str) -> None:
 
 
 def contenders(first: dict[str, float]) -> set[str]:
-    """The synthetic runs timed again after their first round: auto, and the ``CONTENDERS`` fastest of the others
-    within ``CONTENDER_BAND`` of the fastest run so far (auto among them), by ``first`` (each run's first-round mean
-    step, those timed so far). A run left out timed over 1.25x the fastest, or slower than four others that did not.
-    Every rank decides the same: the times are the slowest rank's."""
+    """The synthetic runs timed again after their first round: auto, and the ``CONTENDERS`` fastest of the single
+    plans (dense and each method; not the control) within ``CONTENDER_BAND`` of the fastest run so far (auto among
+    them), by ``first`` (each run's first-round mean step, those timed so far). A plan left out timed over
+    ``CONTENDER_BAND`` x the fastest, or no faster than ``CONTENDERS`` others that did not: its one round stands (a
+    near-tie left out by the count is judged by its first round alone). Every rank decides the same: the times are the
+    slowest rank's."""
     fastest = min(first.values())
-    close = sorted((m for m, step in first.items() if m != "auto" and step <= CONTENDER_BAND * fastest),
+    close = sorted((m for m, step in first.items() if m not in ("auto", CONTROL) and step <= CONTENDER_BAND * fastest),
                    key=first.__getitem__)
     return {"auto", *close[:CONTENDERS]}
 
