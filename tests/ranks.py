@@ -1123,7 +1123,14 @@ def _auto_stalled(owner: Any, name: str) -> None:
 
 def scenario_auto_stall() -> None:
     """Rank 1 stalls as auto ends its first measurement of a plan, before the ranks agree on its slowest rank's step
-    (rank 0 waits in hvdcomp.auto.agree.max)."""
+    (rank 0 waits in hvdcomp.auto.agree.max). Where no plan is predicted to pay, every rank tries the fastest other
+    than dense all the same: auto would otherwise settle on dense unmeasured (seen once under load)."""
+    ranked = hvdcomp.auto.plans_to_try
+
+    def trying(plans: list, *args: Any) -> list:
+        return ranked(plans, *args) or [next(p for p in plans if p.label != "dense")]
+
+    hvdcomp.auto.plans_to_try = trying
     _auto_stalled(hvdcomp.auto.Tuner, "_judge")
 
 
