@@ -19,8 +19,9 @@ method's after a dense run of twice that (the first steps of a job run slower); 
 step's time is its slowest rank's. The timed steps: for synthetic, after one more step (a probe, not counted), as many
 steps as take about 12 s by the probe's time, up to 30 and at least 3 at 100 Mbit/s (a dense step on 4 hosts takes
 over 10 s) or 6 on faster links, in a first round; then auto and the 4 fastest of dense and the methods within 1.25x
-of the fastest (:func:`contenders`; the others' rows are written as they drop out) go on for 5 more rounds of 3
-steps, in turn (up to launch AG, on 2026-11-25, the first round was all); for digits 600, in 30 rounds of 20 steps
+of the fastest (:func:`contenders`; the others' rows are written as they drop out) go on in rounds of 3 steps, in
+turn, for about 180 s of timed steps in all, 5 to 47 more rounds (:func:`synthetic_rounds`; up to launch AG, on
+2026-11-25, the first round was all; in AH, 5 more everywhere); for digits 600, in 30 rounds of 20 steps
 in which every run (dense, each method, auto, dense again) takes its turn. Each round after the first runs in another
 order, and each run in it after one untimed step. A millisecond
 step's time drifts between runs on the emulated links (their token buckets refill at 4 ms timer ticks), and
@@ -43,7 +44,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import itertools
 import math
 import random
 import statistics
@@ -68,11 +68,15 @@ ROUNDS = 30
 SYNTHETIC_S = 12.0
 SYNTHETIC_STEPS = 30
 #: synthetic: after that first round, auto and the CONTENDERS fastest single plans within CONTENDER_BAND of the fastest
-#: go on in turn for SYNTHETIC_ROUNDS rounds in all, SYNTHETIC_BLOCK steps each (launch AH on; one round before: a
-#: second-long step drifts by 10% and more within a run, and auto and the plan it kept, run alone, timed 0.82x in
-#: launch AE and 1.12x in AG on 4 hosts at 100 Mbit/s)
-SYNTHETIC_ROUNDS = 6
+#: go on in turn, SYNTHETIC_BLOCK steps each, for as many rounds as take about SYNTHETIC_CONTEST_S seconds of timed
+#: steps in all (by their first rounds' mean steps: :func:`synthetic_rounds`), SYNTHETIC_ROUNDS to SYNTHETIC_MAX_ROUNDS
+#: rounds with the first. (Launch AH had 6 rounds everywhere; one round before: a second-long step drifts by 10% and
+#: more within a run, and auto and the plan it kept, run alone, timed 0.82x in launch AE and 1.12x in AG on 4 hosts at
+#: 100 Mbit/s. In AH there, auto's 6 round means spanned 0.81 to 1.26 s, and 1.11x. Launch AI on: the time budget.)
 SYNTHETIC_BLOCK = 3
+SYNTHETIC_CONTEST_S = 180.0
+SYNTHETIC_ROUNDS = 6
+SYNTHETIC_MAX_ROUNDS = 48
 CONTENDERS = 4
 CONTENDER_BAND = 1.25
 CONTROL = "dense again"
@@ -103,7 +107,7 @@ def worker(workloads: list[str], rate: str) -> None:
         # digits: ROUNDS rounds of 20 steps, every run in turn (the same drift of the links for all); synthetic: a
         # first of at least this many steps (more for shorter steps: run_steps), then SYNTHETIC_BLOCK for contenders
         block = 20 if workload == "digits" else 3 if rate == "100mbit" else 6
-        rounds = ROUNDS if workload == "digits" else SYNTHETIC_ROUNDS
+        rounds = ROUNDS if workload == "digits" else SYNTHETIC_ROUNDS  # synthetic: set after the first round
 
         def step_once(model: nn.Module, optimizer: torch.optim.Optimizer, step: int, data: Any = data) -> None:
             start = ((step * size + rank) * BATCH) % (len(data.train_x) - BATCH)
@@ -189,7 +193,8 @@ def worker(workloads: list[str], rate: str) -> None:
                 clusterbench.emit(row)
 
         methods = ["dense", *candidates, "auto", CONTROL]
-        for turn in range(rounds):
+        turn = 0
+        while turn < rounds:
             # each round starting from another run (the order of the runs going on rotated), and from the second on
             # one untimed step per run first (the runs share collective names, which Horovod negotiates anew for each)
             going = [m for m in methods if not turn or m in runs]  # synthetic: the contenders after the first
@@ -197,14 +202,15 @@ def worker(workloads: list[str], rate: str) -> None:
                 if method not in runs:
                     runs[method] = list(start(method))
                 model, optimizer, first = runs[method][:3]
-                steps = block
                 if turn:
                     step_once(model, optimizer, first)
                     first += 1
-                    steps = block if workload == "digits" else SYNTHETIC_BLOCK
+                    steps = SYNTHETIC_BLOCK if workload == "synthetic" else block
                 elif workload == "synthetic":
                     steps = run_steps(model, optimizer, first, f"{workload}.{method}")
                     first += 1
+                else:
+                    steps = block
                 times.setdefault(method, []).append(timed(model, optimizer, first, f"{workload}.{method}.{turn}",
                                                           steps))
                 runs[method][2] = first + steps
@@ -213,9 +219,11 @@ def worker(workloads: list[str], rate: str) -> None:
                     going_on = contenders({m: statistics.fmean(t[0]) for m, t in times.items()})
                     for dropped in [m for m in runs if m not in going_on]:
                         finish(dropped)
-            if turn == rounds - 1:
-                for method in list(runs):
-                    finish(method)
+            if workload == "synthetic" and not turn:
+                rounds = synthetic_rounds([statistics.fmean(times[m][0]) for m in runs])
+            turn += 1
+        for method in list(runs):
+            finish(method)
 
     for workload in workloads:
         measure(workload)
@@ -234,6 +242,15 @@ def contenders(first: dict[str, float]) -> set[str]:
     return {"auto", *close[:CONTENDERS]}
 
 
+def synthetic_rounds(first: list[float]) -> int:
+    """The synthetic rounds in all, the first among them: those in which the runs going on after it (``first``: each
+    one's first-round mean step) take about ``SYNTHETIC_CONTEST_S`` seconds of timed steps, ``SYNTHETIC_BLOCK`` each
+    per round, from ``SYNTHETIC_ROUNDS`` to ``SYNTHETIC_MAX_ROUNDS``: fewer or faster contenders, more rounds. Every
+    rank decides the same: the times are the slowest rank's."""
+    later = math.ceil(SYNTHETIC_CONTEST_S / (SYNTHETIC_BLOCK * sum(first)))
+    return 1 + max(SYNTHETIC_ROUNDS - 1, min(SYNTHETIC_MAX_ROUNDS - 1, later))
+
+
 def round_means(row: dict[str, Any]) -> list[float]:
     """A run's mean step in each of its rounds (``steps_s`` holds them in turn: ``round_steps`` each where the row
     has it, else the same count each)."""
@@ -245,8 +262,11 @@ def round_means(row: dict[str, Any]) -> list[float]:
         counts = [len(steps) // row["rounds"]] * row["rounds"]
     if sum(counts) != len(steps):
         raise ValueError(f"{row['method']}: {len(steps)} timed steps, but rounds of {counts}")
-    ends = list(itertools.accumulate(counts))
-    return [statistics.fmean(steps[end - count:end]) for end, count in zip(ends, counts, strict=True)]
+    means, start = [], 0
+    for count in counts:
+        means.append(statistics.fmean(steps[start:start + count]))
+        start += count
+    return means
 
 
 def resampled(methods: dict[str, dict[str, Any]], draws: int = RESAMPLINGS) -> tuple[float, float, float]:
