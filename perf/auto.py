@@ -6,6 +6,7 @@ slower than dense).
     .venv/bin/python perf/auto.py --report          # the tables from perf/results/auto.jsonl
     .venv/bin/python perf/auto.py --report --before 2026-11-24T09:10    # an earlier launch's
     .venv/bin/python perf/auto.py --rejudge         # every launch's runoffs judged again by each rule
+    .venv/bin/python perf/auto.py --hosts 2 --rates 1gbit --workloads digits --results auto_checks.jsonl  # a check
 
 One launch per (hosts, rate) runs, for each workload, in turn and on the same links: dense (``compression="none"``),
 every candidate ``auto`` has by default (every registered method but those of ``hvdcomp.ACCURACY_GUARD``; PowerSGD with
@@ -20,7 +21,7 @@ step's time is its slowest rank's. The timed steps: for synthetic, after one mor
 steps as take about 12 s by the probe's time, up to 30 and at least 3 at 100 Mbit/s (a dense step on 4 hosts takes
 over 10 s) or 6 on faster links, in a first round; then auto and the 4 fastest of dense and the methods within 1.25x
 of the fastest (:func:`contenders`; the others' rows are written as they drop out) go on in rounds of 3 steps, in
-turn, for about 180 s of timed steps in all, 5 to 47 more rounds (:func:`synthetic_rounds`; up to launch AG, on
+turn, for about 180 s of timed steps in those rounds, 5 to 47 more rounds (:func:`synthetic_rounds`; up to launch AG, on
 2026-11-25, the first round was all; in AH, 5 more everywhere); for digits 600, in 30 rounds of 20 steps
 in which every run (dense, each method, auto, dense again) takes its turn. Each round after the first runs in another
 order, and each run in it after one untimed step. A millisecond
@@ -37,7 +38,7 @@ every plan it ranked with its predicted ms, the dense step it measured and predi
 tuning took (not in its step time; they are one-off per job). For digits, the first table also gives how sure auto /
 best is: the 90% interval and the share of draws within 10% when the rounds are drawn again with replacement
 (``resampled``).
-Rows go to perf/results/auto.jsonl.
+Rows go to perf/results/auto.jsonl (``--results``: another file there).
 """
 
 from __future__ import annotations
@@ -69,10 +70,11 @@ SYNTHETIC_S = 12.0
 SYNTHETIC_STEPS = 30
 #: synthetic: after that first round, auto and the CONTENDERS fastest single plans within CONTENDER_BAND of the fastest
 #: go on in turn, SYNTHETIC_BLOCK steps each, for as many rounds as take about SYNTHETIC_CONTEST_S seconds of timed
-#: steps in all (by their first rounds' mean steps: :func:`synthetic_rounds`), SYNTHETIC_ROUNDS to SYNTHETIC_MAX_ROUNDS
-#: rounds with the first. (Launch AH had 6 rounds everywhere; one round before: a second-long step drifts by 10% and
-#: more within a run, and auto and the plan it kept, run alone, timed 0.82x in launch AE and 1.12x in AG on 4 hosts at
-#: 100 Mbit/s. In AH there, auto's 6 round means spanned 0.81 to 1.26 s, and 1.11x. Launch AI on: the time budget.)
+#: steps after the first round (by their first rounds' mean steps: :func:`synthetic_rounds`), SYNTHETIC_ROUNDS to
+#: SYNTHETIC_MAX_ROUNDS rounds with the first. (Launch AH had 6 rounds everywhere; one round before: a second-long
+#: step drifts by 10% and more within a run, and auto and the plan it kept, run alone, timed 0.82x in launch AE and
+#: 1.12x in AG on 4 hosts at 100 Mbit/s. In AH there, auto's 6 round means spanned 0.81 to 1.26 s, and 1.11x. Launch
+#: AI on: the time budget.)
 SYNTHETIC_BLOCK = 3
 SYNTHETIC_CONTEST_S = 180.0
 SYNTHETIC_ROUNDS = 6
@@ -497,6 +499,8 @@ def main() -> None:
     parser.add_argument("--rates", nargs="+", default=list(clusterbench.RATES))
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
     parser.add_argument("--controller", choices=["mpi", "gloo"], default="mpi", help="Horovod's controller")
+    parser.add_argument("--results", default=RESULTS, help=f"the rows' file in perf/results (default {RESULTS}; "
+                        "auto_checks.jsonl: spot checks beside the launches)")
     parser.add_argument("--report", action="store_true", help="only print the tables of the latest rows")
     parser.add_argument("--before", metavar="TIME", help="the tables of the latest rows measured before TIME (ISO, "
                         "as the rows' time: 2026-11-24T09:10), an earlier launch's")
@@ -510,13 +514,13 @@ def main() -> None:
         worker(workloads, rate)
         return
     if args.rejudge:
-        rejudge(clusterbench.load(RESULTS))
+        rejudge(clusterbench.load(args.results))
         return
     if not args.report:
         for rate in args.rates:
             clusterbench.run_settings(__file__, [rate, *args.workloads], args.hosts, [rate], timeout=3000,
-                                      results=RESULTS, controller=args.controller)
-    rows = [r for r in clusterbench.load(RESULTS) if args.before is None or r["time"] < args.before]
+                                      results=args.results, controller=args.controller)
+    rows = [r for r in clusterbench.load(args.results) if args.before is None or r["time"] < args.before]
     report(clusterbench.latest(rows, "controller", "hosts", "rate", "workload", "method"))
 
 
