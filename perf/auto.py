@@ -264,7 +264,8 @@ def round_means(row: dict[str, Any]) -> list[float]:
         counts = [len(steps) // row["rounds"]] * row["rounds"]
     if sum(counts) != len(steps):
         raise ValueError(f"{row['method']}: {len(steps)} timed steps, but rounds of {counts}")
-    means, start = [], 0
+    means: list[float] = []
+    start = 0
     for count in counts:
         means.append(statistics.fmean(steps[start:start + count]))
         start += count
