@@ -109,7 +109,7 @@ def worker(workloads: list[str], rate: str) -> None:
         # digits: ROUNDS rounds of 20 steps, every run in turn (the same drift of the links for all); synthetic: a
         # first of at least this many steps (more for shorter steps: run_steps), then SYNTHETIC_BLOCK for contenders
         block = 20 if workload == "digits" else 3 if rate == "100mbit" else 6
-        rounds = ROUNDS if workload == "digits" else SYNTHETIC_ROUNDS  # synthetic: set after the first round
+        rounds = ROUNDS if workload == "digits" else 1  # synthetic: the first round sets the rest (synthetic_rounds)
 
         def step_once(model: nn.Module, optimizer: torch.optim.Optimizer, step: int, data: Any = data) -> None:
             start = ((step * size + rank) * BATCH) % (len(data.train_x) - BATCH)
@@ -178,6 +178,7 @@ def worker(workloads: list[str], rate: str) -> None:
         gc.collect()
         runs: dict[str, list[Any]] = {}
         times: dict[str, list[list[float]]] = {}  # per round
+        first_means: dict[str, float] = {}  # synthetic: each run's first-round mean step
 
         def finish(method: str) -> None:
             """The run's row: its rounds, each round's step count, every step, and the step time by each figure."""
@@ -218,11 +219,12 @@ def worker(workloads: list[str], rate: str) -> None:
                 runs[method][2] = first + steps
                 del model, optimizer
                 if workload == "synthetic" and not turn:
-                    going_on = contenders({m: statistics.fmean(t[0]) for m, t in times.items()})
+                    first_means[method] = statistics.fmean(times[method][0])
+                    going_on = contenders(first_means)
                     for dropped in [m for m in runs if m not in going_on]:
                         finish(dropped)
             if workload == "synthetic" and not turn:
-                rounds = synthetic_rounds([statistics.fmean(times[m][0]) for m in runs])
+                rounds = synthetic_rounds([first_means[m] for m in runs])
             turn += 1
         for method in list(runs):
             finish(method)
