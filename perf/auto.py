@@ -59,8 +59,9 @@ WORKLOADS = ("synthetic", "digits")
 #: PowerSGD's warm-up shortened from 10 dense steps to 2, as in perf/cluster_training.py, for single runs and auto alike
 CANDIDATE_OPTIONS = {"powersgd": {"start_iter": 2}}
 AUTO = {"warmup_steps": 1, "measure_steps": 3, "repeats": 2}
-MAX_TUNING_STEPS = 8000  # up to 13 tries (every method alone, two mixes, dense; widened ones among them) x (2 + 50
-# steps), a runoff of up to 8 rounds of 14 (wide_runoff) and a final of up to 8 rounds of 2 (final_plans)
+MAX_TUNING_STEPS = 8800  # up to 13 tries (every method alone, two mixes, dense; widened ones among them) x (2 + 50
+# steps), each measured twice at most (disturbed_plans), a runoff of up to 8 rounds of 14 (wide_runoff) and a final of
+# up to 8 rounds of 2 (final_plans)
 #: digits' runs are timed in turn, 20 steps each, this many times (10 up to launch Z2, on 2026-11-24: there the
 #: ranking of the nine methods within 1.6x of each other on 2 hosts at 100 Mbit/s changed from launch to launch)
 ROUNDS = 30
@@ -353,6 +354,7 @@ def tried_text(r: dict[str, Any]) -> str:
     """The plans auto tried, as the guard measured them."""
     return "; ".join(f"{t['label']}: {ms(t['predicted_ms'])} -> {ms(t['measured_ms'])}"
                      + (" (dense steps)" if t.get("dense_steps") else "")
+                     + (f" (again: first {ms(t['disturbed_ms'])})" if t.get("disturbed_ms") else "")
                      + (" (widened)" if t.get("widened") else "")
                      + (rounds_text("runoff", t["runoff_ms"], f": {judged_text(t)}", t.get("rounds_won"))
                         if "runoff_ms" in t else "")

@@ -686,6 +686,18 @@ def test_auto_widens_the_plans_tried_where_the_model_misranks_them() -> None:
                                                 {"topk", "powersgd", "orq", "qsgd"}, 5)] == ["powersgd", "orq", "qsgd"]
 
 
+def test_auto_measures_again_a_plan_measured_far_over_its_prediction_and_dense() -> None:
+    """A plan measured more than DISTURBED (3) times both its prediction and the dense step measured is measured
+    again, in the order tried; over only one of them, or not more than 3x, it is not (a plan that is simply slow)."""
+    tried = [{"label": label, "predicted_ms": p, "measured_ms": m} for label, p, m in
+             [("powersgd", 5.2, 36.5), ("fp16", 6.3, 38.5), ("onebit", 2.0, 8.0), ("qsgd", 20.0, 40.0),
+              ("topk", 4.0, 6.0), ("dense", 2.9, 2.2), ("lgc", 10.0, None)]]
+    assert auto.disturbed_plans(tried, 2.2) == ["powersgd", "fp16", "onebit"]
+    assert auto.disturbed_plans(tried, 3.0) == ["powersgd", "fp16"]  # onebit: 8.0 is not over 3 x 3.0 (dense)
+    assert auto.disturbed_plans(tried, 13.0) == []  # dense measured slow: the plans are not disturbed by its measure
+    assert auto.disturbed_plans([], 2.2) == []
+
+
 def _tried(*measured: tuple[str, float]) -> list[dict]:
     """Guard trials (label, measured ms), as auto's report holds them."""
     return [{"label": label, "measured_ms": ms} for label, ms in measured]
