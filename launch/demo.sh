@@ -27,7 +27,8 @@ fi
 "${launch[@]}" "${train[@]}" --compression terngrad --compare dense "$@" | sed '/^\[{/d'
 echo
 echo "hvdcomp demo: the same job with compression: auto (dense first, then per tensor what the measurements say pays),"
-echo "for 240 epochs rather than 20: at millisecond steps its guard and runoff can take up to about 5,000 steps:"
-# 13 plans of up to 52 steps, then a runoff of up to runoff_s (10 s) at 2.2 ms a step or more, or 8 rounds of the 13:
-# about 5,200 steps, 237 epochs of 22 (time to 95% counts the tuning steps all the same)
-"${launch[@]}" "${train[@]}" --compression auto --epochs 240 | sed '/^\[{/d'
+echo "for 900 epochs rather than 20: at millisecond steps its guard, runoff and final can take up to about 19,000 steps:"
+# 13 plans of up to 52 steps, measured twice at most, then a runoff of up to runoff_s (30 s) or 24 rounds of 12 plans
+# (dense and the 10 methods within 50% of the fastest, a per-tensor mix) and a final of up to 24 rounds of 2: about
+# 18,900 steps, 860 epochs of 22 (time to 95% counts the tuning steps all the same)
+"${launch[@]}" "${train[@]}" --compression auto --epochs 900 | sed '/^\[{/d'

@@ -850,9 +850,9 @@ def auto_run(candidates: dict | None, width: int = 1024, retune: bool = False,
         # 6 dense steps and 2 tries of 5 (and a method's warm-up): about 16; where the model misjudged the dense step
         # (shared memory's millisecond steps) every candidate alone and dense again: up to 14 tries of 5 (those widened
         # to among them: no plan is tried twice), and a runoff of up to 6 more: about 106; or, where runoff_s allows
-        # (wide_runoff), up to 8 rounds of those 14: 560 more, and a final of up to 8 rounds of 2 (final_plans): 80;
-        # and any of the 14 measured again (disturbed_plans): 70
-        for _ in range(900):
+        # (wide_runoff), up to 24 rounds of those 14: 1,680 more, and a final of up to 24 rounds of 2 (final_plans):
+        # 240; and any of the 14 measured again (disturbed_plans): 70
+        for _ in range(2200):
             step()
             if optimizer.auto_report()["phase"] == "settled":
                 break

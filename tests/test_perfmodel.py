@@ -810,7 +810,7 @@ def test_auto_keeps_a_plan_over_dense_only_where_it_won_most_rounds() -> None:
     assert auto.final_plans(tried, 2.142, 0.0) != [] and auto.final_plans(
         [{**t, "runoff_ms": [ms * 1.2 for ms in t["runoff_ms"]]} if t["label"] == "fp16" else t for t in tried],
         2.142, 0.1) == []
-    # 7 of 8 rounds is more than three quarters: kept
+    # 7 of 8 rounds is clearly more than chance: kept
     tried[2]["runoff_ms"][1] = 2.6
     assert auto.rounds_won(tried)[2] == 7 and auto.kept_plan(tried, 2.142) == 2
     # the fastest that clears the bar is kept: a, the fastest judged, won 2 of 3 rounds; b, slower, won all 3
@@ -832,6 +832,21 @@ def test_auto_keeps_a_plan_over_dense_only_where_it_won_most_rounds() -> None:
     assert auto.rounds_won(alone) == [None] * 3 and auto.kept_plan(alone, 1.0) == 0
     alone[-1]["measured_ms"] = 3.0
     assert auto.kept_plan(alone, 9.0) is None  # a is judged 4.0 ms at the rounds' level
+
+
+def test_auto_keeps_a_plan_over_dense_only_where_its_rounds_won_are_clearly_more_than_chance() -> None:
+    # a one-sided sign test at 1/8: the fewest rounds won that a plan running like dense wins at most 1 time in 8
+    least = {n: min(k for k in range(n + 1) if auto.clear_win(k, n)) for n in (3, 4, 5, 6, 7, 8, 10, 16, 24)}
+    assert least == {3: 3, 4: 4, 5: 5, 6: 5, 7: 6, 8: 7, 10: 8, 16: 11, 24: 16}, least
+    assert auto.clear_win(3, 3) and not auto.clear_win(2, 3)  # 3 of 3 by chance: exactly 1/8, at the bar
+    # over 16 rounds, a plan faster than dense in 11 (judged faster too) is kept; three quarters asked for 13
+    dense = [4.0 + 0.1 * (k % 3) for k in range(16)]
+    plan = [ms - 0.3 if k < 11 else ms + 0.1 for k, ms in enumerate(dense)]
+    tried = [{"label": "fp16", "measured_ms": 3.8, "runoff_ms": plan},
+             {"label": "dense", "measured_ms": 4.0, "runoff_ms": dense}]
+    assert auto.rounds_won(tried) == [11, None] and auto.kept_plan(tried, 4.0) == 0
+    tried[0]["runoff_ms"][10] = dense[10] + 0.1  # 10 of 16: 1 time in 4 by chance (11 or more: 1 in 10)
+    assert auto.rounds_won(tried) == [10, None] and auto.kept_plan(tried, 4.0) is None
 
 
 def test_auto_runs_a_final_of_the_plan_kept_and_the_next() -> None:
@@ -880,8 +895,9 @@ def test_auto_runoff_rounds_fit_in_runoff_s() -> None:
     assert auto.runoff_rounds(steps, 3, 0.952, per) == 3  # 951.6 ms: 3 fit
     assert auto.runoff_rounds(steps, 3, 0.95, per) == 0  # 3 do not: none
     assert auto.runoff_rounds(steps, 2, 0.95, per) == 2
-    assert auto.runoff_rounds(steps, 3, 10.0, per) == 8  # MAX_RUNOFF_ROUNDS at most ...
-    assert auto.runoff_rounds(steps, 10, 10.0, per) == 10  # ... unless more are asked for
+    assert auto.runoff_rounds(steps, 3, 5.0, per) == 15  # 15.8 fit in 5 s
+    assert auto.runoff_rounds(steps, 3, 10.0, per) == 24  # MAX_RUNOFF_ROUNDS at most ...
+    assert auto.runoff_rounds(steps, 30, 10.0, per) == 30  # ... unless more are asked for
     assert auto.runoff_rounds(steps, 3, 0, per) == 0  # runoff_s 0: never
     assert auto.runoff_rounds({"a": 0.0, "b": 0.0}, 3, 10.0, per) == 0  # nothing measured
     assert auto.runoff_rounds({}, 3, 10.0, per) == 0  # no plans
@@ -950,20 +966,21 @@ def test_auto_runs_off_every_close_plan_where_measuring_is_cheap() -> None:
         return 52
 
     close = ["dense", "fp16", "threshold", "qsgd", "efsignsgd"]  # within 50% of dense's 2.8, fastest first
-    # a round: 52 steps of each, 17.6 ms together, 0.92 s: as many rounds as take 10 s, 8 at most
-    assert auto.wide_runoff(w, 2.9, 0.5, 2, 10.0, guard_steps) == (close, 8)
+    # a round: 52 steps of each, 17.6 ms together, 0.92 s: as many rounds as take 10 s, 24 at most
+    assert auto.wide_runoff(w, 2.9, 0.5, 2, 10.0, guard_steps) == (close, 10)
+    assert auto.wide_runoff(w, 2.9, 0.5, 2, 30.0, guard_steps) == (close, 24)
     assert auto.wide_runoff(w, 2.9, 0.5, 2, 4.0, guard_steps) == (close, 4)
     assert auto.wide_runoff(w, 2.9, 0.5, 2, 1.9, guard_steps) == (close, 2)
     assert auto.wide_runoff(w, 2.9, 0.5, 3, 1.9, guard_steps) == ([], 0)  # 3 rounds take 2.7 s
     assert auto.wide_runoff(w, 2.9, 0.5, 2, 0, guard_steps) == ([], 0)  # runoff_s 0: never
     assert auto.wide_runoff(w, 2.9, 0.2, 2, 10.0, guard_steps) == ([], 0)  # a narrower band: fp16 is 1.21x dense
-    assert auto.wide_runoff(w, 2.9, 0.26, 2, 10.0, guard_steps) == (close[:3], 8)  # threshold at 1.25x: in
-    assert auto.wide_runoff(w, 2.9, 0.5, 10, 10.0, guard_steps) == (close, 10)  # runoff above 8: as many as asked
+    assert auto.wide_runoff(w, 2.9, 0.26, 2, 10.0, guard_steps) == (close[:3], 19)  # threshold at 1.25x: in
+    assert auto.wide_runoff(w, 2.9, 0.5, 30, 30.0, guard_steps) == (close, 30)  # runoff above 24: as many as asked
     assert auto.wide_runoff(_tried(("a", 0.0)), 0.0, 0.5, 2, 10.0, guard_steps) == ([], 0)  # nothing measured
     # each plan's measurement at its own steps: dense predicted slower, fewer of its steps (a round: 0.23 s)
     assert auto.wide_runoff(_tried(("a", 3.0)), 10.0, 3.0, 2, 1.0, {"a": 52, "dense": 7}.get) == (["a", "dense"], 4)
     # dense from the dense steps; alone within the band, or no plan within it: none
-    assert auto.wide_runoff(_tried(("a", 3.0)), 2.9, 0.5, 2, 10.0, guard_steps) == (["dense", "a"], 8)
+    assert auto.wide_runoff(_tried(("a", 3.0)), 2.9, 0.5, 2, 10.0, guard_steps) == (["dense", "a"], 24)
     assert auto.wide_runoff(_tried(("a", 3.0)), 9.0, 0.5, 2, 10.0, guard_steps) == ([], 0)
     assert auto.wide_runoff(_tried(("dense", 3.0)), 2.9, 0.5, 2, 10.0, guard_steps) == ([], 0)
     # seconds steps (2 hosts at 10 Gbit/s, synthetic: 2 + 5 steps a measurement): the two rounds take 26 s; none
