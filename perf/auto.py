@@ -22,7 +22,8 @@ steps as take about 12 s by the probe's time, up to 30 and at least 3 at 100 Mbi
 over 10 s) or 6 on faster links, in a first round; then auto and the 4 fastest of dense and the methods within 1.25x
 of the fastest (:func:`contenders`; the others' rows are written as they drop out) go on in rounds of 3 steps, in
 turn, for about 180 s of timed steps in those rounds, 5 to 47 more rounds (:func:`synthetic_rounds`; up to launch AG, on
-2026-11-25, the first round was all; in AH, 5 more everywhere); for digits 600, in 30 rounds of 20 steps
+2026-11-25, the first round was all; in AH, 5 more everywhere); for digits 1,200, in 60 rounds of 20 steps (30 rounds
+up to launch AJ, 10 up to Z2)
 in which every run (dense, each method, auto, dense again) takes its turn. Each round after the first runs in another
 order, and each run in it after one untimed step. A millisecond
 step's time drifts between runs on the emulated links (their token buckets refill at 4 ms timer ticks), and
@@ -59,12 +60,14 @@ WORKLOADS = ("synthetic", "digits")
 #: PowerSGD's warm-up shortened from 10 dense steps to 2, as in perf/cluster_training.py, for single runs and auto alike
 CANDIDATE_OPTIONS = {"powersgd": {"start_iter": 2}}
 AUTO = {"warmup_steps": 1, "measure_steps": 3, "repeats": 2}
-MAX_TUNING_STEPS = 8800  # up to 13 tries (every method alone, two mixes, dense; widened ones among them) x (2 + 50
-# steps), each measured twice at most (disturbed_plans), a runoff of up to 8 rounds of 14 (wide_runoff) and a final of
-# up to 8 rounds of 2 (final_plans)
+MAX_TUNING_STEPS = 22000  # up to 13 tries (every method alone, two mixes, dense; widened ones among them) x (2 + 50
+# steps), each measured twice at most (disturbed_plans), a runoff of up to 24 rounds of 14 (wide_runoff) and a final of
+# up to 24 rounds of 2 (final_plans)
 #: digits' runs are timed in turn, 20 steps each, this many times (10 up to launch Z2, on 2026-11-24: there the
-#: ranking of the nine methods within 1.6x of each other on 2 hosts at 100 Mbit/s changed from launch to launch)
-ROUNDS = 30
+#: ranking of the nine methods within 1.6x of each other on 2 hosts at 100 Mbit/s changed from launch to launch; 30 up
+#: to AJ: replayed on those launches' rounds, even the plan truly fastest measured within 10% of the best and 5% of
+#: dense in fewer settings at 30 rounds than at 60, perf/auto_replay.py)
+ROUNDS = 60
 #: a synthetic run is timed for about this many seconds, by one step's time (at least 3 steps at 100 Mbit/s, 6 on
 #: faster links), up to SYNTHETIC_STEPS steps
 SYNTHETIC_S = 12.0
@@ -446,9 +449,10 @@ def by_rounds(tried: list[dict[str, Any]], dense_ms: float) -> str:
 def rejudge(rows: list[dict[str, Any]]) -> None:
     """Every launch's runoffs judged again, on the same measurements, by the median of each plan's measurements
     (:func:`by_median`, the rule up to launch AA), by its rounds (:func:`by_rounds`, launch AB's rule) and by
-    :func:`hvdcomp.auto.kept_plan` as it is now (by the rounds, and over dense only with more than three quarters of
-    the rounds won): per setting of each launch where auto ran a runoff, the plan it kept in the launch and the plan
-    each rule keeps, each with its run alone's step / the best single method's in that launch (by throughput where
+    :func:`hvdcomp.auto.kept_plan` as it is now (by the rounds, and over dense only with clearly more rounds won
+    than chance gives: :func:`hvdcomp.auto.clear_win`; more than three quarters of them up to launch AJ): per setting
+    of each launch where auto ran a runoff, the plan it kept in the launch and the plan each rule keeps, each with
+    its run alone's step / the best single method's in that launch (by throughput where
     the launch has it, else by the median step; "-" where the plan is a per-tensor mix, not run alone, and not
     counted), and the counts within 10% of the best and at most 5% slower than dense. Where auto would now run a
     final (:func:`hvdcomp.auto.final_plans`) that a launch from before it did not, the last column says so: its plan
