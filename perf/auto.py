@@ -14,7 +14,10 @@ every candidate ``auto`` has by default (every registered method but those of ``
 phases (1 warm-up and 3 measured dense steps, 2 repeats per cost; the guard at its defaults), and dense again (a
 control: what the same plan measures in another run of the same launch; for digits it runs next to dense, and auto
 before it, in each round but the first). Every run trains a fresh model (the same initial weights) with the loop of
-``hvdcomp train`` (zero_grad, forward, backward, step; SGD with momentum 0.9; 32 samples per rank). A method's timed
+``hvdcomp train`` (zero_grad, forward, backward, step; SGD with momentum 0.9; 32 samples per rank). Denormal floats are
+flushed to zero (``torch.set_flush_denormal``, from launch AL on): auto's model has trained through its tuning, up to
+thousands of steps more than the others, and momentum decaying into denormals slows a step on x86 (perf/denormals.py:
+a digits model 8,000 steps older ran 1.10x slower, and 1.01x flushed). A method's timed
 steps come after its warm-up (5 steps, 1 for synthetic at 100 Mbit/s, and PowerSGD's two dense steps), the first
 method's after a dense run of twice that (the first steps of a job run slower); ``auto``'s after it settled. Each
 step's time is its slowest rank's. The timed steps: for synthetic, after one more step (a probe, not counted), as many
@@ -103,6 +106,9 @@ def worker(workloads: list[str], rate: str) -> None:
 
     hvd.init()
     torch.set_num_threads(1)
+    # every run alike, however long its model trained: auto's trains through its tuning (thousands of steps), and
+    # momentum that decays into denormal floats slows x86 arithmetic (perf/denormals.py: 1.10x after 8,000 steps)
+    torch.set_flush_denormal(True)
     rank, size = hvd.rank(), hvd.size()
     candidates = {m: CANDIDATE_OPTIONS.get(m, {}) for m in hvdcomp.CompressionConfig.parse("auto").auto.methods()}
     loss_fn = nn.CrossEntropyLoss()
