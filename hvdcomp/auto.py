@@ -206,9 +206,10 @@ class AutoSettings:
             and measuring is cheap; and after any runoff of three plans or more in BLOCK_ROUNDS rounds or more, a
             final of two of them (:func:`final_plans`), in as many rounds as fit in this, BLOCK_ROUNDS to
             MAX_RUNOFF_ROUNDS, and none where BLOCK_ROUNDS do not (:func:`runoff_rounds`); 0: never. (10 up to
-            launch AJ; replayed on the digits launches, ``perf/auto_replay.py``, 30 kept a plan truly within 10% of
-            the best and 5% of dense in 93.5% of the draws, 10 in 89.6%, with the same rule against dense: tuning
-            costs a job seconds once, a plan 10% slower every step.)
+            launch AJ, with 8 rounds at most; replayed on the digits launches, ``perf/auto_replay.py``, 30 s and 24
+            rounds kept a plan truly within 10% of the best and 5% of dense in 93.9% of the draws, 10 s and 8 rounds
+            in 90.1%, with the same rule against dense: tuning costs a job seconds once, a plan 10% slower every
+            step.)
         repeats: timed runs of each candidate's encoding and decoding per gradient (the median is kept).
     """
 
@@ -497,27 +498,27 @@ def kept_plan(tried: Sequence[Mapping[str, Any]], dense_ms: float) -> int | None
     final_ms alone decide, as a runoff of its own: against dense by the same rule; between two plans that both passed
     it, the faster.
 
-    Why the rounds won: the targets weigh the two errors differently. A plan kept slower than dense breaks "never
-    slower than dense"; dense kept where a plan is a little faster costs that little. So a plan must beat dense in
-    nearly every round, not only by its judged step: of two plans that run alike, one is faster in 7 of 8 rounds or
-    more by chance 3.5% of the time (3 of 3: 12.5%), in 6 of 8 or more 14.5%. On the emulated cluster, 2 hosts at
-    10 Gbit/s, digits, launch AB, fp16 was judged 2.6 ms against dense's 2.8 and was faster in 6 of 8 rounds;
-    timed, it ran 1.18x dense's step by throughput (1.06x by the median step), and a job of its own measured it
-    slower than dense (``perf/auto_runoff.py``). The bar was set just above that case. Re-judged so, the runoffs of
-    every launch up to AC keep dense in two settings where AB's rule (the judged step alone) kept fp16: AB's, and
-    one where fp16 timed 1.02x dense (``perf/auto.py --rejudge``). It errs too: in a job of its own on 2 hosts at
-    1 Gbit/s, where fp16 ran 0.85x dense's step (the steps' mean), a runoff of every candidate kept dense where fp16
-    won 6 of 8 rounds (and where it won 3 of 5, judged slower than dense by its step itself); the six runoffs of fp16
-    and dense alone, at 1 and 10 Gbit/s, all judged right (perf/RESULTS.md): hence the final (:func:`final_plans`).
+    Why the rounds won: the targets weigh the two errors differently. A plan kept slower than dense breaks "never slower
+    than dense"; dense kept where a plan is a little faster costs that little. So a plan must beat dense in clearly more
+    rounds than chance gives, not only by its judged step: of two plans that run alike, one is faster in 7 of 8 rounds
+    or more by chance 3.5% of the time (3 of 3: 12.5%), in 6 of 8 or more 14.5%. On the emulated cluster, 2 hosts at 10
+    Gbit/s, digits, launch AB, fp16 was judged 2.6 ms against dense's 2.8 and was faster in 6 of 8 rounds; timed, it ran
+    1.18x dense's step by throughput (1.06x by the median step), and a job of its own measured it slower than dense
+    (``perf/auto_runoff.py``). The bar was set just above that case. Re-judged so, the runoffs of every launch up to AC
+    keep dense in two settings where AB's rule (the judged step alone) kept fp16: AB's, and one where fp16 timed 1.02x
+    dense (``perf/auto.py --rejudge``). It errs too: in a job of its own on 2 hosts at 1 Gbit/s, where fp16 ran 0.85x
+    dense's step (the steps' mean), a runoff of every candidate kept dense where fp16 won 6 of 8 rounds (and where it
+    won 3 of 5, judged slower than dense by its step itself); the six runoffs of fp16 and dense alone, at 1 and 10
+    Gbit/s, all judged right (perf/RESULTS.md): hence the final (:func:`final_plans`).
 
-    Why a sign test (:func:`clear_win`) and not a share of the rounds: a fixed share asks more of a plan the more rounds
-    run (a plan 10% faster than dense may win 70% of the rounds: in 3 of 4 or more of 8 rounds often, of 24 seldom),
-    where chance's margin shrinks as they grow. Up to 10 rounds the two bars differ only at 5 (5 of 5; 4 of 5 was
-    more than three quarters); at 16 and 24, the most rounds of a runoff, the test asks 11 and 16 where three
-    quarters asked 13 and 19. Replayed on the interleaved rounds of the 49 digits settings of the launches up to AJ
-    (``perf/auto_replay.py``, perf/RESULTS.md), the plan kept was truly within 10% of the best and 5% of dense in
-    93.5% of the draws with the test and ``runoff_s`` 30, in 92.7% with three quarters and the same ``runoff_s``, and
-    in 89.9% as up to AJ (three quarters, ``runoff_s`` 10)."""
+    Why a sign test (:func:`clear_win`) and not a share of the rounds: chance's margin shrinks as the rounds grow, a
+    fixed share does not, so more rounds let a share tell a faster plan no better. A plan that wins 70% of the rounds
+    passes "more than three quarters" about 1 time in 4 at 8 rounds and at 24 alike; the test's 16 of 24, 7 times in 10.
+    Up to 10 rounds the two bars differ only at 5 (5 of 5; 4 of 5 was more than three quarters); at 16 rounds the test
+    asks 11 and at 24, the most, 16, where three quarters asked 13 and 19. Replayed on the interleaved rounds of the 49
+    digits settings of the launches up to AJ (``perf/auto_replay.py``, perf/RESULTS.md), the plan kept was truly within
+    10% of the best and 5% of dense in 93.9% of the draws with the test and ``runoff_s`` 30, in 92.7% with three
+    quarters and the same ``runoff_s``, and in 90.1% as up to AJ (three quarters, ``runoff_s`` 10)."""
     finalists, final = final_view(tried)
     if finalists:
         if all(tried[i]["label"] != "dense" for i in finalists):  # both passed the bar against dense: the faster
