@@ -187,8 +187,7 @@ class AutoSettings:
             dense (from BLOCK_ROUNDS rounds on by their measurements against the others' in the same rounds, else
             by the median of their measurements: :func:`judged_ms`) that, from BLOCK_ROUNDS rounds with dense on,
             measured faster than dense in clearly more of them than chance gives (:func:`clear_win`), the fastest is
-            kept (:func:`kept_plan`), or
-            after a final (``runoff_s``), the final decides; 0: none.
+            kept (:func:`kept_plan`), or after a final (``runoff_s``), the final decides; 0: none.
         runoff_band: the two fastest run off if the slower measured at most this fraction above the faster (and a
             plan judged at most this above dense, or above the plan kept, runs a final against it:
             :func:`final_plans`): closer than that, one measurement cannot tell them apart (on the emulated cluster
