@@ -39,9 +39,9 @@ means differ by 20%. (A plan's "measured" ms in auto's report is the guard's: th
 to Y, on 2026-11-24, a trimmed mean since: ``hvdcomp.auto.step_ms``.)
 ``auto``'s rows also give the plan it settled on, the plans it tried (predicted and measured ms, and the runoff's),
 every plan it ranked with its predicted ms, the dense step it measured and predicted, and the steps and seconds its
-tuning took (not in its step time; they are one-off per job). For digits, the first table also gives how sure auto /
-best is: the 90% interval and the share of draws within 10% when the rounds are drawn again with replacement
-(``resampled``).
+tuning took (not in its step time; they are one-off per job). The first table also gives how sure auto / best is
+where the runs were timed in rounds: the 90% interval and the share of draws within 10% when the rounds are drawn again
+with replacement (``resampled``; for synthetic, from AH on, over the contenders' rounds).
 Rows go to perf/results/auto.jsonl (``--results``: another file there).
 """
 
@@ -288,8 +288,10 @@ def resampled(methods: dict[str, dict[str, Any]], draws: int = RESAMPLINGS) -> t
     """How sure auto / best (by throughput) is, where the runs were timed in interleaved rounds: the rounds are drawn
     again with replacement (the same rounds for every run: a round's runs share its drift), each run's throughput
     taken over them, and auto's ratio to the best single method of that draw computed, ``draws`` times (a fixed seed).
-    Returns the 5th and 95th percentiles of the ratio and the share of draws within 10% of the best. (The best of ten
-    noisy runs reads faster than its method is: the draws carry that bias too.)"""
+    ``methods``: the runs timed in every round (on synthetic, the contenders that went on after the first round: the
+    others ran 1.25x the fastest or slower in it). Returns the 5th and 95th percentiles of the ratio and the share of
+    draws within 10% of the best. (The best of ten noisy runs reads faster than its method is: the draws carry that
+    bias too.)"""
     means = {m: round_means(r) for m, r in methods.items()}
     count = len(means["auto"])
     single = [m for m in methods if m not in ("auto", CONTROL)]
@@ -321,6 +323,8 @@ def summarize(rows: list[dict[str, Any]], figure: str) -> list[dict[str, Any]]:
         single = [m for m in methods if m not in ("auto", CONTROL)]
         best = min(single, key=step.__getitem__)
         alone = step.get(auto["label"], math.nan)  # a per-tensor mix was not run alone
+        timed = {m: r for m, r in methods.items()  # the runs timed in every round, where there were rounds
+                 if auto.get("rounds", 1) > 1 and r.get("rounds") == auto["rounds"] and "steps_s" in r}
         result.append({"hosts": hosts, "rate": rate, "workload": workload, "auto_s": step["auto"],
                        "dense_s": step["dense"], "best": best, "best_s": step[best],
                        "auto_vs_best": step["auto"] / step[best], "auto_vs_dense": step["auto"] / step["dense"],
@@ -328,8 +332,8 @@ def summarize(rows: list[dict[str, Any]], figure: str) -> list[dict[str, Any]]:
                        "auto_vs_alone": step["auto"] / alone, "alone_vs_best": alone / step[best],
                        "quartiles": (auto["step_p25_s"], auto["step_p75_s"]),
                        "round_means": round_means(auto) if "steps_s" in auto else [],
-                       "resampled": resampled(methods) if figure == "mean_step_s" and auto["rounds"] > 1 and all(
-                           r.get("rounds") == auto["rounds"] and "steps_s" in r for r in methods.values()) else None,
+                       "resampled": (resampled(timed) if figure == "mean_step_s" and {"auto", best} <= timed.keys()
+                                     else None),
                        "label": auto["label"], "plan": auto["plan"], "tried": auto["tried"],
                        "tuning_steps": auto["tuning_steps"], "tuning_s": auto["tuning_s"]})
     return result
