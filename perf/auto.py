@@ -323,8 +323,9 @@ def summarize(rows: list[dict[str, Any]], figure: str) -> list[dict[str, Any]]:
         single = [m for m in methods if m not in ("auto", CONTROL)]
         best = min(single, key=step.__getitem__)
         alone = step.get(auto["label"], math.nan)  # a per-tensor mix was not run alone
-        timed = {m: r for m, r in methods.items()  # the runs timed in every round, where there were rounds
-                 if auto.get("rounds", 1) > 1 and r.get("rounds") == auto["rounds"] and "steps_s" in r}
+        timed = {m: r for m, r in methods.items()  # by throughput: the runs timed in every round
+                 if figure == "mean_step_s" and auto.get("rounds", 1) > 1 and r.get("rounds") == auto["rounds"]
+                 and "steps_s" in r}
         result.append({"hosts": hosts, "rate": rate, "workload": workload, "auto_s": step["auto"],
                        "dense_s": step["dense"], "best": best, "best_s": step[best],
                        "auto_vs_best": step["auto"] / step[best], "auto_vs_dense": step["auto"] / step["dense"],
@@ -332,8 +333,7 @@ def summarize(rows: list[dict[str, Any]], figure: str) -> list[dict[str, Any]]:
                        "auto_vs_alone": step["auto"] / alone, "alone_vs_best": alone / step[best],
                        "quartiles": (auto["step_p25_s"], auto["step_p75_s"]),
                        "round_means": round_means(auto) if "steps_s" in auto else [],
-                       "resampled": (resampled(timed) if figure == "mean_step_s" and {"auto", best} <= timed.keys()
-                                     else None),
+                       "resampled": resampled(timed) if {"auto", best} <= timed.keys() else None,
                        "label": auto["label"], "plan": auto["plan"], "tried": auto["tried"],
                        "tuning_steps": auto["tuning_steps"], "tuning_s": auto["tuning_s"]})
     return result
