@@ -30,13 +30,17 @@ up to launch AJ, 10 up to Z2)
 in which every run (dense, each method, auto, dense again) takes its turn. Each round after the first runs in another
 order, and each run in it after one untimed step. A millisecond
 step's time drifts between runs on the emulated links (their token buckets refill at 4 ms timer ticks), and
-interleaving compares the runs under the same drift. A run's step time is its throughput, ``mean_step_s``: each round's
-mean step, the median over the rounds (a throughput figure that one slow round does not decide). The rows also hold
-every timed step (``steps_s``) and the median step (``step_s``, with its quartiles); ``--report`` prints a second table
-by it. Millisecond steps cluster about 1.1 ms apart (Horovod's negotiation round per cycle), so the median of the steps
-jumps from one cluster to the next where a run's steps split between two, and can come within 4% for two runs whose
-means differ by 20%. (A plan's "measured" ms in auto's report is the guard's: the median of its steps in the launches up
-to Y, on 2026-11-24, a trimmed mean since: ``hvdcomp.auto.step_ms``.)
+interleaving compares the runs under the same drift. A run's step time is its throughput: each round's mean step, the
+mean over the rounds (``rounds_mean_s``, from the rows' ``steps_s`` and ``round_steps``). That figure judges the targets
+from launch AN on, chosen before AN ran: up to AM it was the median over the rounds (``mean_step_s``, a figure that one
+slow round does not decide), but on 4 hosts the synthetic rounds' means fall into two modes (about 0.55 and 0.8 s per
+step, whatever the plan), and the median jumps with the split between them: auto running the method it kept measured
+0.84x to 1.21x of that method run alone across launches AH to AM. The rows also hold every timed step (``steps_s``) and
+the median step (``step_s``, with its quartiles); ``--report`` prints shorter tables by the median over the rounds and
+by the median step. Millisecond steps cluster about 1.1 ms apart (Horovod's negotiation round per cycle), so the median
+of the steps jumps from one cluster to the next where a run's steps split between two, and can come within 4% for two
+runs whose means differ by 20%. (A plan's "measured" ms in auto's report is the guard's: the median of its steps in
+the launches up to Y, on 2026-11-24, a trimmed mean since: ``hvdcomp.auto.step_ms``.)
 ``auto``'s rows also give the plan it settled on, the plans it tried (predicted and measured ms, and the runoff's),
 every plan it ranked with its predicted ms, the dense step it measured and predicted, and the steps and seconds its
 tuning took (not in its step time; they are one-off per job). The first table also gives how sure auto / best is
@@ -91,8 +95,11 @@ CONTENDER_BAND = 1.25
 CONTROL = "dense again"
 RESAMPLINGS = 2000  # draws of the rounds (resampled)
 #: the figures a setting is judged by: row key -> what it is
-FIGURES = {"mean_step_s": "throughput (each round's mean step, the median over the rounds)",
+FIGURES = {"rounds_mean_s": "throughput (each round's mean step, the mean over the rounds)",
+           "mean_step_s": "each round's mean step, the median over the rounds (the figure up to launch AM)",
            "step_s": "the median step"}
+#: how each figure over the rounds takes them (``resampled`` draws the rounds again and takes them so)
+OVER_ROUNDS = {"rounds_mean_s": statistics.fmean, "mean_step_s": statistics.median}
 BATCH = 32  # per rank
 
 
@@ -197,7 +204,7 @@ def worker(workloads: list[str], rate: str) -> None:
             # parameters refer to each other, and only a collection frees them)
             every = [t for steps_s in times[method] for t in steps_s]
             quartiles = statistics.quantiles(every, n=4)
-            # throughput: each round's mean step, the median over the rounds
+            # each round's mean step, the median over the rounds (the throughput, their mean, is rounds_mean_s)
             row.update(steps=len(every), rounds=len(times[method]), round_steps=[len(t) for t in times[method]],
                        step_s=quartiles[1], step_p25_s=quartiles[0], step_p75_s=quartiles[2],
                        mean_step_s=statistics.median(map(statistics.fmean, times[method])),
@@ -284,47 +291,57 @@ def round_means(row: dict[str, Any]) -> list[float]:
     return means
 
 
-def resampled(methods: dict[str, dict[str, Any]], draws: int = RESAMPLINGS) -> tuple[float, float, float]:
-    """How sure auto / best (by throughput) is, where the runs were timed in interleaved rounds: the rounds are drawn
-    again with replacement (the same rounds for every run: a round's runs share its drift), each run's throughput
-    taken over them, and auto's ratio to the best single method of that draw computed, ``draws`` times (a fixed seed).
+def figure_of(row: dict[str, Any], figure: str) -> float | None:
+    """A run's step time by ``figure`` (a key of FIGURES), or None where its row lacks it (older launches' rows:
+    without ``mean_step_s``, or without the steps the mean over the rounds is taken from)."""
+    if figure == "rounds_mean_s":
+        return statistics.fmean(round_means(row)) if "steps_s" in row else None
+    return row.get(figure)
+
+
+def resampled(methods: dict[str, dict[str, Any]], figure: str,
+              draws: int = RESAMPLINGS) -> tuple[float, float, float]:
+    """How sure auto / best (by ``figure``, one of OVER_ROUNDS) is, where the runs were timed in interleaved rounds:
+    the rounds are drawn again with replacement (the same rounds for every run: a round's runs share its drift), each
+    run's step time taken over them by the figure, and auto's ratio to the best single method of that draw computed,
+    ``draws`` times (a fixed seed).
     ``methods``: the runs timed in every round (on synthetic, the contenders that went on after the first round: the
     others ran 1.25x the fastest or slower in it). Returns the 5th and 95th percentiles of the ratio and the share of
     draws within 10% of the best. (The best of ten noisy runs reads faster than its method is: the draws carry that
     bias too.)"""
     means = {m: round_means(r) for m, r in methods.items()}
+    over = OVER_ROUNDS[figure]
     count = len(means["auto"])
     single = [m for m in methods if m not in ("auto", CONTROL)]
     rng = random.Random(0)
     ratios = []
     for _ in range(draws):
         picked = [rng.randrange(count) for _ in range(count)]
-        step = {m: statistics.median(means[m][i] for i in picked) for m in ["auto", *single]}
+        step = {m: over([means[m][i] for i in picked]) for m in ["auto", *single]}
         ratios.append(step["auto"] / min(step[m] for m in single))
     low, *_, high = statistics.quantiles(ratios, n=20)
     return low, high, sum(ratio <= 1.10 for ratio in ratios) / draws
 
 
 def summarize(rows: list[dict[str, Any]], figure: str) -> list[dict[str, Any]]:
-    """Per (hosts, rate, workload) whose runs all have ``figure`` (a key of FIGURES; older launches' rows lack
-    ``mean_step_s``): auto, dense, the best single method in hindsight by it (dense among them), and auto's ratios to
-    them, the control's to dense, auto's to its plan run alone, and that run's to the best (nan where it was not run:
-    a per-tensor mix); auto's quartiles and round means; by throughput over interleaved rounds, :func:`resampled`
-    (else None)."""
+    """Per (hosts, rate, workload) whose runs all have ``figure`` (a key of FIGURES; :func:`figure_of`): auto, dense,
+    the best single method in hindsight by it (dense among them), and auto's ratios to them, the control's to dense,
+    auto's to its plan run alone, and that run's to the best (nan where it was not run: a per-tensor mix); auto's
+    quartiles and round means; by a figure over interleaved rounds, :func:`resampled` (else None)."""
     settings: dict[tuple, dict[str, dict[str, Any]]] = {}
     for row in rows:
         settings.setdefault((row["hosts"], row["rate_bps"], row["rate"], row["workload"]), {})[row["method"]] = row
     result = []
     for (hosts, _, rate, workload), methods in sorted(settings.items()):
-        if "auto" not in methods or "dense" not in methods or any(figure not in r for r in methods.values()):
+        step = {m: figure_of(r, figure) for m, r in methods.items()}
+        if "auto" not in methods or "dense" not in methods or None in step.values():
             continue
-        step = {m: r[figure] for m, r in methods.items()}
         auto = methods["auto"]
         single = [m for m in methods if m not in ("auto", CONTROL)]
         best = min(single, key=step.__getitem__)
         alone = step.get(auto["label"], math.nan)  # a per-tensor mix was not run alone
-        timed = {m: r for m, r in methods.items()  # by throughput: the runs timed in every round
-                 if figure == "mean_step_s" and auto.get("rounds", 1) > 1 and r.get("rounds") == auto["rounds"]
+        timed = {m: r for m, r in methods.items()  # over the rounds: the runs timed in every round
+                 if figure in OVER_ROUNDS and auto.get("rounds", 1) > 1 and r.get("rounds") == auto["rounds"]
                  and "steps_s" in r}
         result.append({"hosts": hosts, "rate": rate, "workload": workload, "auto_s": step["auto"],
                        "dense_s": step["dense"], "best": best, "best_s": step[best],
@@ -333,7 +350,7 @@ def summarize(rows: list[dict[str, Any]], figure: str) -> list[dict[str, Any]]:
                        "auto_vs_alone": step["auto"] / alone, "alone_vs_best": alone / step[best],
                        "quartiles": (auto["step_p25_s"], auto["step_p75_s"]),
                        "round_means": round_means(auto) if "steps_s" in auto else [],
-                       "resampled": resampled(timed) if {"auto", best} <= timed.keys() else None,
+                       "resampled": resampled(timed, figure) if {"auto", best} <= timed.keys() else None,
                        "label": auto["label"], "plan": auto["plan"], "tried": auto["tried"],
                        "tuning_steps": auto["tuning_steps"], "tuning_s": auto["tuning_s"]})
     return result
@@ -399,11 +416,11 @@ def totals(table: list[dict[str, Any]], figure: str) -> None:
 
 
 def report(rows: list[dict[str, Any]]) -> None:
-    """Two tables: by throughput (the primary figure), with auto's plan and what it tried, and
-    by the median step; each with its targets' counts. Older launches' rows, without throughput, give the second."""
-    table = summarize(rows, "mean_step_s")
+    """A table by throughput (the figure that judges the targets), with auto's plan and what it tried, then shorter
+    ones by the other figures; each with its targets' counts. Older launches' rows lack some figures."""
+    table = summarize(rows, "rounds_mean_s")
     if table:
-        print(f"By {FIGURES['mean_step_s']}:\n")
+        print(f"By {FIGURES['rounds_mean_s']}:\n")
         print("| hosts | rate | workload | dense ms | best single (ms) | auto ms (rounds' range) | auto / best "
               "| rounds resampled: auto / best, 90%; share within 10% | auto / dense | dense again / dense "
               "| auto's plan | tried: predicted -> measured ms | tuning |")
@@ -416,22 +433,24 @@ def report(rows: list[dict[str, Any]]) -> None:
                   + ("{:.2f}-{:.2f}; {:.0%}".format(*r["resampled"]) if r["resampled"] else "-") + " | "
                   f"{r['auto_vs_dense']:.2f} | {r['control_vs_dense']:.2f} | {plan_text(r)} | "
                   f"{tried_text(r)} | {r['tuning_steps']} steps, {r['tuning_s']:.1f} s |")
-        totals(table, "mean_step_s")
-    by_median = summarize(rows, "step_s")
-    if by_median:
-        print(f"\nBy {FIGURES['step_s']} (over every timed step, each the slowest rank's):\n")
-        print("| hosts | rate | workload | dense ms | best single (ms) | auto ms (quartiles) | auto / best "
+        totals(table, "rounds_mean_s")
+    above = {(r["hosts"], r["rate"], r["workload"]) for r in table}
+    for figure in ("mean_step_s", "step_s"):
+        by_figure = summarize(rows, figure)
+        if not by_figure:
+            continue
+        print(f"\nBy {FIGURES[figure]} (each step the slowest rank's):\n")
+        print("| hosts | rate | workload | dense ms | best single (ms) | auto ms (its steps' quartiles) | auto / best "
               "| auto / dense | dense again / dense | auto's plan, tried, tuning (where not above) |")
         print("| --- " * 10 + "|")
-        above = {(r["hosts"], r["rate"], r["workload"]) for r in table}
-        for r in by_median:
+        for r in by_figure:
             low, high = (x * 1e3 for x in r["quartiles"])
             detail = "" if (r["hosts"], r["rate"], r["workload"]) in above else (
                 f"{plan_text(r)}; {tried_text(r)}; {r['tuning_steps']} steps, {r['tuning_s']:.1f} s")
             print(f"| {r['hosts']} | {r['rate']} | {r['workload']} | {r['dense_s'] * 1e3:.1f} | {r['best']} "
                   f"({r['best_s'] * 1e3:.1f}) | {r['auto_s'] * 1e3:.1f} ({low:.1f}-{high:.1f}) | "
                   f"{r['auto_vs_best']:.2f} | {r['auto_vs_dense']:.2f} | {r['control_vs_dense']:.2f} | {detail} |")
-        totals(by_median, "step_s")
+        totals(by_figure, figure)
 
 
 def kept_by(tried: list[dict[str, Any]], judged: list[float], dense_ms: float) -> str:
