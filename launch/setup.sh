@@ -187,8 +187,18 @@ build_horovod() {
     echo "$HOROVOD_SDIST_SHA256  $sdist" | sha256sum --check --status ||
         die "$sdist does not have the expected sha256; delete it and re-run"
 
-    log "installing Horovod's build tools (cmake<4: its bundled gloo does not configure with CMake 4)"
-    "${PIP[@]}" install -q "cmake>=3.13,<4"
+    # Horovod's bundled gloo asks for a CMake policy level older than CMake 4 configures, unless told the floor
+    # (CMAKE_POLICY_VERSION_MINIMUM, CMake 4's own way): a CMake 4 on the PATH (the GPU images have one) builds so;
+    # otherwise CMake 3 is installed into .venv.
+    local cmake_version policy=()
+    cmake_version=$(PATH="$VENV/bin:$PATH" cmake --version 2>/dev/null | sed -n 's/^cmake version \([0-9.]*\).*/\1/p')
+    if [[ ${cmake_version%%.*} =~ ^[0-9]+$ ]] && ((${cmake_version%%.*} >= 4)); then
+        log "building with CMake $cmake_version, with CMAKE_POLICY_VERSION_MINIMUM=3.5 for Horovod's bundled gloo"
+        policy=(CMAKE_POLICY_VERSION_MINIMUM=3.5)
+    else
+        log "installing Horovod's build tools (cmake<4: its bundled gloo does not configure with CMake 4 as it is)"
+        "${PIP[@]}" install -q "cmake>=3.13,<4"
+    fi
 
     local work
     work=$(mktemp -d "$CACHE/build.XXXXXX")
@@ -213,7 +223,7 @@ build_horovod() {
         PATH="$VENV/bin:$PATH"
         HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1
         HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1
-        MAKEFLAGS="-j$(nproc)"
+        MAKEFLAGS="-j$(nproc)" "${policy[@]}"
         # GCC 13 no longer includes these transitively; Horovod 0.28.1's sources rely on it (group_table.h, common.h).
         CXXFLAGS="${CXXFLAGS:-} -include cstdint -include string -include stdexcept"
     )
@@ -243,7 +253,7 @@ build_horovod() {
         grep -i 'error' "$log_file" | head -n 40 >&2 || true
         echo "[setup] Last lines of the log:" >&2
         tail -n 25 "$log_file" >&2
-        die "Horovod build failed: check that g++, cmake<4 and the MPI headers (libopenmpi-dev) are" \
+        die "Horovod build failed: check that g++, CMake and the MPI headers (libopenmpi-dev) are" \
             "installed; full log: $log_file"
     fi
     mkdir -p "$work/out"

@@ -14,8 +14,9 @@
 #    and the sparse workload (bow, an embedding with sparse gradients; train-bow.json).
 #    One rank reduces nothing (as in Horovod), so compression through NCCL is step 2's test_reductions_on_one_rank.
 #
-# A machine without network access (the project's lent GPU machines) installs from a wheelhouse: put the wheels
-# set-up needs, and horovod-0.28.1.tar.gz, in .whl/ at the repository root; pip then reads only that folder.
+# A machine without network access (the project's lent GPU machines) installs from a wheelhouse: perf/gpu_wheelhouse.sh,
+# run beforehand where there is network, puts what set-up needs there in .whl/ at the repository root; pip then reads
+# only that folder. (Results of such runs: perf/results/gpu, an H100, and perf/results/gpu-h200.)
 # Each method is listed here by name: a method that is not fails the check below.
 set -euo pipefail
 
