@@ -191,7 +191,8 @@ build_horovod() {
     # (CMAKE_POLICY_VERSION_MINIMUM, CMake 4's own way): a CMake 4 on the PATH (the GPU images have one) builds so;
     # otherwise CMake 3 is installed into .venv.
     local cmake_version policy=()
-    cmake_version=$(PATH="$VENV/bin:$PATH" cmake --version 2>/dev/null | sed -n 's/^cmake version \([0-9.]*\).*/\1/p')
+    cmake_version=$(PATH="$VENV/bin:$PATH" cmake --version 2>/dev/null |
+        sed -n 's/^cmake version \([0-9.]*\).*/\1/p') || cmake_version=""  # no CMake at all
     if [[ ${cmake_version%%.*} =~ ^[0-9]+$ ]] && ((${cmake_version%%.*} >= 4)); then
         log "building with CMake $cmake_version, with CMAKE_POLICY_VERSION_MINIMUM=3.5 for Horovod's bundled gloo"
         policy=(CMAKE_POLICY_VERSION_MINIMUM=3.5)
