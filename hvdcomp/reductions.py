@@ -1,6 +1,6 @@
 """Reductions: how a compressed gradient's payloads travel and are summed across ranks.
 
-A reduction is a generator (:data:`hvdcomp.collectives.Reduction`) that yields typed requests and finally
+A reduction is a generator (:data:`hvdcomp.requests.Reduction`) that yields typed requests and finally
 returns the *sum* over the ranks of the process set (float32 or the payload's dtype, the tensor's shape). The
 registry is open: defining a :class:`ReductionMethod` subclass with a ``name`` registers it, and a method that
 owns its reduction (PowerSGD) names it in ``Compressor.reduction``.
@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 import torch
 
 from hvdcomp import wire
-from hvdcomp.collectives import Agree, Allgather, Allreduce, Alltoall, Reduction
 from hvdcomp.compressor import Compressor, Context, Payload, State, register
 from hvdcomp.error_feedback import ErrorFeedback
+from hvdcomp.requests import Agree, Allgather, Allreduce, Alltoall, Reduction
 
 if TYPE_CHECKING:
     from hvdcomp.perfmodel.schema import Encoded

@@ -25,9 +25,11 @@ from torch import nn
 
 import hvdcomp
 from hvdcomp import reductions
-from hvdcomp.collectives import Agree, Allgather, Allreduce, Alltoall, Broadcast, Reduction, run_alone
+from hvdcomp.collectives import run_alone
 from hvdcomp.compressor import Compressor, Context, Payload, State
+from hvdcomp.optimizer import DEFAULT_DEADLINE
 from hvdcomp.perfmodel import probe
+from hvdcomp.requests import Agree, Allgather, Allreduce, Alltoall, Broadcast, Reduction
 
 torch.set_num_threads(1)  # several ranks share 2 cores
 
@@ -819,7 +821,7 @@ class Scalar(Compressor):
 
 
 def auto_run(candidates: dict | None, width: int = 1024, retune: bool = False,
-             deadline: hvdcomp.Deadline = hvdcomp.optimizer.DEFAULT_DEADLINE,
+             deadline: hvdcomp.Deadline = DEFAULT_DEADLINE,
              **settings: Any) -> tuple[dict, torch.optim.Optimizer, nn.Module]:
     """``compression: auto`` choosing among ``candidates`` (None: its defaults) for a model with one large weight
     (``width`` x ``width``, and the bias), batch 1, so that its dense step is mostly communication: trained until auto

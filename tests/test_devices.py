@@ -115,7 +115,8 @@ def test_reductions_on_one_rank(device: str) -> None:
     script = f"""
 import dataclasses, torch, horovod.torch as hvd
 from hvdcomp import reductions, make_compressor, Context
-from hvdcomp.collectives import Agree, run_alone, start
+from hvdcomp.collectives import run_alone, start
+from hvdcomp.requests import Agree
 hvd.init()
 cases = {{"fp16": "allreduce", "terngrad": "allgather", "topk": "allgather", "randomk": "allreduce",
          "powersgd": "powersgd", "bingrad": "allgather", "onebit": "allgather", "orq": "allgather",

@@ -58,11 +58,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from hvdcomp.collectives import Agree, Allgather, Allreduce, Reduction
 from hvdcomp.compressor import METHODS, Compressor, Context, Payload, State
 from hvdcomp.methods.dgc import DGC
 from hvdcomp.methods.topk import Sparse, TopK
 from hvdcomp.reductions import Phase, ReductionMethod
+from hvdcomp.requests import Agree, Allgather, Allreduce, Reduction
 
 if TYPE_CHECKING:
     from hvdcomp.perfmodel.schema import Encoded

@@ -83,10 +83,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
-from hvdcomp.collectives import Allgather, Allreduce, Broadcast, Reduction, Request
 from hvdcomp.compressor import Compressor, Context, Payload, State, derive_seed
 from hvdcomp.methods.topk import largest
 from hvdcomp.reductions import Phase, ReductionMethod
+from hvdcomp.requests import Allgather, Allreduce, Broadcast, Reduction, Request
 
 if TYPE_CHECKING:
     from hvdcomp.perfmodel.schema import Encoded

@@ -43,9 +43,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from hvdcomp.collectives import Allreduce, Reduction
 from hvdcomp.compressor import Compressor, Context, Payload, State, derive_seed
 from hvdcomp.reductions import Phase, ReductionMethod
+from hvdcomp.requests import Allreduce, Reduction
 
 _generators: dict[torch.device, torch.Generator] = {}
 

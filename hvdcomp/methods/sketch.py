@@ -66,11 +66,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from hvdcomp.collectives import Agree, Allgather, Allreduce, Reduction
 from hvdcomp.compressor import Context, Payload, State, derive_seed
 from hvdcomp.kernels import cpu_kernels
 from hvdcomp.methods.topk import Sparse, block, index_dtype
 from hvdcomp.reductions import Phase, ReductionMethod
+from hvdcomp.requests import Agree, Allgather, Allreduce, Reduction
 
 if TYPE_CHECKING:
     from hvdcomp.perfmodel.schema import Encoded

@@ -29,11 +29,11 @@ from typing import Any
 
 import torch
 
-from hvdcomp.collectives import Agree
 from hvdcomp.compressor import Compressor, Context, Payload, State, derive_seed
 from hvdcomp.kernels import cpu_kernels
 from hvdcomp.packing import pack_bits, unpack_bits
 from hvdcomp.quantization import generator
+from hvdcomp.requests import Agree
 
 
 def decode_codes(codes: torch.Tensor) -> torch.Tensor:

@@ -47,10 +47,9 @@ import torch
 from torch import nn
 
 from hvdcomp import wire
-from hvdcomp.compressor import STEADY_STEP, Compressor, Context
+from hvdcomp.compressor import STEADY_STEP, Compressor, Context, nonfinite
 from hvdcomp.config import CompressionConfig, edges
 from hvdcomp.methods import METHODS
-from hvdcomp.optimizer import nonfinite
 from hvdcomp.perfmodel.schema import dump
 from hvdcomp.tools.workloads import WORKLOADS
 

@@ -1,0 +1,110 @@
+"""The requests a reduction yields, and what it receives for each: plain data that any backend can carry out.
+
+A reduction (:mod:`hvdcomp.reductions`) is a generator: it yields typed requests and receives each one's
+result, so the optimizer can interleave many parameters and overlap their communication with backward:
+
+* :class:`Allreduce`: tensors summed (or max/min/product) across ranks, an op per tensor, in place;
+  receives the reduced tensors;
+* :class:`Allgather`: a payload from every rank, of fixed or per-rank sizes; receives every rank's payload;
+* :class:`Alltoall`: a payload for each rank; receives the payload each rank sent here;
+* :class:`Broadcast`: the root's payload on every rank (same layout everywhere); receives it;
+* :class:`Agree`: a few values agreed across ranks by sum, max or min. The optimizer fuses every
+  parameter's agreements of a step into one small collective per op family (the *vote*): max and min ride
+  one max-allreduce, sums are gathered and added in rank order, so every rank holds the same bits.
+
+The requests check, when made, what Horovod (which runs them: :mod:`hvdcomp.collectives`) accepts: an
+:class:`Allreduce` names ops of :data:`ALLREDUCE_OPS`, one per tensor, and holds tensors of
+:data:`ALLREDUCE_DTYPES` only (Horovod's allreduce accepts int32, int64, float16, float32 and float64); an
+:class:`Agree` names an op of :data:`AGREE_OPS`. Gathered, exchanged and broadcast payloads may mix any dtypes:
+they travel packed into one byte buffer.
+
+This module imports no backend: methods and reductions build requests without Horovod installed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from hvdcomp import wire
+from hvdcomp.compressor import Payload
+
+#: the reduce ops an :class:`Allreduce` may name (:data:`hvdcomp.collectives.OPS` maps them to Horovod's)
+ALLREDUCE_OPS = ("sum", "max", "min", "product")
+#: the ops an :class:`Agree` may name
+AGREE_OPS = ("sum", "max", "min")
+#: the dtypes Horovod's allreduce accepts
+ALLREDUCE_DTYPES = (torch.int32, torch.int64, torch.float16, torch.float32, torch.float64)
+
+
+@dataclass(frozen=True)
+class Allreduce:
+    """Reduce each tensor across ranks with its op (``ops``: one name for all, or one per tensor), in place."""
+
+    tensors: Payload
+    ops: str | tuple[str, ...] = "sum"
+
+    def __post_init__(self) -> None:
+        ops = (self.ops,) * len(self.tensors) if isinstance(self.ops, str) else tuple(self.ops)
+        if len(ops) != len(self.tensors):
+            raise ValueError(f"Allreduce: {len(ops)} ops for {len(self.tensors)} tensors")
+        for op in ops:
+            if op not in ALLREDUCE_OPS:
+                raise ValueError(f"Allreduce: unknown op {op!r}; valid: {', '.join(ALLREDUCE_OPS)}")
+        for tensor in self.tensors:
+            if tensor.dtype not in ALLREDUCE_DTYPES:
+                raise ValueError(f"Allreduce: Horovod's allreduce does not accept {tensor.dtype}; valid: "
+                                 f"{', '.join(map(str, ALLREDUCE_DTYPES))} (gather other dtypes with Allgather)")
+        object.__setattr__(self, "ops", ops)
+
+
+@dataclass(frozen=True)
+class Allgather:
+    """Every rank's ``payload``: of this rank's layout on every rank (``fixed_size``), of per-rank sizes that
+    travel too (``fixed_size=False``), or of layouts every rank knows beforehand (``layouts``, one per rank:
+    two-phase's owners, whose chunks differ by an element)."""
+
+    payload: Payload
+    fixed_size: bool = True
+    layouts: Sequence[wire.Layout] | None = None
+
+
+@dataclass(frozen=True)
+class Alltoall:
+    """``payloads[j]`` goes to rank j; receives what each rank sent here, in rank order.
+
+    With ``fixed_size`` the payload rank j sends here has the layout of ``payloads[rank]`` (a chunk's layout
+    depends only on the chunk); otherwise part sizes travel in a small header.
+    """
+
+    payloads: Sequence[Payload]
+    fixed_size: bool = True
+
+
+@dataclass(frozen=True)
+class Broadcast:
+    """Rank ``root``'s ``payload`` on every rank; every rank passes tensors of the same layout. ``root`` is a rank
+    within the process set (as ``process_set.rank()``)."""
+
+    payload: Payload
+    root: int = 0
+
+
+@dataclass(frozen=True)
+class Agree:
+    """Small float values agreed across ranks by ``op`` (sum, max or min): fused into the step's vote."""
+
+    values: torch.Tensor
+    op: str = "max"
+
+    def __post_init__(self) -> None:
+        if self.op not in AGREE_OPS:
+            raise ValueError(f"Agree: unknown op {self.op!r}; valid: {', '.join(AGREE_OPS)}")
+
+
+Request = Allreduce | Allgather | Alltoall | Broadcast | Agree
+#: what a reduction is: yields requests, receives their results, returns the sum over ranks
+Reduction = Generator[Request, Any, torch.Tensor]

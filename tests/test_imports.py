@@ -1,0 +1,88 @@
+"""What imports Horovod: the compressors, requests, kernels, configuration, ``hvdcomp bench compress`` and
+``hvdcomp profile`` do not (a GPU machine benchmarks them without Horovod built); the optimizer and the collectives
+do."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO
+
+import hvdcomp
+
+WITHOUT_HOROVOD = """
+import importlib.abc, sys
+
+class NoHorovod(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "horovod" or name.startswith("horovod."):
+            raise ModuleNotFoundError(f"No module named {name!r} (hidden by the test)", name=name)
+        return None
+
+sys.meta_path.insert(0, NoHorovod())
+
+import contextlib, io
+import torch
+import hvdcomp, hvdcomp.methods, hvdcomp.kernels, hvdcomp.config, hvdcomp.tools.bench, hvdcomp.perfmodel.profile
+from hvdcomp import Context, make_compressor
+from hvdcomp.requests import Allreduce
+
+grad = torch.randn(96, 64, generator=torch.Generator().manual_seed(0))
+for method, options in [("terngrad", {}), ("qsgd", {}), ("topk", {"ratio": 0.05}), ("powersgd", {"start_iter": 0})]:
+    compressor = make_compressor(method, options)
+    ctx = Context.local(grad, seed=3)
+    state = compressor.init_state(grad, ctx)
+    payload, meta = compressor.compress(grad, state, ctx)
+    decoded = compressor.decompress(payload, meta).float()
+    assert decoded.shape == grad.shape and bool(decoded.isfinite().all()), method
+    assert float((decoded - grad).norm() / grad.norm()) < 2, method
+
+Allreduce([torch.ones(2)], "max")
+try:
+    Allreduce([torch.ones(2)], "mean")
+except ValueError:
+    pass
+else:
+    raise AssertionError("Allreduce accepted op 'mean'")
+
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    assert hvdcomp.tools.bench.main(["compress", "--method", "terngrad", "--numel", "4096", "--repeats", "1",
+                                     "--json"]) == 0
+assert '"bits_per_element"' in out.getvalue(), out.getvalue()
+
+assert "horovod" not in sys.modules, sorted(name for name in sys.modules if name.startswith("horovod"))
+try:
+    hvdcomp.DistributedOptimizer
+except ImportError:
+    pass
+else:
+    raise AssertionError("hvdcomp.DistributedOptimizer resolved with Horovod hidden")
+print("WITHOUT HOROVOD OK")
+"""
+
+
+def test_compressors_kernels_config_and_bench_import_without_horovod() -> None:
+    """With every ``horovod`` module made to raise ImportError: the package, the methods, the kernels, the
+    configuration and the benchmark import, compressors compress and decompress on the CPU, requests validate, and
+    Horovod is imported by nothing; the optimizer, which needs it, fails only when it is asked for."""
+    done = subprocess.run([sys.executable, "-c", WITHOUT_HOROVOD], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and "WITHOUT HOROVOD OK" in done.stdout, done.stdout + done.stderr
+
+
+def test_horovod_names_resolve_lazily() -> None:
+    """The names that need Horovod still resolve on the package (first use imports them), are listed by ``dir``,
+    and the ops requests accept are the ones the collectives map to Horovod's."""
+    pytest.importorskip("horovod.torch")
+    from hvdcomp import collectives, optimizer, requests
+
+    assert hvdcomp.DistributedOptimizer is optimizer.DistributedOptimizer
+    assert hvdcomp.Deadline is optimizer.Deadline
+    assert set(hvdcomp.__all__) <= set(dir(hvdcomp))
+    assert all(hasattr(hvdcomp, name) for name in hvdcomp.__all__)
+    with pytest.raises(AttributeError, match="no attribute 'Missing'"):
+        hvdcomp.Missing  # noqa: B018
+    assert tuple(collectives.OPS) == requests.ALLREDUCE_OPS
