@@ -8,21 +8,24 @@ family's magnitude); :meth:`BucketQuantizer.grid` says which. Every payload has 
 shape on every rank (``fixed_size``): they travel by allgather or two-phase, and a rank decodes and sums all
 ranks' payloads in one pass (:func:`decode_sum`).
 
-On CPU float32 tensors the fused kernels of ``hvdcomp/kernels/quant.cpp`` compute the levels, draw, round and
-pack each bucket while it is in cache; elsewhere (CUDA, or no compiler) each method's PyTorch path runs the
-same algorithm on a [buckets, bucket_size] view, with no host syncs.
+The fused kernels compute the levels, draw, round and pack each bucket while it is in cache (CPU:
+``hvdcomp/kernels/quant.cpp``) or in registers (CUDA: :mod:`hvdcomp.kernels.gpu`, buckets of up to
+``MAX_BUCKET`` elements), with the same draws, so both give the same codes; without them (no compiler, no
+Triton, a larger bucket on CUDA) each method's PyTorch path runs the same algorithm on a [buckets, bucket_size]
+view. No path synchronizes with the device.
 """
 
 from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 import torch
 
 from hvdcomp.compressor import Compressor, Context, Payload, State, derive_seed
-from hvdcomp.kernels import cpu_kernels
+from hvdcomp.kernels import gpu_kernels, kernels_for
 from hvdcomp.packing import unpack_bits
 
 _generators: dict[torch.device, torch.Generator] = {}
@@ -60,6 +63,12 @@ def buckets(x: torch.Tensor, bucket: int) -> tuple[torch.Tensor, torch.Tensor]:
     return padded.view(rows, bucket), valid.view(rows, bucket)
 
 
+def stacked(parts: list[torch.Tensor]) -> torch.Tensor:
+    """The payloads' parts as one contiguous [R, ...] tensor (a view for one part: decoding one payload copies
+    nothing)."""
+    return parts[0].unsqueeze(0).contiguous() if len(parts) == 1 else torch.stack(parts)
+
+
 def decode_sum(packed: list[torch.Tensor], tables: list[torch.Tensor], grid: torch.Tensor | None, bits: int,
                bucket: int, n: int) -> torch.Tensor:
     """Sum over payloads of their decoded values, float32 [n], added in payload (rank) order. Tables may arrive
@@ -69,11 +78,11 @@ def decode_sum(packed: list[torch.Tensor], tables: list[torch.Tensor], grid: tor
     if rows == 0:
         return torch.zeros(0, dtype=torch.float32, device=device)
     tables = [table.reshape(rows, -1) for table in tables]
-    kernels = cpu_kernels() if device.type == "cpu" else None
+    kernels = kernels_for(device)
     if kernels is not None:
-        empty = torch.empty(0, dtype=torch.float32)
-        return kernels.decode_sum(torch.stack(packed), torch.stack(tables).float(),
-                                  empty if grid is None else grid, bits, bucket, n)
+        empty = torch.empty(0, dtype=torch.float32, device=device)
+        return kernels.decode_sum(stacked(packed), stacked(tables).float(), empty if grid is None else grid,
+                                  bits, bucket, n)
     total = torch.zeros(n, dtype=torch.float32, device=device)
     for part, table in zip(packed, tables, strict=True):
         codes = torch.zeros(rows * bucket, dtype=torch.int64, device=device)
@@ -117,9 +126,19 @@ class BucketQuantizer(Compressor):
         grid = self.grid(payload[0].device)
         return payload[0] if grid is None else payload[0] * grid
 
+    def fused_kernels(self, x: torch.Tensor) -> ModuleType | None:
+        """The fused kernels for ``x`` (:func:`hvdcomp.kernels.kernels_for`), or None where they do not apply: the
+        Triton kernels hold a bucket in registers, up to ``MAX_BUCKET`` elements."""
+        kernels = kernels_for(x.device)
+        if kernels is not None and kernels is gpu_kernels() and self.bucket_size is not None \
+                and self.bucket_size > kernels.MAX_BUCKET:
+            return None
+        return kernels
+
     @abstractmethod
     def quantize_kernel(self, kernels: Any, x: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(tables, packed) of a flat float32 CPU tensor, by the fused kernels."""
+        """(tables, packed) of a flat float32 tensor, by the fused kernels (the C++ extension on CPU, the Triton
+        kernels on CUDA: the same functions)."""
 
     @abstractmethod
     def quantize_torch(self, x: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -129,7 +148,7 @@ class BucketQuantizer(Compressor):
                  agreed: torch.Tensor | None = None) -> tuple[Payload, Any]:
         x = tensor.detach().reshape(-1).to(torch.float32).contiguous()
         seed = derive_seed(ctx.seed, ctx.step)
-        kernels = cpu_kernels() if x.device.type == "cpu" else None
+        kernels = self.fused_kernels(x)
         tables, packed = (self.quantize_kernel(kernels, x, seed) if kernels is not None
                           else self.quantize_torch(x, seed))
         return [tables, packed], (tensor.shape, x.numel())

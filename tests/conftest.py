@@ -10,29 +10,25 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
-from typing import Any
 
 import pytest
+
+from hvdcomp.kernels import cpu_kernels
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 CONTROLLERS = ("mpi", "gloo")
 
 
-def kernel_paths(method_module: ModuleType) -> Any:
-    """A ``path`` fixture that runs a test on ``method_module``'s fused CPU kernels and on its pure-PyTorch path
-    (the one CUDA tensors take), by hiding the kernels from that module."""
-
-    @pytest.fixture(params=["kernels", "torch"])
-    def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-        if request.param == "kernels":
-            assert method_module.cpu_kernels() is not None, "the fused CPU kernels did not build"
-        else:
-            monkeypatch.setattr(method_module, "cpu_kernels", lambda: None)
-        return request.param
-
-    return path
+@pytest.fixture(params=["kernels", "torch"])
+def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Runs a test on the fused CPU kernels and on the pure-PyTorch path (the one taken where no kernel applies),
+    by turning the kernels off (``HVDCOMP_KERNELS=0``)."""
+    if request.param == "kernels":
+        assert cpu_kernels() is not None, "the fused CPU kernels did not build"
+    else:
+        monkeypatch.setenv("HVDCOMP_KERNELS", "0")
+    return request.param
 
 
 @dataclass

@@ -7,13 +7,9 @@ from dataclasses import replace
 
 import pytest
 import torch
-from conftest import kernel_paths
 
-import hvdcomp.methods.randomk as randomk_module
 from hvdcomp import CompressionConfig, Context, ErrorFeedback, RandomK
 from hvdcomp.methods.randomk import strata
-
-path = kernel_paths(randomk_module)  # each test taking ``path`` runs on the kernels and on the torch path
 
 
 @pytest.mark.parametrize(("n", "k"), [(10, 3), (1000, 10), (7, 7), (1, 1), (100_003, 1001)])

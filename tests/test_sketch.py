@@ -8,15 +8,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import kernel_paths
 
 from hvdcomp import make_compressor
 from hvdcomp.compressor import Context
 from hvdcomp.config import CompressionConfig
 from hvdcomp.methods import sketch
 from hvdcomp.methods.sketch import Sketch, SketchReduction
-
-path = kernel_paths(sketch)
 
 
 def splitmix64(z: int) -> int:

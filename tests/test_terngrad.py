@@ -7,14 +7,10 @@ from dataclasses import replace
 
 import pytest
 import torch
-from conftest import kernel_paths
 
-import hvdcomp.methods.terngrad as terngrad_module
 from hvdcomp import Context, TernGrad, wire
 from hvdcomp.kernels import cpu_kernels
 from hvdcomp.packing import pack_bits
-
-path = kernel_paths(terngrad_module)  # each test taking ``path`` runs on the kernels and on the torch path
 
 
 def clipped(x: torch.Tensor, c: float | None) -> torch.Tensor:

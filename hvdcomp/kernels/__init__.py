@@ -1,6 +1,9 @@
-"""Fused CPU kernels (``ternary.cpp`` for TernGrad, ``randomk.cpp`` for random-k, ``quant.cpp`` for the bucketed
-quantizers, ``sketch.cpp`` for the homomorphic sketch's decoding, bound in ``module.cpp``), compiled once into one
-extension with PyTorch's C++ extension builder and cached.
+"""Fused kernels: on CPU tensors a C++ extension (``ternary.cpp`` for TernGrad, ``randomk.cpp`` for random-k,
+``quant.cpp`` for the bucketed quantizers, ``sketch.cpp`` for the homomorphic sketch's decoding, bound in
+``module.cpp``), on CUDA tensors Triton kernels (:mod:`hvdcomp.kernels.gpu`, the quantizers and TernGrad) with the
+same functions, wire format and random draws. :func:`kernels_for` picks the one for a tensor's device.
+
+The C++ extension is compiled once with PyTorch's C++ extension builder and cached.
 
 The build lands in the Python environment (``<sys.prefix>/hvdcomp-kernels/<hash of the sources>``; PyTorch's
 extension cache where that is not writable) and is rebuilt only when the source or the compiler flags change: once
@@ -19,9 +22,12 @@ import pathlib
 import sys
 from types import ModuleType
 
+import torch
+
 _SOURCES = sorted(pathlib.Path(__file__).parent.glob("*.cpp"))
 _HEADERS = sorted(pathlib.Path(__file__).parent.glob("*.h"))
 _state: dict[str, ModuleType | Exception] = {}
+_triton: dict[str, ModuleType | Exception] = {}
 log = logging.getLogger(__name__)
 
 
@@ -72,3 +78,33 @@ def cpu_kernels() -> ModuleType | None:
             log.warning("hvdcomp: fused CPU kernels unavailable (%s); using the PyTorch path", error)
     module = _state["module"]
     return None if isinstance(module, Exception) else module
+
+
+def gpu_kernels() -> ModuleType | None:
+    """The Triton kernels (:mod:`hvdcomp.kernels.gpu`), or None (warning once) where Triton cannot be imported."""
+    if not _triton:
+        try:
+            import hvdcomp.kernels.gpu as module
+
+            _triton["module"] = module
+        except ImportError as error:
+            _triton["module"] = error
+            log.warning("hvdcomp: Triton kernels unavailable (%s); CUDA tensors take the PyTorch path", error)
+    module = _triton["module"]
+    return None if isinstance(module, Exception) else module
+
+
+def kernels_for(device: torch.device) -> ModuleType | None:
+    """The fused kernels for tensors on ``device``: the C++ extension on CPU, the Triton kernels on CUDA, None where
+    neither applies (each method then runs its PyTorch path).
+
+    ``HVDCOMP_KERNELS`` in the environment: ``0`` turns every fused kernel off; ``triton`` takes the Triton kernels
+    for every device, which on CPU tensors needs Triton's interpreter (``TRITON_INTERPRET=1``): how the tests run
+    them without a GPU.
+    """
+    choice = os.environ.get("HVDCOMP_KERNELS")
+    if choice == "0":
+        return None
+    if choice == "triton" or device.type == "cuda":
+        return gpu_kernels()
+    return cpu_kernels() if device.type == "cpu" else None

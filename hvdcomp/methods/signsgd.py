@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from hvdcomp.compressor import Payload
+from hvdcomp.kernels import gpu_kernels
 from hvdcomp.packing import pack_bits
 from hvdcomp.quantization import BucketQuantizer, decode_sum, generator
 
@@ -43,6 +44,8 @@ class EFSignSGD(BucketQuantizer):
         return self.cached_grid("sign", 1, device, lambda codes: codes * 2 - 1)
 
     def scale_kernel(self, kernels: Any, x: torch.Tensor) -> torch.Tensor:
+        if kernels is gpu_kernels():  # on the device: no sync
+            return kernels.abs_mean(x)
         return torch.tensor([[kernels.moments(x)[3].item() / max(x.numel(), 1)]], dtype=torch.float32)
 
     def scale_torch(self, x: torch.Tensor) -> torch.Tensor:
@@ -72,7 +75,7 @@ class SignSGD(EFSignSGD):
         self.scaled = scaled
 
     def scale_kernel(self, kernels: Any, x: torch.Tensor) -> torch.Tensor:
-        return super().scale_kernel(kernels, x) if self.scaled else torch.ones(1, 1)
+        return super().scale_kernel(kernels, x) if self.scaled else x.new_ones(1, 1)
 
     def scale_torch(self, x: torch.Tensor) -> torch.Tensor:
         return super().scale_torch(x) if self.scaled else x.new_ones(1, 1)

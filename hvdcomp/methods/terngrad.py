@@ -16,10 +16,12 @@ which is unbiased, E[Q(g)] = g, with per-element variance |g_k| (s - |g_k|). Two
 Encoding: 2 bits per element, 4 per byte (:mod:`hvdcomp.packing`), plus the float32 scaler: 2.00006 bits per
 element at 1 M elements. Decoding sums the ranks' ternary codes times their scalers in one pass.
 
-On CPU float32 the fused kernels of :mod:`hvdcomp.kernels` do the statistics in one pass and
-clip-ternarize-pack in another, with counter-based random numbers; elsewhere (CUDA, or no compiler) the same
-operations run as PyTorch ops with ``torch.rand``. Both draw from a seed derived from the per-parameter seed
-and the step (the context's), so a run resumed from a checkpoint continues exactly.
+The fused kernels of :mod:`hvdcomp.kernels` (C++ on CPU, Triton on CUDA) do the statistics in one pass and
+clip-ternarize-pack in another, with the same counter-based random numbers, so both give the same codes; on CUDA
+the scaler and the clip bound stay on the device between the passes and through the scaler agreement. Without
+them (no compiler, no Triton) the same operations run as PyTorch ops with ``torch.rand``. Every path draws from a
+seed derived from the per-parameter seed and the step (the context's), so a run resumed from a checkpoint
+continues exactly.
 """
 
 from __future__ import annotations
@@ -30,9 +32,9 @@ from typing import Any
 import torch
 
 from hvdcomp.compressor import Compressor, Context, Payload, State, derive_seed
-from hvdcomp.kernels import cpu_kernels
+from hvdcomp.kernels import cpu_kernels, kernels_for
 from hvdcomp.packing import pack_bits, unpack_bits
-from hvdcomp.quantization import generator
+from hvdcomp.quantization import generator, stacked
 from hvdcomp.requests import Agree
 
 
@@ -75,7 +77,9 @@ class TernGrad(Compressor):
         if n == 0:
             zero = x.new_zeros(1)
             return zero, zero
-        kernels = cpu_kernels() if x.device.type == "cpu" else None
+        kernels = kernels_for(x.device)
+        if kernels is not None and kernels is not cpu_kernels():  # Triton: one pass, the results on the device
+            return kernels.ternary_statistics(x, self.clip)
         if kernels is not None:  # one pass, and these are host values anyway: no device sync
             total, squares, absmax, _ = kernels.moments(x).tolist()
             mean = total / n
@@ -103,9 +107,11 @@ class TernGrad(Compressor):
         bound, scaler = self._statistics(x) if statistics is None else statistics
         if agreed is not None:
             scaler = agreed.reshape(1).to(torch.float32)
-        kernels = cpu_kernels() if x.device.type == "cpu" else None
-        if kernels is not None:
+        kernels = kernels_for(x.device)
+        if kernels is not None and kernels is cpu_kernels():
             packed = kernels.ternarize_pack(x, float(scaler), float(bound), seed)
+        elif kernels is not None:
+            packed = kernels.ternarize_pack(x, scaler, bound, seed)
         else:
             kept = x.abs().clamp_(max=bound)  # a_k = min(|g_k|, c*sigma) <= scaler
             draw = torch.rand(x.numel(), generator=generator(x.device, seed), device=x.device).mul_(scaler)
@@ -120,9 +126,9 @@ class TernGrad(Compressor):
         shape, n = meta
         scales = torch.cat([payload[0] for payload in payloads])
         packed = [payload[1] for payload in payloads]
-        kernels = cpu_kernels() if scales.device.type == "cpu" else None
+        kernels = kernels_for(scales.device)
         if kernels is not None:
-            return kernels.unpack_sum(torch.stack(packed), scales, n).view(shape)
+            return kernels.unpack_sum(stacked(packed), scales, n).view(shape)
         total = torch.zeros(n, dtype=torch.float32, device=scales.device)
         for scale, codes in zip(scales, packed, strict=True):
             total.add_(decode_codes(unpack_bits(codes, 2, n)).mul_(scale))

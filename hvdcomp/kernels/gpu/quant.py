@@ -1,0 +1,329 @@
+"""Triton kernels for the bucketed quantizers (:mod:`hvdcomp.quantization`): QSGD, ORQ, BinGrad, 1-bit SGD and the
+sign family, the GPU counterparts of ``hvdcomp/kernels/quant.cpp`` with the same arguments, wire format and draws.
+
+Each program holds ``ROWS`` whole buckets in registers (a [ROWS, BUCKET] block, BUCKET the bucket size rounded up to
+a power of two): it computes each bucket's statistics and levels there, then draws, rounds and packs the codes and
+writes them with the bucket's table, so the gradient is read once and every step after the load stays on chip. ORQ's
+level search (coordinate descent on the optimality condition over ``bins`` bins per bucket, as ``orq_levels`` in
+quant.cpp) runs on the block too: the count and the sum of the values below a bin are reductions over the bucket's
+row, and the bin holding the r-th smallest value is found by bisection on such counts. :func:`decode_sum` decodes
+and adds every rank's payload, in rank order, in one pass.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from hvdcomp.kernels.gpu.common import load_codes, random_bits, seed_key, store_packed, uniforms
+
+#: the largest bucket a program holds in registers; larger buckets take the PyTorch path
+MAX_BUCKET = 8192
+_ELEMENTS_PER_PROGRAM = 2048
+_DECODE_BLOCK = 2048
+_KIND_ORQ, _KIND_QSGD_L2, _KIND_QSGD_MAX = 0, 1, 2
+_KIND_BINGRAD, _KIND_ONEBIT = 0, 1
+
+
+def _check_bucket(bucket: int, what: str) -> None:
+    if bucket < 8 or bucket % 8:
+        raise ValueError(f"{what}: bucket must be a positive multiple of 8, got {bucket}")
+    if bucket > MAX_BUCKET:
+        raise ValueError(f"{what}: buckets of up to {MAX_BUCKET} elements fit a program's registers, got {bucket}")
+
+
+def _layout(n: int, bucket: int) -> tuple[int, int, int]:
+    """(buckets, BLOCK: the bucket padded to a power of two, ROWS: buckets per program)."""
+    block = triton.next_power_of_2(bucket)
+    return -(-n // bucket), block, max(1, _ELEMENTS_PER_PROGRAM // block)
+
+
+@triton.jit
+def _bucket_block(x_ptr, n, bucket, buckets, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    """This program's buckets: (first row, row indices [ROWS], values [ROWS, BLOCK] (0 outside), valid mask, count
+    per row)."""
+    first = tl.program_id(0).to(tl.int64) * ROWS
+    rows = first + tl.arange(0, ROWS)
+    columns = tl.arange(0, BLOCK)
+    elements = rows[:, None] * bucket + columns[None, :]
+    valid = (columns[None, :] < bucket) & (elements < n) & (rows[:, None] < buckets)
+    x = tl.load(x_ptr + elements, mask=valid, other=0.0)
+    return first, rows, x, valid, tl.sum(valid.to(tl.int32), axis=1)
+
+
+@triton.jit
+def _column(matrix, index, j):
+    """matrix[:, j] of a small [ROWS, L] register tensor (``index`` the column numbers [L])."""
+    return tl.sum(tl.where(index[None, :] == j, matrix, 0), axis=1)
+
+
+@triton.jit
+def _set_column(matrix, index, j, values, where):
+    return tl.where((index[None, :] == j) & where[:, None], values[:, None], matrix)
+
+
+@triton.jit
+def _below(bins, x, bound):
+    """(count, sum) of the values whose bin is below ``bound`` [ROWS]; the padding's bin is past every bound."""
+    under = bins < bound[:, None]
+    return tl.sum(under.to(tl.int32), axis=1), tl.sum(tl.where(under, x, 0.0), axis=1)
+
+
+@triton.jit
+def _bin_mean(bins, x, b):
+    inside = bins == b[:, None]
+    return tl.sum(tl.where(inside, x, 0.0), axis=1) / tl.maximum(tl.sum(inside.to(tl.int32), axis=1), 1).to(tl.float32)
+
+
+@triton.jit
+def _orq_levels(x, valid, count, low, high, iterations, NBINS: tl.constexpr, SEARCH_STEPS: tl.constexpr,
+                LEVELS: tl.constexpr, ROWS: tl.constexpr):
+    """ORQ's levels [ROWS, LEVELS] of each row (``orq_levels`` in quant.cpp): uniform from min to max, then each
+    interior level on the bin that the optimality condition #{g in [l_j, l_{j+1})} = K_j picks, sweep after sweep
+    (Gauss-Seidel, as the CPU) until no level moves or ``iterations`` sweeps are done. Level j is the mean of its
+    bin; ``index`` holds its bin and ``weight``/``mass`` the count and sum of the values in lower bins."""
+    TOP: tl.constexpr = LEVELS - 1
+    lcol = tl.arange(0, LEVELS)
+    levels = low[:, None] + (high - low)[:, None] * lcol[None, :].to(tl.float32) / TOP
+    levels = tl.where(lcol[None, :] == 0, low[:, None], tl.where(lcol[None, :] == TOP, high[:, None], levels))
+    spread = high > low
+    if LEVELS > 2:
+        scale = NBINS / (high - low)
+        position = (x - low[:, None]) * scale[:, None]
+        bins = tl.where(position >= 0, tl.where(position < NBINS, position.to(tl.int32), NBINS - 1), 0)
+        bins = tl.where(valid, bins, NBINS)  # padding: past every bin
+        total = tl.sum(x, axis=1)
+        index = tl.where(lcol[None, :] == TOP, NBINS, 0) + tl.zeros([ROWS, LEVELS], dtype=tl.int32)
+        weight = tl.where(lcol[None, :] == TOP, count[:, None], 0)
+        mass = tl.where(lcol[None, :] == TOP, total[:, None], 0.0)
+        searching = spread & (iterations > 0)
+        for j in tl.static_range(1, TOP):
+            # the first non-empty bin at or above the uniform level's
+            start = _column(levels, lcol, j)
+            first = (start - low) * scale
+            first = tl.where(first >= 0, tl.where(first < NBINS, first.to(tl.int32), NBINS - 1), 0)
+            b = tl.min(tl.where(bins >= first[:, None], bins, NBINS), axis=1)
+            w, m = _below(bins, x, b)
+            levels = _set_column(levels, lcol, j, _bin_mean(bins, x, b), searching)
+            index = _set_column(index, lcol, j, b, searching)
+            weight = _set_column(weight, lcol, j, w, searching)
+            mass = _set_column(mass, lcol, j, m, searching)
+        sweep = 0
+        moved = tl.max(searching.to(tl.int32))
+        while (sweep < iterations) & (moved > 0):
+            moved_rows = tl.zeros([ROWS], dtype=tl.int1)
+            for j in tl.static_range(1, TOP):
+                first = _column(index, lcol, j - 1)
+                end = _column(index, lcol, j + 1)
+                a = _column(levels, lcol, j - 1)
+                b = _column(levels, lcol, j + 1)
+                w_first = _column(weight, lcol, j - 1)
+                w_end = _column(weight, lcol, j + 1)
+                between = w_end - w_first
+                k = (_column(mass, lcol, j + 1) - _column(mass, lcol, j - 1) - a * between.to(tl.float32)) \
+                    / tl.where(b > a, b - a, 1.0)
+                # the largest non-empty bin i in [first, end) with weight(i) < w_end - k is the bin of the value
+                # of rank r = ceil(w_end - k) - 1 (0-based; at most w_end - 1), or ``first`` when r < w_first
+                r = tl.minimum(tl.ceil(w_end.to(tl.float32) - k).to(tl.int32) - 1, w_end - 1)
+                lo = first
+                hi = end - 1
+                for _ in tl.static_range(SEARCH_STEPS):  # bisection: the first bin with > r values at or below it
+                    middle = (lo + hi) // 2
+                    above = tl.sum((bins <= middle[:, None]).to(tl.int32), axis=1) > r
+                    hi = tl.where(above, middle, hi)
+                    lo = tl.where(above, lo, middle + 1)
+                i = tl.where(r >= w_first, lo, first)
+                move = searching & (between > 0) & (b > a) & (i != _column(index, lcol, j))
+                w, m = _below(bins, x, i)
+                levels = _set_column(levels, lcol, j, _bin_mean(bins, x, i), move)
+                index = _set_column(index, lcol, j, i, move)
+                weight = _set_column(weight, lcol, j, w, move)
+                mass = _set_column(mass, lcol, j, m, move)
+                moved_rows = moved_rows | move
+            moved = tl.max(moved_rows.to(tl.int32))
+            sweep += 1
+    return levels
+
+
+@triton.jit
+def _levels_kernel(x_ptr, tables_ptr, packed_ptr, n, nbytes, bucket, buckets, key, iterations,
+                   KIND: tl.constexpr, BITS: tl.constexpr, NBINS: tl.constexpr, SEARCH_STEPS: tl.constexpr,
+                   ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    LEVELS: tl.constexpr = 1 << BITS
+    first, rows, x, valid, count = _bucket_block(x_ptr, n, bucket, buckets, ROWS, BLOCK)
+    u = uniforms(key, first * (bucket // 2), ROWS, BLOCK, bucket // 2)
+    live = rows < buckets
+    if KIND == 0:  # ORQ: the levels, then stochastic rounding between the two around each value
+        low = tl.min(tl.where(valid, x, float("inf")), axis=1)
+        high = tl.max(tl.where(valid, x, float("-inf")), axis=1)
+        levels = _orq_levels(x, valid, count, low, high, iterations, NBINS, SEARCH_STEPS, LEVELS, ROWS)
+        lcol = tl.arange(0, LEVELS)
+        tl.store(tables_ptr + rows[:, None] * LEVELS + lcol[None, :], levels, mask=live[:, None])
+        tl.debug_barrier()  # the table is read back below by other threads of this program
+        table = tables_ptr + rows[:, None] * LEVELS
+        i = tl.zeros([ROWS, BLOCK], dtype=tl.int32)
+        for s in tl.static_range(BITS):  # bisection: the largest i with levels[i] <= x (levels[0] is the minimum)
+            step = LEVELS >> (s + 1)
+            i += step * (tl.load(table + i + step, mask=valid, other=float("inf")) <= x).to(tl.int32)
+        i = tl.minimum(i, LEVELS - 2)
+        below = tl.load(table + i, mask=valid, other=0.0)
+        gap = tl.load(table + i + 1, mask=valid, other=0.0) - below
+        codes = i + (u * gap < x - below).to(tl.int32)
+    else:  # QSGD: one norm per bucket scales the grid of levels l / s, l in [-s, s] (code s + l)
+        S: tl.constexpr = (LEVELS >> 1) - 1
+        norm = tl.sqrt(tl.sum(x * x, axis=1)) if KIND == 1 else tl.max(tl.abs(x), axis=1)
+        tl.store(tables_ptr + rows, norm, mask=live)
+        inverse = tl.where(norm == 0, 0.0, S / norm)
+        ratio = tl.abs(x) * inverse[:, None]  # in [0, s]
+        floor = tl.minimum(ratio.to(tl.int32), S - 1)
+        level = floor + (u < ratio - floor.to(tl.float32)).to(tl.int32)
+        codes = S + level - 2 * level * (x < 0).to(tl.int32)
+    codes = tl.where(valid, codes, 0)
+    store_packed(packed_ptr, codes, first * (bucket // 8), ROWS, BLOCK, bucket // 8, (count[:, None] + 7) // 8,
+                 nbytes, BITS)
+
+
+def quantize_levels(x: torch.Tensor, bucket: int, bits: int, kind: int, iterations: int, bins: int,
+                    seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``quantize_levels`` of the CPU kernels on any device Triton runs on: (tables, packed) of a flat float32 tensor.
+    kind 0 is ORQ (tables [buckets, 2^bits], ``iterations`` sweeps over ``bins`` bins), 1 and 2 QSGD with the L2 or
+    max norm (tables [buckets, 1], s = 2^(bits - 1) - 1)."""
+    _check_bucket(bucket, "quantize_levels")
+    if not 1 <= bits <= 8 or kind not in (_KIND_ORQ, _KIND_QSGD_L2, _KIND_QSGD_MAX) or (kind != _KIND_ORQ and bits < 2):
+        raise ValueError(f"quantize_levels: kind {kind} with {bits} bits (ORQ: 1 to 8, QSGD: 2 to 8)")
+    n = x.numel()
+    buckets, block, rows = _layout(n, bucket)
+    nbytes = -(-n * bits // 8)
+    tables = torch.empty(buckets, (1 << bits) if kind == _KIND_ORQ else 1, dtype=torch.float32, device=x.device)
+    packed = torch.empty(nbytes, dtype=torch.uint8, device=x.device)
+    if n:
+        _levels_kernel[(triton.cdiv(buckets, rows),)](
+            x, tables, packed, n, nbytes, bucket, buckets, seed_key(seed), iterations, KIND=kind, BITS=bits,
+            NBINS=bins, SEARCH_STEPS=max(1, (bins - 1).bit_length()), ROWS=rows, BLOCK=block)
+    return tables, packed
+
+
+@triton.jit
+def _binary_kernel(x_ptr, tables_ptr, packed_ptr, n, nbytes, bucket, buckets, iterations, KIND: tl.constexpr,
+                   ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    first, rows, x, valid, count = _bucket_block(x_ptr, n, bucket, buckets, ROWS, BLOCK)
+    if KIND == 0:  # BinGrad: the 2-level Lloyd-Max fixed point from the mean, at most ``iterations`` partitions
+        threshold = tl.sum(x, axis=1) / tl.maximum(count, 1).to(tl.float32)
+    else:  # 1-bit SGD: the sign, levels the means of the negative and the non-negative values
+        threshold = tl.zeros([ROWS], dtype=tl.float32)
+    low = tl.zeros([ROWS], dtype=tl.float32)
+    high = tl.zeros([ROWS], dtype=tl.float32)
+    previous = tl.full([ROWS], -1, dtype=tl.int32)
+    active = rows < buckets
+    sweep = 0
+    while tl.max(active.to(tl.int32)) > 0:
+        under = (x < threshold[:, None]) & valid
+        over = (x >= threshold[:, None]) & valid
+        below = tl.sum(under.to(tl.int32), axis=1)
+        above = count - below
+        empty = threshold if KIND == 0 else tl.zeros([ROWS], dtype=tl.float32)  # an empty side's level
+        low = tl.where(active, tl.where(below > 0, tl.sum(tl.where(under, x, 0.0), axis=1)
+                                        / tl.maximum(below, 1).to(tl.float32), empty), low)
+        high = tl.where(active, tl.where(above > 0, tl.sum(tl.where(over, x, 0.0), axis=1)
+                                         / tl.maximum(above, 1).to(tl.float32), empty), high)
+        # the sets {g < t} are nested, so an unchanged count is an unchanged partition: a fixed point
+        go_on = active & (below != previous) & (sweep + 1 < iterations)
+        previous = below
+        threshold = tl.where(go_on, 0.5 * (low + high), threshold)
+        active = go_on
+        sweep += 1
+    live = rows < buckets
+    tl.store(tables_ptr + rows * 2, low, mask=live)
+    tl.store(tables_ptr + rows * 2 + 1, high, mask=live)
+    codes = tl.where(valid & (x >= threshold[:, None]), 1, 0)
+    store_packed(packed_ptr, codes, first * (bucket // 8), ROWS, BLOCK, bucket // 8, (count[:, None] + 7) // 8,
+                 nbytes, 1)
+
+
+def quantize_binary(x: torch.Tensor, bucket: int, kind: int, iterations: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``quantize_binary`` of the CPU kernels: (tables [buckets, 2], 1-bit codes) of a flat float32 tensor; kind 0
+    is BinGrad (``iterations`` partitions at most), 1 is 1-bit SGD."""
+    _check_bucket(bucket, "quantize_binary")
+    if kind not in (_KIND_BINGRAD, _KIND_ONEBIT) or (kind == _KIND_BINGRAD and iterations < 1):
+        raise ValueError(f"quantize_binary: kind must be 0 (BinGrad, iterations >= 1) or 1 (1-bit SGD); got kind "
+                         f"{kind}, iterations {iterations}")
+    n = x.numel()
+    buckets, block, rows = _layout(n, bucket)
+    nbytes = -(-n // 8)
+    tables = torch.empty(buckets, 2, dtype=torch.float32, device=x.device)
+    packed = torch.empty(nbytes, dtype=torch.uint8, device=x.device)
+    if n:
+        _binary_kernel[(triton.cdiv(buckets, rows),)](x, tables, packed, n, nbytes, bucket, buckets,
+                                                      1 if kind == _KIND_ONEBIT else iterations, KIND=kind,
+                                                      ROWS=rows, BLOCK=block)
+    return tables, packed
+
+
+@triton.jit
+def _signs_kernel(x_ptr, packed_ptr, n, key, COIN: tl.constexpr, GROUPS: tl.constexpr):
+    groups = tl.program_id(0).to(tl.int64) * GROUPS + tl.arange(0, GROUPS)
+    lane = tl.arange(0, 8)
+    elements = groups[:, None] * 8 + lane[None, :]
+    x = tl.load(x_ptr + elements, mask=elements < n, other=1.0)
+    if COIN:  # an exact zero votes on a fair coin: bit j of splitmix64(key + group)
+        coins = ((random_bits(key, groups)[:, None] >> lane[None, :].to(tl.uint64)) & 1).to(tl.int1)
+    else:
+        coins = tl.full([GROUPS, 8], 1, dtype=tl.int1)
+    bits = ((x > 0) | ((x == 0) & coins)) & (elements < n)
+    byte = tl.sum(bits.to(tl.int32) << lane[None, :], axis=1).to(tl.uint8)
+    tl.store(packed_ptr + groups, byte, mask=groups * 8 < n)
+
+
+def pack_signs(x: torch.Tensor, seed: int) -> torch.Tensor:
+    """``pack_signs`` of the CPU kernels: 1 bit per element, 1 for positive; an exact zero takes a fair coin from
+    ``seed`` (positive when seed < 0)."""
+    n = x.numel()
+    packed = torch.empty(-(-n // 8), dtype=torch.uint8, device=x.device)
+    if n:
+        groups = 512
+        _signs_kernel[(triton.cdiv(packed.numel(), groups),)](x, packed, n, seed_key(max(seed, 0)), COIN=seed >= 0,
+                                                              GROUPS=groups)
+    return packed
+
+
+@triton.jit
+def _decode_kernel(packed_ptr, tables_ptr, grid_ptr, out_ptr, ranks, n, nbytes, bucket, buckets,
+                   BITS: tl.constexpr, GRID: tl.constexpr, BLOCK: tl.constexpr):
+    elements = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = elements < n
+    row = elements // bucket
+    width: tl.constexpr = 1 if GRID else 1 << BITS
+    total = tl.zeros([BLOCK], dtype=tl.float32)
+    rank = 0
+    while rank < ranks:  # in rank order, the same bits on every rank (while: see ternary._finish_kernel)
+        codes = load_codes(packed_ptr + rank.to(tl.int64) * nbytes, elements, mask, nbytes, BITS).to(tl.int32)
+        entry = tables_ptr + (rank.to(tl.int64) * buckets + row) * width
+        if GRID:
+            value = tl.load(entry, mask=mask, other=0.0) * tl.load(grid_ptr + codes, mask=mask, other=0.0)
+        else:
+            value = tl.load(entry + codes, mask=mask, other=0.0)
+        total += value
+        rank += 1
+    tl.store(out_ptr + elements, total, mask=mask)
+
+
+def decode_sum(packed: torch.Tensor, tables: torch.Tensor, grid: torch.Tensor, bits: int, bucket: int,
+               n: int) -> torch.Tensor:
+    """``decode_sum`` of the CPU kernels: the sum over R payloads (``packed`` uint8 [R, nbytes], ``tables`` float32
+    [R, buckets, T]) of their decoded values, float32 [n], added in rank order. An empty ``grid`` means the tables
+    hold the levels (T = 2^bits); else value = tables[r, bucket, 0] * grid[code]."""
+    ranks, nbytes = packed.shape
+    buckets = -(-n // bucket) if n else 0
+    width = 1 if grid.numel() else 1 << bits
+    if nbytes != -(-n * bits // 8) or tuple(tables.shape) != (ranks, buckets, width):
+        raise ValueError(f"decode_sum: payloads uint8 {tuple(packed.shape)} and tables {tuple(tables.shape)} do not "
+                         f"hold {n} elements of {bits} bits in buckets of {bucket} (expected [{ranks}, "
+                         f"{-(-n * bits // 8)}] and [{ranks}, {buckets}, {width}])")
+    out = torch.empty(n, dtype=torch.float32, device=packed.device)
+    if n:
+        block = min(_DECODE_BLOCK, max(triton.next_power_of_2(n), 16))
+        steps = grid if grid.numel() else tables  # (not read without a grid: any valid pointer)
+        _decode_kernel[(triton.cdiv(n, block),)](packed, tables, steps, out, ranks, n, nbytes, bucket, buckets,
+                                                 BITS=bits, GRID=grid.numel() > 0, BLOCK=block)
+    return out

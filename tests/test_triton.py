@@ -1,0 +1,248 @@
+"""The Triton kernels (:mod:`hvdcomp.kernels.gpu`) against the CPU kernels, their reference.
+
+The two share the generator and the wire format, so where the statistics agree bit for bit the codes must too.
+Inputs are multiples of 1/64 in [-1, 1] ("dyadic"): every sum the statistics take is then exact in float32 and in
+any order, and the comparisons are exact. Gaussian inputs check what float rounding may change: the levels to
+rounding, and for ORQ (whose level search the CPU runs in float64 from float32 bin sums) that a differently placed
+level costs no variance.
+
+Without a GPU the kernels run in Triton's interpreter on CPU tensors: ``TRITON_INTERPRET=1`` is set below before
+the kernels are defined, so nothing may import :mod:`hvdcomp.kernels.gpu` earlier in the session. With one they are
+compiled and run on CUDA tensors, and every method compresses and decodes under
+``torch.cuda.set_sync_debug_mode("error")`` (``perf/gpu_kernels.sh``). The interpreter is slow: keep tensors small.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+
+import pytest
+import torch
+
+CUDA = torch.cuda.is_available()
+if not CUDA:
+    if "hvdcomp.kernels.gpu" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError("hvdcomp.kernels.gpu was imported before TRITON_INTERPRET=1 was set: its kernels cannot "
+                           "run on CPU tensors in this session")
+    os.environ["TRITON_INTERPRET"] = "1"
+
+triton = pytest.importorskip("triton")
+
+from hvdcomp import Context, make_compressor  # noqa: E402
+from hvdcomp.kernels import cpu_kernels, gpu  # noqa: E402
+from hvdcomp.packing import pack_bits  # noqa: E402
+from hvdcomp.quantization import rounding_variance  # noqa: E402
+
+pytestmark = pytest.mark.triton
+DEVICE = torch.device("cuda" if CUDA else "cpu")
+#: the methods whose CUDA path runs on these kernels
+METHODS = ("terngrad", "qsgd", "signsgd", "efsignsgd", "onebit", "bingrad", "orq")
+SIZES = (0, 1, 7, 100, 1037)  # empty, one element, a ragged group, ragged buckets
+
+
+@pytest.fixture(scope="module")
+def cpu() -> object:
+    kernels = cpu_kernels()
+    if kernels is None:
+        pytest.skip("the CPU kernels, the reference, did not build here")
+    return kernels
+
+
+def dyadic(n: int, seed: int = 0) -> torch.Tensor:
+    """n multiples of 1/64 in [-1, 1], a tenth of them zero: exact sums, ties and zeros."""
+    return torch.randint(-64, 65, (n,), generator=torch.Generator().manual_seed(seed)).float() / 64
+
+
+def gaussian(n: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(n, generator=torch.Generator().manual_seed(seed))
+
+
+def on_device(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    return [t.to(DEVICE) for t in tensors]
+
+
+def same(reference: torch.Tensor, result: torch.Tensor, what: str) -> None:
+    assert torch.equal(reference, result.cpu()), f"{what}: differs from the CPU kernels"
+
+
+@contextmanager
+def no_sync() -> Iterator[None]:
+    """On CUDA, any host-device synchronization raises (the hot path must not have one)."""
+    if not CUDA:
+        yield
+        return
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_qsgd_codes_equal_the_cpu_kernels(cpu: object, n: int) -> None:
+    for bits in range(2, 9):
+        for kind in (1, 2):  # the L2 and the max norm
+            for bucket in (8, 64, 520):
+                x = dyadic(n, bits)
+                tables, packed = cpu.quantize_levels(x, bucket, bits, kind, 0, 1, 5)
+                (x_dev,) = on_device(x)
+                got = gpu.quantize_levels(x_dev, bucket, bits, kind, 0, 1, 5)
+                same(tables, got[0], f"qsgd tables, bits {bits}, kind {kind}, bucket {bucket}")
+                same(packed, got[1], f"qsgd codes, bits {bits}, kind {kind}, bucket {bucket}")
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_orq_levels_and_codes_equal_the_cpu_kernels(cpu: object, n: int) -> None:
+    # The interpreter runs the level search slowly at many levels (56 s at 8 bits): searched up to 4 bits and once
+    # at 6 bits, uniform levels at every width.
+    cases = [(bits, iterations) for bits in range(1, 9) for iterations in (0, 8) if iterations == 0 or bits <= 4]
+    for bits, iterations in [*cases, *([(6, 2)] if n == 100 else [])]:
+        bins = max(128, 16 << bits)
+        x = dyadic(n, bits)
+        tables, packed = cpu.quantize_levels(x, 64, bits, 0, iterations, bins, 7)
+        got = gpu.quantize_levels(*on_device(x), 64, bits, 0, iterations, bins, 7)
+        same(tables, got[0], f"orq levels, bits {bits}, iterations {iterations}")
+        same(packed, got[1], f"orq codes, bits {bits}, iterations {iterations}")
+
+
+def test_orq_levels_on_gaussian_buckets_cost_no_more_variance(cpu: object) -> None:
+    """Where rounding places a level elsewhere than the CPU does, the levels still span the bucket, stay sorted and
+    round with no more variance (the quantity ORQ minimizes) than the CPU's, to 1%."""
+    for bits in (2, 3, 4):
+        x = gaussian(2048, bits)
+        reference, _ = cpu.quantize_levels(x, 128, bits, 0, 8, max(128, 16 << bits), 1)
+        levels = gpu.quantize_levels(*on_device(x), 128, bits, 0, 8, max(128, 16 << bits), 1)[0].cpu()
+        rows = x.view(-1, 128)
+        assert torch.equal(levels[:, 0], rows.min(dim=1).values) and torch.equal(levels[:, -1], rows.max(dim=1).values)
+        assert bool((levels[:, 1:] >= levels[:, :-1]).all()), "levels out of order"
+        variance = rounding_variance(x, levels, 128).sum()
+        assert variance <= 1.01 * rounding_variance(x, reference, 128).sum(), f"bits {bits}"
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_binary_levels_and_codes_equal_the_cpu_kernels(cpu: object, n: int) -> None:
+    for kind, iterations in ((0, 1), (0, 4), (1, 0)):  # BinGrad at its mean, BinGrad's fixed point, 1-bit SGD
+        for bucket in (8, 64, 520):
+            x = dyadic(n, bucket)
+            tables, packed = cpu.quantize_binary(x, bucket, kind, iterations)
+            got = gpu.quantize_binary(*on_device(x), bucket, kind, iterations)
+            same(tables, got[0], f"binary levels, kind {kind}, bucket {bucket}")
+            same(packed, got[1], f"binary codes, kind {kind}, bucket {bucket}")
+    x = gaussian(1037)  # float rounding: the same levels to rounding, the same codes away from the threshold
+    tables, packed = cpu.quantize_binary(x, 64, 0, 4)
+    got = gpu.quantize_binary(*on_device(x), 64, 0, 4)
+    torch.testing.assert_close(got[0].cpu(), tables, rtol=1e-5, atol=1e-6)
+    same(packed, got[1], "bingrad codes of a Gaussian tensor")
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_signs_and_moments_equal_the_cpu_kernels(cpu: object, n: int) -> None:
+    x = dyadic(n)  # a tenth are exact zeros: they vote on a coin
+    for seed in (5, -1):
+        same(cpu.pack_signs(x, seed), gpu.pack_signs(*on_device(x), seed), f"signs, seed {seed}")
+    moments = cpu.moments(x)
+    expected = torch.tensor([[moments[3].item() / max(n, 1)]], dtype=torch.float32)
+    same(expected, gpu.abs_mean(*on_device(x)), "mean |x|")
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_ternary_statistics_and_codes_equal_the_cpu_kernels(cpu: object, n: int) -> None:
+    x = dyadic(n)
+    total, squares, absmax, _ = cpu.moments(x).tolist()
+    for clip in (2.5, None):
+        bound, scaler = gpu.ternary_statistics(*on_device(x), clip)
+        if n == 0:
+            assert bound.item() == scaler.item() == 0
+            continue
+        variance = max(squares / n - (total / n) ** 2, 0.0)
+        expected = float("inf") if clip is None else clip * variance ** 0.5
+        assert bound.item() == torch.tensor(expected, dtype=torch.float32).item()
+        assert scaler.item() == torch.tensor(min(absmax, expected), dtype=torch.float32).item()
+        for seed in (0, 11):
+            codes = cpu.ternarize_pack(x, scaler.item(), bound.item(), seed)
+            same(codes, gpu.ternarize_pack(*on_device(x), scaler, bound, seed), f"ternary codes, clip {clip}")
+    zero = torch.zeros(1, device=DEVICE)
+    assert not gpu.ternarize_pack(*on_device(x), zero, zero, 3).any(), "a zero scaler sends zeros"
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_decoding_sums_the_ranks_as_the_cpu_kernels(cpu: object, n: int) -> None:
+    generator = torch.Generator().manual_seed(n)
+    for ranks in (1, 3):
+        for bits in range(1, 9):
+            for bucket in (8, 64, max(n, 8)):  # the last: one bucket for the whole tensor (the sign family)
+                codes = torch.randint(0, 1 << bits, (ranks, n), generator=generator, dtype=torch.uint8)
+                packed = torch.stack([pack_bits(c, bits) for c in codes])
+                buckets = -(-n // bucket)
+                levels = torch.randn(ranks, buckets, 1 << bits, generator=generator)
+                scales = torch.randn(ranks, buckets, 1, generator=generator)
+                grid = torch.randn(1 << bits, generator=generator)
+                empty = torch.empty(0)
+                same(cpu.decode_sum(packed, levels, empty, bits, bucket, n),
+                     gpu.decode_sum(*on_device(packed, levels, empty), bits, bucket, n), f"levels, {bits} bits")
+                same(cpu.decode_sum(packed, scales, grid, bits, bucket, n),
+                     gpu.decode_sum(*on_device(packed, scales, grid), bits, bucket, n), f"grid, {bits} bits")
+        ternary = torch.stack([pack_bits(c, 2) for c in
+                               torch.randint(0, 3, (ranks, n), generator=generator, dtype=torch.uint8)])
+        scale = torch.rand(ranks, generator=generator)
+        same(cpu.unpack_sum(ternary, scale, n), gpu.unpack_sum(*on_device(ternary, scale), n), "ternary sum")
+
+
+def test_bad_arguments_are_refused_with_their_name() -> None:
+    x = torch.zeros(64, device=DEVICE)
+    with pytest.raises(ValueError, match="bucket must be a positive multiple of 8"):
+        gpu.quantize_levels(x, 12, 2, 1, 0, 1, 0)
+    with pytest.raises(ValueError, match="fit a program's registers"):
+        gpu.quantize_binary(x, gpu.MAX_BUCKET * 2, 0, 4)
+    with pytest.raises(ValueError, match="QSGD: 2 to 8"):
+        gpu.quantize_levels(x, 64, 1, 1, 0, 1, 0)
+    with pytest.raises(ValueError, match="do not hold 64 elements"):
+        gpu.decode_sum(torch.zeros(1, 7, dtype=torch.uint8, device=DEVICE), torch.zeros(1, 1, 4, device=DEVICE),
+                       torch.empty(0, device=DEVICE), 1, 64, 64)
+
+
+def _through_method(method: str, grads: list[torch.Tensor], options: dict) -> list[torch.Tensor]:
+    """Every rank's payload of one step, then the decoded sum and one rank's decoded payload."""
+    compressor = make_compressor(method, options, error_feedback=False)
+    ctx = replace(Context.local(grads[0], seed=3), step=1)
+    state = compressor.init_state(grads[0], ctx)
+    payloads = []
+    for grad in grads:
+        compressor.agree(grad, state, ctx)  # TernGrad keeps its statistics for compress()
+        payload, meta = compressor.compress(grad, state, ctx)
+        payloads.append(payload)
+    return [*(part for payload in payloads for part in payload), compressor.aggregate(payloads, meta),
+            compressor.decompress(payloads[0], meta)]
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_methods_on_the_triton_kernels_equal_the_cpu_kernels(cpu: object, method: str,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A method's payloads, its decoded sum over 3 ranks and one decoded payload, through the Triton kernels (on
+    CUDA without a host sync), are those of the CPU kernels."""
+    options = {"bits": 3} if method in ("qsgd", "orq") else {}
+    grads = [dyadic(3 * 700, seed).view(3, 700) for seed in range(3)]
+    reference = _through_method(method, grads, options)
+    if not CUDA:
+        monkeypatch.setenv("HVDCOMP_KERNELS", "triton")
+    moved = [grad.to(DEVICE) for grad in grads]
+    with no_sync():
+        results = _through_method(method, moved, options)
+    for index, (expected, got) in enumerate(zip(reference, results, strict=True)):
+        same(expected, got, f"{method}, output {index}")
+
+
+def test_larger_buckets_than_registers_hold_take_the_torch_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    if not CUDA:
+        monkeypatch.setenv("HVDCOMP_KERNELS", "triton")
+    x = dyadic(3 * gpu.MAX_BUCKET).to(DEVICE)
+    compressor = make_compressor("qsgd", {"bucket_size": 2 * gpu.MAX_BUCKET}, error_feedback=False)
+    payload, meta = compressor.compress(x, {}, Context.local(x))
+    assert compressor.fused_kernels(x) is None
+    torch.testing.assert_close(payload[0].cpu(), torch.stack([x[:2 * gpu.MAX_BUCKET].norm(),
+                                                             x[2 * gpu.MAX_BUCKET:].norm()]).view(2, 1).cpu())
+    assert compressor.decompress(payload, meta).shape == x.shape
