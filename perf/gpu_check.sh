@@ -3,6 +3,11 @@
 #
 #   perf/gpu_check.sh [OUT_DIR]          # default OUT_DIR: perf/results/gpu
 #
+# 0. perf/gpu_kernels.sh, which needs no Horovod build (OUT_DIR/kernels): the Triton kernels' tests compiled on the
+#    GPU under torch.cuda.set_sync_debug_mode("error"), `bench compress --device cuda` of their methods at 25 M and
+#    1,024 elements, and a ResNet-50 profile where torchvision is installed. It runs first, with the machine's
+#    python3, where that has torch, triton, pytest and pyyaml, so that its results come even where the Horovod build
+#    fails; otherwise after set-up, with .venv's python;
 # 1. set-up (launch/setup.sh keeps the machine's CUDA torch and builds Horovod with NCCL);
 # 2. tests/test_devices.py: every method on cuda against the CPU reference, determinism, no host syncs in
 #    compression (torch.cuda.set_sync_debug_mode("error")), every reduction through Horovod on one rank (NCCL),
@@ -33,8 +38,17 @@ fi
 if ! command -v nvcc >/dev/null && [[ -x /usr/local/cuda/bin/nvcc ]]; then
     export PATH="$PATH:/usr/local/cuda/bin"  # set-up builds Horovod's NCCL operations only where nvcc is found
 fi
+status=0
+kernels_checked=
+if python3 -c 'import torch, triton, pytest, yaml' 2>/dev/null; then
+    PYTHON=python3 perf/gpu_kernels.sh "$out/kernels" || status=1
+    kernels_checked=1
+fi
 bash launch/setup.sh 2>&1 | tee "$out/setup.log"
 py=.venv/bin/python
+if [[ -z $kernels_checked ]]; then
+    PYTHON="$py" perf/gpu_kernels.sh "$out/kernels" || status=1
+fi
 "$py" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else "gpu_check: torch sees no CUDA device")'
 registered=$("$py" -c 'from hvdcomp import METHODS; print(" ".join(sorted(set(METHODS) - {"none"})))')
 [[ $registered == "${methods[*]}" ]] ||
@@ -42,7 +56,6 @@ registered=$("$py" -c 'from hvdcomp import METHODS; print(" ".join(sorted(set(ME
 .venv/bin/horovodrun --check-build | tee "$out/check-build.txt"
 grep -q '\[X\] NCCL' "$out/check-build.txt" || echo "gpu_check: WARNING: Horovod was built without NCCL operations"
 
-status=0
 "$py" -m pytest -v -p no:cacheprovider tests/test_devices.py 2>&1 | tee "$out/test_devices.log" || status=1
 
 : >"$out/bench-cuda.jsonl"

@@ -211,6 +211,9 @@ PROFILE = {"kind": "profile", "model": "m", "batch_size": 4, "device": "cpu", "f
      "compressors.topk.gradients.v is not one of the profile's gradients; valid: w"),
     (lambda d: d["compressors"]["topk"].pop("summable"), "missing field compressors.topk.summable"),
     (lambda d: d.update(batch_size=1.5), "batch_size must be an integer >= 1; got 1.5"),
+    (lambda d: d["compressors"]["topk"].update(step_encode_ms="slow"),
+     "compressors.topk.step_encode_ms must be a number >= 0; got 'slow'"),
+    (lambda d: d["compressors"]["topk"].update(step_encode=0.1), "unknown field compressors.topk.step_encode; valid:"),
 ])
 def test_profile_errors_name_the_field(tmp_path: Path, edit, message: str) -> None:
     data = json.loads(json.dumps(PROFILE))
@@ -485,6 +488,57 @@ def test_profile_any_model_from_python(capsys: pytest.CaptureFixture[str]) -> No
     assert set(document["compressors"]) == {"topk", "fp16"}
     assert set(document["compressors"]["topk"]["gradients"]) == {"left.weight", "right.weight"}  # min_numel 1024
     assert document["forward_ms"] > 0 and document["backward_ms"] > 0
+    assert document["measured"]["clock"] == "host" and "autocast" not in document
+
+
+def test_profile_sums_each_compressors_costs_per_step(tmp_path: Path) -> None:
+    """Per compressor, the encode and decode times summed over its gradients (one payload each), beside forward +
+    backward as a fraction; written before the per-gradient figures, loaded by the schema, printed by the command."""
+    import torch
+    from torch import nn
+
+    from hvdcomp.perfmodel.profile import profile, summary
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+    batch = (torch.randn(8, 32), torch.randint(0, 4, (8,)))
+    document = profile(model, batch, methods=["terngrad", "fp16"], repeats=2)
+    compute_ms = document["forward_ms"] + document["backward_ms"]
+    for method, entry in document["compressors"].items():
+        gradients = entry["gradients"]
+        assert len(gradients) == 2, method  # the weights of 2,048 and 4,096 elements (min_numel 1024)
+        assert list(entry)[-4:] == ["step_encode_ms", "step_decode_ms", "step_fraction_of_compute", "gradients"]
+        assert entry["step_encode_ms"] == pytest.approx(sum(g["encode_ms"] for g in gradients.values()), abs=1e-4)
+        assert entry["step_decode_ms"] == pytest.approx(sum(g["decode_ms"] for g in gradients.values()), abs=1e-4)
+        assert entry["step_encode_ms"] > 0 and entry["step_decode_ms"] > 0
+        assert entry["step_fraction_of_compute"] == pytest.approx(
+            (entry["step_encode_ms"] + entry["step_decode_ms"]) / compute_ms, abs=1e-5)
+    path = tmp_path / "profile.yaml"
+    schema.dump(document, path)
+    assert set(schema.load(path, "profile").compressors) == {"terngrad", "fp16"}
+    printed = summary(document, str(path))
+    for method in ("terngrad", "fp16"):
+        entry = document["compressors"][method]
+        assert (f"  {method:<10} encode {entry['step_encode_ms']:8.3f} ms  decode {entry['step_decode_ms']:8.3f} ms  "
+                f"(2 gradients)  = {100 * entry['step_fraction_of_compute']:.2f}% of forward + backward") in printed
+
+
+def test_profile_under_bf16_autocast() -> None:
+    """``autocast=torch.bfloat16`` (``--autocast bf16``): the forward pass in bfloat16, the gradients (and so
+    every compressor's input) float32, the document says so."""
+    import torch
+    from torch import nn
+
+    from hvdcomp.perfmodel.profile import profile
+
+    seen: list[torch.dtype] = []
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
+    model[2].register_forward_hook(lambda _module, _inputs, output: seen.append(output.dtype))
+    document = profile(model, (torch.randn(8, 32), torch.randint(0, 4, (8,))), methods=["fp16"], repeats=1,
+                       autocast=torch.bfloat16)
+    assert document["autocast"] == "bfloat16" and set(seen) == {torch.bfloat16}
+    assert all(p.grad.dtype == torch.float32 for p in model.parameters())
+    assert document["compressors"]["fp16"]["step_encode_ms"] > 0
 
 
 def test_profile_a_factory_model_from_the_command_line(tmp_path: Path) -> None:
@@ -492,8 +546,11 @@ def test_profile_a_factory_model_from_the_command_line(tmp_path: Path) -> None:
     specifications name what is wrong."""
     out = tmp_path / "resnet.yaml"
     done = _hvdcomp("profile", "--model", "hvdcomp.tools.models:resnet18", "--input-shape", "3,32,32", "--classes",
-                    "10", "--batch-size", "2", "--repeats", "1", "--methods", "topk", "--out", str(out))
+                    "10", "--batch-size", "2", "--repeats", "1", "--methods", "topk", "--autocast", "bf16", "--out",
+                    str(out))
     assert done.returncode == 0, done.stderr
+    assert "(bfloat16 autocast)" in done.stdout and "\n  topk       encode " in done.stdout, done.stdout
+    assert yaml.safe_load(out.read_text())["autocast"] == "bfloat16"
     profile = schema.load(out, "profile")
     assert profile.model == "hvdcomp.tools.models:resnet18" and len(profile.gradients) == 62
     assert profile.dense_bytes == 4 * 11_173_962 and "1.weight" not in profile.compressors["topk"].gradients

@@ -4,15 +4,20 @@
     launch/mpirun.sh -np 4 hvdcomp profile --model synthetic --out profile.yaml   # ranks sharing a host
     hvdcomp profile --model mypackage.nets:build --input-shape 3,224,224 --classes 1000 --batch-size 32
     hvdcomp profile --model mypackage.nets:build --batch mypackage.nets:sample --device cuda
+    hvdcomp profile --model torchvision.models:resnet50 --input-shape 3,224,224 --classes 1000 --batch-size 64 \
+        --autocast bf16 --device cuda
 
 Any model: ``--model package.module:factory`` (a callable returning the model), with its input either as a shape
 (``--input-shape``, random normal values, or token ids below ``--vocab``; targets are classes below ``--classes``)
 or as ``--batch package.module:function`` (called with the batch size, returning ``(inputs, targets)``); the loss is
 cross entropy (a classifier's logits) unless ``--loss package.module:function`` names another (called with the
-outputs and the targets). From Python, :func:`profile` takes the model, a batch and any loss function. On
-``--device cuda`` (the model and batch on the rank's GPU) every timed region is closed by a device synchronization,
-and the time each gradient becomes ready is read from CUDA events recorded in its hook (the hook runs when the host
-enqueues, not when the GPU is done).
+outputs and the targets); ``--autocast bf16`` runs the forward pass and the loss under ``torch.autocast`` (mixed
+precision; the gradients stay float32). From Python, :func:`profile` takes the model, a batch and any loss function.
+On ``--device cuda`` (the model and batch on the rank's GPU) the step's phases are timed by the host clock, each
+closed by a device synchronization; the time each gradient becomes ready is read from CUDA events recorded in its
+hook (the hook runs when the host enqueues, not when the GPU is done); and each per-gradient cost (encoding,
+decoding, the checks) by CUDA events around the call (:func:`median_ms`: a host clock stopped after a synchronize
+would count the synchronize's own latency too, which inflates a short call).
 
 For one model and per-rank batch size it measures forward, backward and optimizer-step time, each
 gradient's size, the time it becomes ready in backward (a post-accumulate-grad hook per parameter, the
@@ -20,7 +25,9 @@ hook DistributedOptimizer starts its collectives from) and the cost of Distribut
 check on it, and, for every compressor, on that model's own gradients and exactly as DistributedOptimizer
 would configure it (``min_numel``, error feedback): bytes on the wire, the statistics computed in the hook
 (TernGrad's scaler), encoding (packing included), decoding of one payload and of each further payload
-(``aggregate``), as :mod:`hvdcomp.tools.bench` does for one tensor, and writing the averaged sum into the gradient.
+(``aggregate``), as :mod:`hvdcomp.tools.bench` does for one tensor, and writing the averaged sum into the gradient;
+and per compressor, what it adds to a step (:func:`step_totals`: the per-gradient encode and decode times summed
+over the compressed gradients, and that as a fraction of forward + backward), which the command prints too.
 Each time is the median of ``--repeats`` runs after warm-up. Under mpirun every rank measures at the same
 time (barriers around each timed call), as ranks sharing a host's cores compute during training, and the
 slowest rank's median is written (a synchronous step waits for it). Horovod is initialized there, as in
@@ -32,6 +39,7 @@ compute (on the emulated cluster, where all hosts share this machine's 2 cores, 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import importlib
 import inspect
@@ -50,10 +58,12 @@ from hvdcomp import wire
 from hvdcomp.compressor import STEADY_STEP, Compressor, Context, nonfinite
 from hvdcomp.config import CompressionConfig, edges
 from hvdcomp.methods import METHODS
-from hvdcomp.perfmodel.schema import dump
+from hvdcomp.perfmodel.schema import STEP_TOTALS, dump
 from hvdcomp.tools.workloads import WORKLOADS
 
 PROBE_WORLD = 2  # the world size hvdcomp's choices are made for (only the collective depends on it)
+#: ``--autocast``: mixed precision for the forward pass (ResNet-50's usual "batch 64, bf16 autocast")
+AUTOCAST = {"bf16": torch.bfloat16}
 
 
 class Ranks:
@@ -133,17 +143,34 @@ def _sync(device: torch.device) -> None:
 
 
 def median_ms(fn: Callable[[], Any], repeats: int, ranks: Ranks, before: Callable[[], Any] | None = None,
-               device: torch.device = CPU) -> float:
+              device: torch.device = CPU) -> float:
+    """The slowest rank's median milliseconds of ``fn`` over ``repeats`` calls, each one after ``before`` (untimed),
+    the device idle and every rank at a barrier.
+
+    On CPU a host clock times each call. On CUDA, CUDA events recorded on the device's current stream around the
+    call do: the GPU's time from the first queued kernel to the end of the last (the gaps where it waits for the
+    host's launches included: a short call is launch-bound), without the latency of the synchronize that would stop
+    a host clock (the device is synchronized after the end event, outside the timed span), which inflates a short
+    call.
+    """
     times = []
     for _ in range(repeats):
         if before is not None:
             before()
         _sync(device)
         ranks.barrier()
-        start = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(time.perf_counter() - start)
+        if device.type == "cuda":
+            stream = torch.cuda.current_stream(device)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record(stream)
+            fn()
+            end.record(stream)
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)  # elapsed_time is in milliseconds
+        else:
+            start_s = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start_s)
     return ranks.slowest(statistics.median(times) * 1e3)
 
 
@@ -175,9 +202,16 @@ def _forward(model: nn.Module, inputs: Any) -> Any:
     return model(*inputs) if isinstance(inputs, (tuple, list)) else model(inputs)
 
 
-def measure_steps(model: nn.Module, batch: Batch, loss_fn: LossFn, repeats: int, ranks: Ranks) -> dict[str, Any]:
+def _autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager[Any]:
+    """Mixed precision for the forward pass and the loss (``torch.autocast`` on the device's type), or none."""
+    return contextlib.nullcontext() if dtype is None else torch.autocast(device.type, dtype=dtype)
+
+
+def measure_steps(model: nn.Module, batch: Batch, loss_fn: LossFn, repeats: int, ranks: Ranks,
+                  autocast: torch.dtype | None = None) -> dict[str, Any]:
     """Forward, backward and optimizer-step times, and each gradient's readiness in backward, on the device the
-    model's parameters are on."""
+    model's parameters are on; the forward pass and the loss under ``torch.autocast`` to ``autocast`` if given
+    (the parameters and their gradients stay float32, as in mixed-precision training)."""
     named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
     device = _device_of(model)
     cuda = device.type == "cuda"
@@ -204,7 +238,8 @@ def measure_steps(model: nn.Module, batch: Batch, loss_fn: LossFn, repeats: int,
             _sync(device)
             ranks.barrier()
             t0 = time.perf_counter()
-            loss = loss_fn(_forward(model, inputs), targets)
+            with _autocast(device, autocast):
+                loss = loss_fn(_forward(model, inputs), targets)
             _sync(device)
             t1 = clock["start"] = time.perf_counter()
             if cuda:
@@ -306,9 +341,20 @@ def measure_compressor(method: str | Mapping[str, Any], named: list[tuple[str, t
     return {**summary, "gradients": entry}
 
 
+def step_totals(gradients: Mapping[str, Mapping[str, Any]], compute_ms: float) -> dict[str, float]:
+    """What a compressor adds to each training step of one rank, from its per-gradient costs: the sums over the
+    model's compressed gradients of ``encode_ms`` and of ``decode_ms`` (one payload per gradient), and the two
+    together as a fraction of ``compute_ms`` (forward + backward). The per-gradient figures stay the model's input;
+    these sums are for people: the overhead a user sees, where a per-tensor time of microseconds hides it."""
+    encode = sum(g["encode_ms"] for g in gradients.values())
+    decode = sum(g["decode_ms"] for g in gradients.values())
+    fraction = (encode + decode) / compute_ms if compute_ms > 0 else 0.0
+    return dict(zip(STEP_TOTALS, (round(encode, 4), round(decode, 4), round(fraction, 5)), strict=True))
+
+
 def profile(model: nn.Module, batch: Batch, loss_fn: LossFn | None = None, *, methods: Sequence[str] | None = None,
             repeats: int = 10, ranks: Ranks | None = None, name: str = "model",
-            batch_size: int | None = None) -> dict[str, Any]:
+            batch_size: int | None = None, autocast: torch.dtype | None = None) -> dict[str, Any]:
     """The profile document of ``model`` (see the module docstring), for ``hvdcomp predict``.
 
     It trains ``model`` for ``repeats + 2`` steps of SGD with momentum (the timed steps; batch norm's statistics move
@@ -324,6 +370,8 @@ def profile(model: nn.Module, batch: Batch, loss_fn: LossFn | None = None, *, me
         ranks: the mpirun job whose ranks measure at the same time (default: this process, or the job it runs in).
         name: the model's name in the document.
         batch_size: samples per batch (default: the targets' first dimension).
+        autocast: run the forward pass and the loss under ``torch.autocast`` to this dtype (``torch.bfloat16``);
+            the gradients, and so every compressor's input, stay float32.
     """
     ranks = ranks or Ranks.launched()
     loss_fn = loss_fn or nn.functional.cross_entropy
@@ -338,7 +386,10 @@ def profile(model: nn.Module, batch: Batch, loss_fn: LossFn | None = None, *, me
                  f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)")
     document: dict[str, Any] = {"kind": "profile", "model": name, "batch_size": batch_size,
                                 "device": described}
-    document.update(measure_steps(model, batch, loss_fn, repeats, ranks))
+    if autocast is not None:
+        document["autocast"] = str(autocast).removeprefix("torch.")
+    document.update(measure_steps(model, batch, loss_fn, repeats, ranks, autocast))
+    compute_ms = document["forward_ms"] + document["backward_ms"]
     # sparse gradients (bow's embedding) densified, as DistributedOptimizer hands them to every method but the sketch
     named = [(key, p.grad.detach().to_dense() if p.grad.is_sparse else p.grad.detach().clone())
              for key, p in model.named_parameters() if p.grad is not None]
@@ -346,10 +397,12 @@ def profile(model: nn.Module, batch: Batch, loss_fn: LossFn | None = None, *, me
     for method in methods:
         measured = measure_compressor(method, named, repeats, ranks)
         if measured:
-            compressors[method] = measured
+            gradients = measured.pop("gradients")
+            compressors[method] = {**measured, **step_totals(gradients, compute_ms), "gradients": gradients}
     document["compressors"] = compressors
     document["measured"] = {"ranks_measuring_at_once": ranks.size, "repeats": repeats, "torch": str(torch.__version__),
-                            "date": datetime.date.today().isoformat(), "statistic": "median, slowest rank"}
+                            "date": datetime.date.today().isoformat(), "statistic": "median, slowest rank",
+                            "clock": "cuda events" if device.type == "cuda" else "host"}
     return document
 
 
@@ -431,6 +484,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--loss", help="package.module:function(outputs, targets) -> loss (default: cross entropy)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="where to profile (cuda: the rank's GPU, by its local rank)")
+    parser.add_argument("--autocast", choices=sorted(AUTOCAST),
+                        help="the forward pass and the loss under torch.autocast to this dtype (mixed precision; "
+                             "the gradients stay float32)")
     parser.add_argument("--repeats", type=int, default=10)
     compressed = sorted(m for m in METHODS if m != "none")
     parser.add_argument("--methods", default=",".join(compressed),
@@ -467,11 +523,29 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(error))
     ranks = Ranks.launched()
     document = profile(model.to(device), _to(batch, device), loss_fn, methods=methods, repeats=args.repeats,
-                       ranks=ranks, name=args.model)
+                       ranks=ranks, name=args.model, autocast=AUTOCAST[args.autocast] if args.autocast else None)
     if ranks.rank == 0:
         dump(document, args.out, f"hvdcomp profile of {args.model}, batch {document['batch_size']} per rank "
                                  f"(measured; times in ms are medians of the slowest rank)")
-        print(f"hvdcomp profile: wrote {args.out}: forward {document['forward_ms']:.2f} ms, backward "
-              f"{document['backward_ms']:.2f} ms, {len(document['gradients'])} gradients, compressors "
-              f"{', '.join(document['compressors']) or 'none'}")
+        print(summary(document, args.out))
     return 0
+
+
+def summary(document: Mapping[str, Any], path: str) -> str:
+    """What ``hvdcomp profile`` prints: the step's phases, then per compressor its encode and decode time per step
+    beside forward + backward (the overhead a user sees)."""
+    autocast = f" ({document['autocast']} autocast)" if "autocast" in document else ""
+    lines = [f"hvdcomp profile: wrote {path}: forward {document['forward_ms']:.2f} ms, backward "
+             f"{document['backward_ms']:.2f} ms{autocast}, {len(document['gradients'])} gradients, compressors "
+             f"{', '.join(document['compressors']) or 'none'}"]
+    if document["compressors"]:
+        lines.append(f"per step, summed over the compressed gradients (clock: {document['measured']['clock']}):")
+    for method, entry in document["compressors"].items():
+        lines.append(f"  {method:<10} encode {entry['step_encode_ms']:8.3f} ms  decode {entry['step_decode_ms']:8.3f}"
+                     f" ms  ({len(entry['gradients'])} gradients)  = {100 * entry['step_fraction_of_compute']:.2f}%"
+                     f" of forward + backward")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # python -m hvdcomp.perfmodel.profile ... (no installed console script needed)
+    sys.exit(main())

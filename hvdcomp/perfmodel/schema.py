@@ -194,6 +194,11 @@ def parse_cluster(data: Any, where: str) -> Cluster:
 # ---------------------------------------------------------------------------------------------- profile
 
 
+#: a compressor's per-step sums in a profile (hvdcomp.perfmodel.profile.step_totals), optional (older profiles lack
+#: them): encode and decode time summed over its gradients, and the two as a fraction of forward + backward
+STEP_TOTALS = ("step_encode_ms", "step_decode_ms", "step_fraction_of_compute")
+
+
 @dataclass(frozen=True)
 class Gradient:
     name: str
@@ -298,13 +303,15 @@ def parse_profile(data: Any, where: str) -> Profile:
                                                      entry.boolean("fixed_size"),
                                                      entry.boolean("shared_before_encode"), encoded, reduction,
                                                      checks_input, entry.boolean("sparse_payload", default=False))
+        for key in STEP_TOTALS:  # for people, derived from the per-gradient costs: checked, not used by the model
+            entry.number(key, default=0.0)
         entry.informational("options", "collective")
         entry.done()
     section.done()
     profile = Profile(top.string("model"), top.integer("batch_size", 1), top.string("device"),
                       top.number("forward_ms"), top.number("backward_ms"), top.number("optimizer_ms"),
                       tuple(sorted(gradients, key=lambda g: g.ready_ms)), compressors)
-    top.informational("source", "measured")
+    top.informational("source", "measured", "autocast")
     top.done()
     return profile
 
