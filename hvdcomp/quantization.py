@@ -64,9 +64,20 @@ def buckets(x: torch.Tensor, bucket: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def stacked(parts: list[torch.Tensor]) -> torch.Tensor:
-    """The payloads' parts as one contiguous [R, ...] tensor (a view for one part: decoding one payload copies
-    nothing)."""
-    return parts[0].unsqueeze(0).contiguous() if len(parts) == 1 else torch.stack(parts)
+    """The ranks' parts as one [R, ...] tensor for the decoding kernels, which take rows at any stride: a view where
+    the parts lie at equal steps in one buffer (one part; gathered payloads, each rank's segment after the last),
+    else a copy."""
+    first = parts[0]
+    if len(parts) == 1:
+        return first.unsqueeze(0)
+    step = parts[1].data_ptr() - first.data_ptr()
+    storage = first.untyped_storage().data_ptr()
+    if step > 0 and step % first.element_size() == 0 and all(
+            part.shape == first.shape and part.dtype == first.dtype and part.is_contiguous()
+            and part.untyped_storage().data_ptr() == storage and part.data_ptr() == first.data_ptr() + index * step
+            for index, part in enumerate(parts)):
+        return first.as_strided((len(parts), *first.shape), (step // first.element_size(), *first.stride()))
+    return torch.stack(parts)
 
 
 def decode_sum(packed: list[torch.Tensor], tables: list[torch.Tensor], grid: torch.Tensor | None, bits: int,

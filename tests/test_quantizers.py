@@ -13,7 +13,7 @@ from torch import nn
 from hvdcomp import ORQ, QSGD, BinGrad, Context, ErrorFeedback, OneBit, SignSGD, make_compressor, wire
 from hvdcomp.kernels import cpu_kernels
 from hvdcomp.packing import pack_bits
-from hvdcomp.quantization import rounding_variance
+from hvdcomp.quantization import rounding_variance, stacked
 from hvdcomp.tools.workloads import synthetic
 
 QUANTIZERS = ["bingrad", "onebit", "orq", "qsgd", "signsgd", "efsignsgd"]
@@ -199,6 +199,24 @@ def test_kernels_decode_and_sum_ranks_through_tables_and_grids() -> None:
         torch.testing.assert_close(kernels.decode_sum(packed, scales, grid, bits, bucket, n), expected)
     with pytest.raises(RuntimeError, match="cannot hold"):
         kernels.decode_sum(packed, tables, torch.empty(0), bits, bucket, n + 8)
+
+
+def test_gathered_payloads_decode_in_place(path: str) -> None:
+    """Payloads gathered into one buffer (each rank's segment after the last, as Horovod's allgather returns them)
+    decode as rows of one strided view, with no copy of the ranks' codes, to what the payloads decode to one by
+    one."""
+    x = torch.randn(3, 1000, generator=torch.Generator().manual_seed(2))
+    for method in ("qsgd", "orq", "terngrad"):
+        compressor = make_compressor(method, error_feedback=False)
+        ctx = Context.local(x[0])
+        payloads = [compressor.compress(row, {}, ctx) for row in x]
+        meta = payloads[0][1]
+        buffer = torch.cat([wire.pack(payload) for payload, _ in payloads])
+        gathered = [wire.unpack(segment, wire.layout_of(payloads[0][0])) for segment in buffer.chunk(3)]
+        rows = stacked([payload[-1] for payload in gathered])
+        assert rows.data_ptr() == gathered[0][-1].data_ptr() and rows.shape == (3, gathered[0][-1].numel()), method
+        expected = sum(compressor.decompress(payload, meta) for payload, _ in payloads)
+        torch.testing.assert_close(compressor.aggregate(gathered, meta), expected, rtol=1e-6, atol=1e-6)
 
 
 def test_majority_vote_semantics() -> None:

@@ -192,6 +192,28 @@ def test_decoding_sums_the_ranks_as_the_cpu_kernels(cpu: object, n: int) -> None
         same(cpu.unpack_sum(ternary, scale, n), gpu.unpack_sum(*on_device(ternary, scale), n), "ternary sum")
 
 
+def test_decoding_reads_gathered_rows_in_place(cpu: object) -> None:
+    """Rows of payloads at equal steps in one buffer (each rank's segment after the last, as gathered) decode as
+    a strided view, as the CPU kernels decode them."""
+    n, bits, bucket, ranks, step = 300, 3, 64, 3, 4 * 200
+    generator = torch.Generator().manual_seed(1)
+    buffer = torch.randint(0, 256, (ranks * step,), generator=generator, dtype=torch.uint8)
+    packed = buffer.as_strided((ranks, -(-n * bits // 8)), (step, 1))
+    tables = buffer.view(torch.float32).as_strided((ranks, -(-n // bucket), 1 << bits), (step // 4, 1 << bits, 1),
+                                                    128 // 4)
+    tables.copy_(torch.randn(tables.shape, generator=generator))  # finite levels where the codes were
+    empty = torch.empty(0)
+    packed_dev, tables_dev, empty_dev = (t.to(DEVICE) for t in (buffer, buffer.view(torch.float32), empty))
+    got = gpu.decode_sum(packed_dev.as_strided(packed.shape, packed.stride()),
+                         tables_dev.as_strided(tables.shape, tables.stride(), 128 // 4), empty_dev, bits, bucket, n)
+    same(cpu.decode_sum(packed, tables, empty, bits, bucket, n), got, "gathered rows")
+    same(cpu.decode_sum(packed.contiguous(), tables.contiguous(), empty, bits, bucket, n), got, "copied rows")
+    ternary = buffer.as_strided((ranks, -(-n // 4)), (step, 1))
+    scales = torch.rand(ranks, generator=generator)
+    same(cpu.unpack_sum(ternary, scales, n),
+         gpu.unpack_sum(packed_dev.as_strided(ternary.shape, ternary.stride()), scales.to(DEVICE), n), "ternary rows")
+
+
 def test_bad_arguments_are_refused_with_their_name() -> None:
     x = torch.zeros(64, device=DEVICE)
     with pytest.raises(ValueError, match="bucket must be a positive multiple of 8"):

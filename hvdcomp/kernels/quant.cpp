@@ -381,7 +381,8 @@ torch::Tensor pack_signs(const torch::Tensor& x, int64_t seed) {
   return packed;
 }
 
-// Decodes and sums the payloads of R ranks: packed uint8 [R, nbytes], tables float32 [R, buckets, T];
+// Decodes and sums the payloads of R ranks: packed uint8 [R, nbytes], tables float32 [R, buckets, T], each rank's
+// row contiguous and the rows at any stride (gathered payloads lie at equal steps in one buffer: no copy);
 // value = tables[r, bucket, code] where grid is empty (T = 2^bits), else tables[r, bucket, 0] * grid[code].
 // Returns float32 [n], added in rank order (the same bits on every rank).
 torch::Tensor decode_sum(const torch::Tensor& packed, const torch::Tensor& tables, const torch::Tensor& grid,
@@ -390,10 +391,11 @@ torch::Tensor decode_sum(const torch::Tensor& packed, const torch::Tensor& table
   TORCH_CHECK(bucket >= 1 && (bucket % 8 == 0 || bucket >= n), "decode_sum: bucket must be a multiple of 8 or ",
               "hold the whole tensor, got ", bucket, " for ", n, " elements");
   TORCH_CHECK(packed.device().is_cpu() && packed.scalar_type() == torch::kUInt8 && packed.dim() == 2 &&
-                  packed.is_contiguous(),
-              "decode_sum: packed must be a contiguous CPU uint8 tensor [R, nbytes]");
+                  packed.stride(1) == 1,
+              "decode_sum: packed must be a CPU uint8 tensor [R, nbytes] with contiguous rows");
   if (n == 0) return torch::empty({0}, torch::kFloat32);  // whatever tables a whole-tensor bucket came with
-  check_float_contiguous(tables, "decode_sum: tables");
+  TORCH_CHECK(tables.device().is_cpu() && tables.scalar_type() == torch::kFloat32,
+              "decode_sum: tables must be a CPU float32 tensor");
   check_float_contiguous(grid, "decode_sum: grid");
   const int64_t ranks = packed.size(0), nbytes = packed.size(1), levels = int64_t{1} << bits;
   const int64_t buckets = (n + bucket - 1) / bucket;
@@ -404,6 +406,10 @@ torch::Tensor decode_sum(const torch::Tensor& packed, const torch::Tensor& table
               " values, got ", grid.numel());
   TORCH_CHECK(tables.dim() == 3 && tables.size(0) == ranks && tables.size(1) == buckets && tables.size(2) == width,
               "decode_sum: tables must be [", ranks, ", ", buckets, ", ", width, "], got ", tables.sizes());
+  TORCH_CHECK(tables.stride(2) == 1 && (buckets == 1 || tables.stride(1) == width),
+              "decode_sum: each rank's tables must be contiguous");
+  const int64_t packed_stride = packed.size(0) > 1 ? packed.stride(0) : nbytes;
+  const int64_t table_stride = tables.size(0) > 1 ? tables.stride(0) : buckets * width;
   auto out = torch::empty({n}, torch::kFloat32);
   const uint8_t* src = packed.data_ptr<uint8_t>();
   const float* table = tables.data_ptr<float>();
@@ -417,9 +423,9 @@ torch::Tensor decode_sum(const torch::Tensor& packed, const torch::Tensor& table
       const int64_t b = 8 * first / bucket;
       const int64_t last = std::min(end, ((b + 1) * bucket + 7) / 8);
       for (int64_t r = 0; r < ranks; ++r) {
-        const float* entry = table + (r * buckets + b) * width;
+        const float* entry = table + r * table_stride + b * width;
         for (int64_t c = 0; c < levels; ++c) lut[c] = steps ? entry[0] * steps[c] : entry[c];
-        const uint8_t* codes = src + r * nbytes;
+        const uint8_t* codes = src + r * packed_stride;
         with_bits(bits, [&](auto b_) {
           constexpr int B = decltype(b_)::value;
           constexpr uint64_t mask = (uint64_t{1} << B) - 1;

@@ -115,12 +115,12 @@ torch::Tensor ternarize_pack(const torch::Tensor& x, double scaler, double clip,
   return out;
 }
 
-// Decodes and sums ternary payloads: packed is uint8 [R, ceil(n/4)], scales float32 [R];
+// Decodes and sums ternary payloads: packed is uint8 [R, ceil(n/4)] (rows at any stride), scales float32 [R];
 // returns float32 [n] with out_k = sum_r scales_r * t_{r,k}.
 torch::Tensor unpack_sum(const torch::Tensor& packed, const torch::Tensor& scales, int64_t n) {
   TORCH_CHECK(packed.device().is_cpu() && packed.scalar_type() == torch::kUInt8 && packed.dim() == 2 &&
-                  packed.is_contiguous(),
-              "unpack_sum: packed must be a contiguous CPU uint8 tensor [R, nbytes]");
+                  packed.stride(1) == 1,
+              "unpack_sum: packed must be a CPU uint8 tensor [R, nbytes] with contiguous rows");
   check_float_contiguous(scales, "unpack_sum: scales");
   const int64_t ranks = packed.size(0), nbytes = packed.size(1);
   TORCH_CHECK(scales.numel() == ranks, "unpack_sum: ", ranks, " payloads but ", scales.numel(), " scales");
@@ -128,6 +128,7 @@ torch::Tensor unpack_sum(const torch::Tensor& packed, const torch::Tensor& scale
               " elements (expected ", (n + 3) / 4, ")");
   auto out = torch::empty({n}, torch::kFloat32);
   if (n == 0) return out;
+  const int64_t stride = ranks > 1 ? packed.stride(0) : nbytes;  // rows at any stride: gathered payloads, no copy
   // lut[byte][j] = value of element j in that byte.
   static const auto lut = [] {
     std::vector<float> t(256 * 4);
@@ -145,7 +146,7 @@ torch::Tensor unpack_sum(const torch::Tensor& packed, const torch::Tensor& scale
   const auto decode = [&](int64_t b, float* acc) {
     for (int j = 0; j < 4; ++j) acc[j] = 0.f;
     for (int64_t r = 0; r < ranks; ++r) {
-      const float* e = &lut[src[r * nbytes + b] * 4];
+      const float* e = &lut[src[r * stride + b] * 4];
       const float s = sc[r];
       for (int j = 0; j < 4; ++j) acc[j] += s * e[j];
     }

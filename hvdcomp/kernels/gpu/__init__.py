@@ -2,10 +2,11 @@
 as the CPU kernels of ``hvdcomp/kernels/*.cpp`` (``ternary.py`` for TernGrad and the tensor-wide moments,
 ``quant.py`` for the bucketed quantizers, ``common.py`` for the generator and the bit packing).
 
-Scalars the CPU kernels take or return as host values (TernGrad's scaler and clip bound, the sign family's
-scale) stay on the device here, so nothing waits for the GPU. Triton's interpreter (``TRITON_INTERPRET=1`` in the
-environment before this package is imported) runs the same kernels on CPU tensors: that is how they are tested
-without a GPU.
+Scalars the CPU kernels take or return as host values (TernGrad's scaler and clip bound, the sign family's scale)
+stay on the device here, so nothing waits for the GPU. Sizes, seeds and counts are not specialized on
+(``do_not_specialize``): a kernel compiles once per bit width and kind, not once per tensor size or step.
+Triton's interpreter (``TRITON_INTERPRET=1`` in the environment before this package is imported) runs the same
+kernels on CPU tensors: that is how they are tested without a GPU.
 """
 
 from hvdcomp.kernels.gpu.quant import MAX_BUCKET, decode_sum, pack_signs, quantize_binary, quantize_levels

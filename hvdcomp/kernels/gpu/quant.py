@@ -146,7 +146,7 @@ def _orq_levels(x, valid, count, low, high, iterations, NBINS: tl.constexpr, SEA
     return levels
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n", "nbytes", "buckets", "key", "iterations"])
 def _levels_kernel(x_ptr, tables_ptr, packed_ptr, n, nbytes, bucket, buckets, key, iterations,
                    KIND: tl.constexpr, BITS: tl.constexpr, NBINS: tl.constexpr, SEARCH_STEPS: tl.constexpr,
                    ROWS: tl.constexpr, BLOCK: tl.constexpr):
@@ -204,7 +204,7 @@ def quantize_levels(x: torch.Tensor, bucket: int, bits: int, kind: int, iteratio
     return tables, packed
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n", "nbytes", "buckets", "iterations"])
 def _binary_kernel(x_ptr, tables_ptr, packed_ptr, n, nbytes, bucket, buckets, iterations, KIND: tl.constexpr,
                    ROWS: tl.constexpr, BLOCK: tl.constexpr):
     first, rows, x, valid, count = _bucket_block(x_ptr, n, bucket, buckets, ROWS, BLOCK)
@@ -260,7 +260,7 @@ def quantize_binary(x: torch.Tensor, bucket: int, kind: int, iterations: int) ->
     return tables, packed
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n", "key"])
 def _signs_kernel(x_ptr, packed_ptr, n, key, COIN: tl.constexpr, GROUPS: tl.constexpr):
     groups = tl.program_id(0).to(tl.int64) * GROUPS + tl.arange(0, GROUPS)
     lane = tl.arange(0, 8)
@@ -287,8 +287,8 @@ def pack_signs(x: torch.Tensor, seed: int) -> torch.Tensor:
     return packed
 
 
-@triton.jit
-def _decode_kernel(packed_ptr, tables_ptr, grid_ptr, out_ptr, ranks, n, nbytes, bucket, buckets,
+@triton.jit(do_not_specialize=["ranks", "n", "nbytes", "packed_stride", "tables_stride"])
+def _decode_kernel(packed_ptr, tables_ptr, grid_ptr, out_ptr, ranks, n, nbytes, packed_stride, tables_stride, bucket,
                    BITS: tl.constexpr, GRID: tl.constexpr, BLOCK: tl.constexpr):
     elements = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = elements < n
@@ -297,8 +297,8 @@ def _decode_kernel(packed_ptr, tables_ptr, grid_ptr, out_ptr, ranks, n, nbytes, 
     total = tl.zeros([BLOCK], dtype=tl.float32)
     rank = 0
     while rank < ranks:  # in rank order, the same bits on every rank (while: see ternary._finish_kernel)
-        codes = load_codes(packed_ptr + rank.to(tl.int64) * nbytes, elements, mask, nbytes, BITS).to(tl.int32)
-        entry = tables_ptr + (rank.to(tl.int64) * buckets + row) * width
+        codes = load_codes(packed_ptr + rank.to(tl.int64) * packed_stride, elements, mask, nbytes, BITS).to(tl.int32)
+        entry = tables_ptr + rank.to(tl.int64) * tables_stride + row * width
         if GRID:
             value = tl.load(entry, mask=mask, other=0.0) * tl.load(grid_ptr + codes, mask=mask, other=0.0)
         else:
@@ -311,19 +311,23 @@ def _decode_kernel(packed_ptr, tables_ptr, grid_ptr, out_ptr, ranks, n, nbytes, 
 def decode_sum(packed: torch.Tensor, tables: torch.Tensor, grid: torch.Tensor, bits: int, bucket: int,
                n: int) -> torch.Tensor:
     """``decode_sum`` of the CPU kernels: the sum over R payloads (``packed`` uint8 [R, nbytes], ``tables`` float32
-    [R, buckets, T]) of their decoded values, float32 [n], added in rank order. An empty ``grid`` means the tables
-    hold the levels (T = 2^bits); else value = tables[r, bucket, 0] * grid[code]."""
+    [R, buckets, T], each rank's row contiguous, the rows at any stride) of their decoded values, float32 [n], added
+    in rank order. An empty ``grid`` means the tables hold the levels (T = 2^bits); else value =
+    tables[r, bucket, 0] * grid[code]."""
     ranks, nbytes = packed.shape
     buckets = -(-n // bucket) if n else 0
     width = 1 if grid.numel() else 1 << bits
-    if nbytes != -(-n * bits // 8) or tuple(tables.shape) != (ranks, buckets, width):
+    rows_contiguous = (nbytes < 2 or packed.stride(1) == 1) and (width < 2 or tables.stride(2) == 1) \
+        and (buckets < 2 or tables.stride(1) == width)
+    if nbytes != -(-n * bits // 8) or tuple(tables.shape) != (ranks, buckets, width) or not rows_contiguous:
         raise ValueError(f"decode_sum: payloads uint8 {tuple(packed.shape)} and tables {tuple(tables.shape)} do not "
                          f"hold {n} elements of {bits} bits in buckets of {bucket} (expected [{ranks}, "
-                         f"{-(-n * bits // 8)}] and [{ranks}, {buckets}, {width}])")
+                         f"{-(-n * bits // 8)}] and [{ranks}, {buckets}, {width}], each rank's row contiguous)")
     out = torch.empty(n, dtype=torch.float32, device=packed.device)
     if n:
         block = min(_DECODE_BLOCK, max(triton.next_power_of_2(n), 16))
         steps = grid if grid.numel() else tables  # (not read without a grid: any valid pointer)
-        _decode_kernel[(triton.cdiv(n, block),)](packed, tables, steps, out, ranks, n, nbytes, bucket, buckets,
-                                                 BITS=bits, GRID=grid.numel() > 0, BLOCK=block)
+        _decode_kernel[(triton.cdiv(n, block),)](packed, tables, steps, out, ranks, n, nbytes, packed.stride(0),
+                                                 tables.stride(0), bucket, BITS=bits, GRID=grid.numel() > 0,
+                                                 BLOCK=block)
     return out

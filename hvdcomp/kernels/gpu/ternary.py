@@ -31,7 +31,7 @@ _FINAL_BLOCK = 1024
 _TERNARY, _ABS_MEAN = 0, 1
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _moments_kernel(x_ptr, partial_ptr, n, BLOCK: tl.constexpr):
     """Per block: sum, sum of squares, max |x| and sum |x| (float32), a row of ``partial``."""
     pid = tl.program_id(0).to(tl.int64)
@@ -44,7 +44,7 @@ def _moments_kernel(x_ptr, partial_ptr, n, BLOCK: tl.constexpr):
     tl.store(partial_ptr + pid * 4 + 3, tl.sum(magnitude))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["blocks", "n"])
 def _finish_kernel(partial_ptr, out_ptr, blocks, n, clip, MODE: tl.constexpr, BLOCK: tl.constexpr):
     """One program: adds the partial rows in float64 in a fixed order, then writes [bound, scaler] (TernGrad:
     c * sigma, and min(max |x|, c * sigma); clip < 0 means no clipping) or [sum |x| / n] (the sign family)."""
@@ -98,7 +98,7 @@ def abs_mean(x: torch.Tensor) -> torch.Tensor:
     return _moments(x, _ABS_MEAN, 0.0, 1).view(1, 1)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n", "nbytes", "key"])
 def _ternarize_kernel(x_ptr, scaler_ptr, bound_ptr, out_ptr, n, nbytes, key, BLOCK: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     offsets = pid * BLOCK + tl.arange(0, BLOCK)
@@ -126,15 +126,15 @@ def ternarize_pack(x: torch.Tensor, scaler: torch.Tensor, bound: torch.Tensor, s
     return out
 
 
-@triton.jit
-def _unpack_sum_kernel(packed_ptr, scales_ptr, out_ptr, ranks, n, nbytes, BLOCK: tl.constexpr):
+@triton.jit(do_not_specialize=["ranks", "n", "row_stride"])
+def _unpack_sum_kernel(packed_ptr, scales_ptr, out_ptr, ranks, n, row_stride, BLOCK: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     offsets = pid * BLOCK + tl.arange(0, BLOCK)
     mask = offsets < n
     total = tl.zeros([BLOCK], dtype=tl.float32)
     rank = 0
     while rank < ranks:  # in rank order, the same bits on every rank
-        byte = tl.load(packed_ptr + rank.to(tl.int64) * nbytes + offsets // 4, mask=mask, other=0).to(tl.int32)
+        byte = tl.load(packed_ptr + rank.to(tl.int64) * row_stride + offsets // 4, mask=mask, other=0).to(tl.int32)
         code = (byte >> ((offsets % 4) * 2).to(tl.int32)) & 3
         total += tl.load(scales_ptr + rank) * ((code & 1) - (code >> 1)).to(tl.float32)
         rank += 1
@@ -142,15 +142,15 @@ def _unpack_sum_kernel(packed_ptr, scales_ptr, out_ptr, ranks, n, nbytes, BLOCK:
 
 
 def unpack_sum(packed: torch.Tensor, scales: torch.Tensor, n: int) -> torch.Tensor:
-    """Sum over ranks of scale_r times the decoded ternary codes: ``packed`` uint8 [R, ceil(n / 4)], ``scales``
-    float32 [R]; float32 [n], added in rank order."""
+    """Sum over ranks of scale_r times the decoded ternary codes: ``packed`` uint8 [R, ceil(n / 4)] (rows at any
+    stride), ``scales`` float32 [R]; float32 [n], added in rank order."""
     ranks, nbytes = packed.shape
-    if nbytes != -(-n // 4) or scales.numel() != ranks:
+    if nbytes != -(-n // 4) or scales.numel() != ranks or (nbytes > 1 and packed.stride(1) != 1):
         raise ValueError(f"unpack_sum: {ranks} payloads of {nbytes} bytes and {scales.numel()} scales cannot hold "
-                         f"{n} elements (expected {-(-n // 4)} bytes and {ranks} scales)")
+                         f"{n} elements (expected {-(-n // 4)} contiguous bytes and {ranks} scales)")
     out = torch.empty(n, dtype=torch.float32, device=packed.device)
     if n:
         block = min(_PACK_BLOCK, max(triton.next_power_of_2(n), 16))
-        _unpack_sum_kernel[(math.ceil(n / block),)](packed, scales.to(torch.float32), out, ranks, n, nbytes,
-                                                    BLOCK=block)
+        _unpack_sum_kernel[(math.ceil(n / block),)](packed, scales.to(torch.float32), out, ranks, n,
+                                                    packed.stride(0), BLOCK=block)
     return out
