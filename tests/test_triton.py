@@ -40,7 +40,7 @@ from hvdcomp.quantization import rounding_variance  # noqa: E402
 pytestmark = pytest.mark.triton
 DEVICE = torch.device("cuda" if CUDA else "cpu")
 #: the methods whose CUDA path runs on these kernels
-METHODS = ("terngrad", "qsgd", "signsgd", "efsignsgd", "onebit", "bingrad", "orq")
+METHODS = ("terngrad", "qsgd", "signsgd", "efsignsgd", "onebit", "bingrad", "orq", "randomk")
 SIZES = (0, 1, 7, 100, 1037)  # empty, one element, a ragged group, ragged buckets
 
 
@@ -214,6 +214,17 @@ def test_decoding_reads_gathered_rows_in_place(cpu: object) -> None:
          gpu.unpack_sum(packed_dev.as_strided(ternary.shape, ternary.stride()), scales.to(DEVICE), n), "ternary rows")
 
 
+def test_randomk_draws_the_positions_of_the_cpu_kernels(cpu: object) -> None:
+    for n, k in [(1, 1), (7, 3), (1037, 10), (1037, 1037), (100_000, 999)]:
+        x = gaussian(n)
+        for seed in (0, 5, (1 << 62) + 12345):  # seeds are 63-bit
+            for scale in (False, True):
+                values, indices = cpu.randomk_select(x, k, seed, scale)
+                got = gpu.randomk_select(*on_device(x), k, seed, scale)
+                same(values, got[0], f"random-k values, n {n}, k {k}")
+                same(indices, got[1], f"random-k positions, n {n}, k {k}")
+
+
 def test_bad_arguments_are_refused_with_their_name() -> None:
     x = torch.zeros(64, device=DEVICE)
     with pytest.raises(ValueError, match="bucket must be a positive multiple of 8"):
@@ -222,6 +233,8 @@ def test_bad_arguments_are_refused_with_their_name() -> None:
         gpu.quantize_binary(x, gpu.MAX_BUCKET * 2, 0, 4)
     with pytest.raises(ValueError, match="QSGD: 2 to 8"):
         gpu.quantize_levels(x, 64, 1, 1, 0, 1, 0)
+    with pytest.raises(ValueError, match=r"k must be in \[1, n\] = \[1, 64\]"):
+        gpu.randomk_select(x, 65, 0, False)
     with pytest.raises(ValueError, match="do not hold 64 elements"):
         gpu.decode_sum(torch.zeros(1, 7, dtype=torch.uint8, device=DEVICE), torch.zeros(1, 1, 4, device=DEVICE),
                        torch.empty(0, device=DEVICE), 1, 64, 64)

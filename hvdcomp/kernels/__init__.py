@@ -1,7 +1,7 @@
 """Fused kernels: on CPU tensors a C++ extension (``ternary.cpp`` for TernGrad, ``randomk.cpp`` for random-k,
 ``quant.cpp`` for the bucketed quantizers, ``sketch.cpp`` for the homomorphic sketch's decoding, bound in
-``module.cpp``), on CUDA tensors Triton kernels (:mod:`hvdcomp.kernels.gpu`, the quantizers and TernGrad) with the
-same functions, wire format and random draws. :func:`kernels_for` picks the one for a tensor's device.
+``module.cpp``), on CUDA tensors Triton kernels (:mod:`hvdcomp.kernels.gpu`: TernGrad, the quantizers and random-k)
+with the same functions, wire format and random draws. :func:`kernels_for` picks the one for a tensor's device.
 
 The C++ extension is compiled once with PyTorch's C++ extension builder and cached.
 

@@ -15,9 +15,10 @@ each. Entry i of stratum b is sent with probability 1 / |b|, so
   the gradient's variance by about 100: on digits at lr 0.05 (perf/RESULTS.md) training diverged to NaN,
   which is why it is not the default; it suits milder ratios or smaller learning rates.
 
-On CPU float32 the draw, gather and scaling run in one fused kernel (:mod:`hvdcomp.kernels`, counter-based
-random numbers); elsewhere as PyTorch ops with ``torch.rand`` on the tensor's device (no host sync). The
-two paths draw different positions from the same seed; all ranks of a job use one device type.
+The draw, gather and scaling run in one fused kernel (:mod:`hvdcomp.kernels`: C++ on CPU, Triton on CUDA, with
+the same counter-based random numbers, so both draw the same positions); without one, as PyTorch ops with
+``torch.rand`` on the tensor's device (no host sync), which draw other positions from the same seed: which path
+draws is part of the plan every rank shares.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any
 import torch
 
 from hvdcomp.compressor import Compressor, Context, Payload, State, derive_seed
-from hvdcomp.kernels import cpu_kernels
+from hvdcomp.kernels import kernels_for
 
 _generators: dict[torch.device, torch.Generator] = {}
 
@@ -42,13 +43,13 @@ def strata(n: int, k: int, device: torch.device) -> tuple[torch.Tensor, torch.Te
 def backend(device: torch.device) -> str:
     """Which path draws the positions on ``device``: the two draw different positions from one seed, so it is
     part of the plan every rank must share (a rank whose kernels failed to build would send other entries)."""
-    return "kernel" if device.type == "cpu" and cpu_kernels() is not None else "torch"
+    return "kernel" if kernels_for(device) is not None else "torch"
 
 
 def select(x: torch.Tensor, k: int, seed: int, scale: bool, path: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(values, int64 positions) of one stratified draw of k entries of the 1-D float32 ``x`` by ``path`` (see
     :func:`backend`); values times the stratum's length if ``scale``."""
-    kernels = cpu_kernels() if path == "kernel" else None
+    kernels = kernels_for(x.device) if path == "kernel" else None
     if kernels is not None:
         values, indices = kernels.randomk_select(x.contiguous(), k, seed, scale)  # seeds are 63-bit
         return values, indices
