@@ -49,6 +49,8 @@ def backend(device: torch.device) -> str:
 def select(x: torch.Tensor, k: int, seed: int, scale: bool, path: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(values, int64 positions) of one stratified draw of k entries of the 1-D float32 ``x`` by ``path`` (see
     :func:`backend`); values times the stratum's length if ``scale``."""
+    if k == 0:  # an empty tensor
+        return x.new_empty(0), torch.empty(0, dtype=torch.int64, device=x.device)
     kernels = kernels_for(x.device) if path == "kernel" else None
     if kernels is not None:
         values, indices = kernels.randomk_select(x.contiguous(), k, seed, scale)  # seeds are 63-bit

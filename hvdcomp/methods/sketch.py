@@ -229,7 +229,8 @@ class Sketch(Sparse):
             count = torch.full((1,), float(tensor.detach().coalesce()._nnz()), device=tensor.device)
         else:
             dense = tensor.to_dense() if tensor.is_sparse else tensor.detach()
-            count = dense.reshape(self.items(tensor.shape), -1).ne(0).any(1).sum(dtype=torch.float32).reshape(1)
+            items = self.items(tensor.shape)
+            count = dense.reshape(items, block(tensor.shape, items)).ne(0).any(1).sum(dtype=torch.float32).reshape(1)
         return Agree(count, "sum")
 
     def compress(self, tensor: torch.Tensor, state: State, ctx: Context,
@@ -243,7 +244,7 @@ class Sketch(Sparse):
                 coalesced = tensor.detach().coalesce()
                 rows = coalesced.indices()[0]
                 return [coalesced.values().reshape(-1), rows.to(index_dtype(n))], (shape, n, coalesced.dtype)
-        x = tensor.detach().reshape(n, -1)
+        x = tensor.detach().reshape(n, block(shape, n))
         rows = x.ne(0).any(1).nonzero().view(-1)
         return [x[rows].reshape(-1), rows.to(index_dtype(n))], (shape, n, x.dtype)
 

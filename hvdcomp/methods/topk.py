@@ -98,8 +98,8 @@ class Sparse(Compressor):
     def subtract(self, residual: torch.Tensor, payload: Payload, meta: Any) -> None:
         values, indices = payload
         shape, items, _ = meta
-        residual.view(items, -1).index_add_(0, indices.long(), values.to(residual.dtype).view(-1, block(shape, items)),
-                                            alpha=-1)
+        width = block(shape, items)
+        residual.view(items, width).index_add_(0, indices.long(), values.to(residual.dtype).view(-1, width), alpha=-1)
 
     def aggregate(self, payloads: list[Payload], meta: Any) -> torch.Tensor:
         shape, items, dtype = meta
