@@ -4,6 +4,9 @@
 
 Each scenario checks its own results with assertions (identical on every rank) and prints
 ``SCENARIO OK rank R``; a rank that caught an expected error also prints ``raised ERROR (on every rank) rank R``.
+Scenarios that run many methods (tests/cases.py) check each in a :func:`case` of its own, which prints
+``SCENARIO CASE OK rank R`` or ``SCENARIO CASE FAILED rank R: why`` and goes on with the next: one method failing
+does not hide the others.
 """
 
 from __future__ import annotations
@@ -15,12 +18,14 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, ClassVar
 
 import horovod.torch as hvd
 import torch
+from cases import COLLECTIVE_LABELS, DIGITS_METHODS, RESUME_LABELS, TRAIN_CONFIGS  # tests/ (the script's folder)
 from torch import nn
 
 import hvdcomp
@@ -32,6 +37,20 @@ from hvdcomp.perfmodel import probe
 from hvdcomp.requests import Agree, Allgather, Allreduce, Alltoall, Broadcast, Reduction
 
 torch.set_num_threads(1)  # several ranks share 2 cores
+
+
+@contextmanager
+def case(scenario: str, label: str) -> Iterator[None]:
+    """One case of a scenario: an assertion failure is printed (``SCENARIO LABEL FAILED rank R: why``) and the
+    scenario goes on with the next case. The checks are made on values every rank holds after the case's
+    collectives, so a failing case fails alike on every rank and the ranks stay in step."""
+    try:
+        yield
+    except AssertionError as error:
+        message = " ".join(str(error).split())[:2000]
+        print(f"{scenario} {label} FAILED rank {hvd.rank()}: {message}", flush=True)
+    else:
+        print(f"{scenario} {label} OK rank {hvd.rank()}", flush=True)
 
 
 def context(name: str, step: int = 0) -> Context:
@@ -83,6 +102,7 @@ def scenario_collectives() -> None:
         ("threshold", hvdcomp.ErrorFeedback(hvdcomp.Threshold(density=0.05)), "allgather", (1000,)),
         ("dgc", hvdcomp.DGC(density=0.05, warmup_steps=1), "allgather", (30, 30)),
     ]
+    assert [label for label, *_ in cases] == list(COLLECTIVE_LABELS[:len(cases)]), "tests/cases.py lists the cases"
     for label, compressor, reduction_name, shape in cases:
         reduction = reductions.make(reduction_name, compressor)
         generator = torch.Generator().manual_seed(100 + rank)
@@ -90,19 +110,20 @@ def scenario_collectives() -> None:
         if label == "topk":  # ranks have different numbers of nonzeros: payload sizes differ per rank
             tensor.view(-1)[(rank + 1) * 20:] = 0
         state = reduction.init_state(tensor, context(label))
-        for step in range(3):
-            ctx = context(label, step)
-            expected, payloads = reference_sum(compressor, tensor, copy.deepcopy(state), ctx, f"{label}.{step}")
-            result = run_alone(reduction.reduce(tensor, state, ctx), f"{label}.{step}")
-            assert result.shape == tensor.shape, (label, result.shape)
-            # Allreduce adds in MPI's or Gloo's order, not rank order: a few ulps of the largest value summed
-            # (fp16: 2^-10 relative; random-k: values scaled by d/k, up to about 40 here).
-            tolerance = {"fp16": 4e-3, "randomk": 2e-5, "randomk-ef": 2e-6}.get(label, 1e-6)
-            torch.testing.assert_close(result.float(), expected.float(), rtol=tolerance, atol=tolerance,
-                                       msg=lambda m, label=label: f"{label}: {m}")
-            if label == "topk":  # what travelled really differs in size per rank: 20, 40, 60, ... nonzeros
-                sizes = [payload[0].numel() for payload in payloads]
-                assert sizes == [min(100, (r + 1) * 20) for r in range(size)], sizes
+        with case("collectives", label):  # (the checks compare values every rank holds: they fail alike)
+            for step in range(3):
+                ctx = context(label, step)
+                expected, payloads = reference_sum(compressor, tensor, copy.deepcopy(state), ctx, f"{label}.{step}")
+                result = run_alone(reduction.reduce(tensor, state, ctx), f"{label}.{step}")
+                assert result.shape == tensor.shape, (label, result.shape)
+                # Allreduce adds in MPI's or Gloo's order, not rank order: a few ulps of the largest value summed
+                # (fp16: 2^-10 relative; random-k: values scaled by d/k, up to about 40 here).
+                tolerance = {"fp16": 4e-3, "randomk": 2e-5, "randomk-ef": 2e-6}.get(label, 1e-6)
+                torch.testing.assert_close(result.float(), expected.float(), rtol=tolerance, atol=tolerance,
+                                           msg=lambda m, label=label: f"{label}: {m}")
+                if label == "topk":  # what travelled really differs in size per rank: 20, 40, 60, ... nonzeros
+                    sizes = [payload[0].numel() for payload in payloads]
+                    assert sizes == [min(100, (r + 1) * 20) for r in range(size)], sizes
     # Two-phase, exactly checkable: a tensor of constant magnitude is encoded exactly by every fixed-size method
     # below (TernGrad without clipping and scaler sharing; the quantizers' levels land on +-v; QSGD with the max
     # norm); rank r sends (r+1) * v, each owner's sum N(N+1)/2 * v re-compresses exactly (for signSGD the
@@ -111,6 +132,7 @@ def scenario_collectives() -> None:
     signs = torch.randint(0, 2, (1003,), generator=torch.Generator().manual_seed(7)).float() * 2 - 1
     exact = [hvdcomp.TernGrad(clip=None, scaler_sharing=False), hvdcomp.BinGrad(), hvdcomp.OneBit(bucket_size=16),
              hvdcomp.ORQ(bits=3, bucket_size=64), hvdcomp.QSGD(norm="max"), hvdcomp.SignSGD(), hvdcomp.EFSignSGD()]
+    failed = []  # the cases run to the end on every rank, then the scenario reports
     for compressor in exact:
         for shape in [(1003,), (17, 59), (32 * size + 1,)]:
             v = signs[:math.prod(shape)].reshape(shape)
@@ -118,10 +140,14 @@ def scenario_collectives() -> None:
                 reduction = reductions.make("two_phase", compressor, {"owner_error_feedback": owner_error_feedback})
                 ctx = context(f"two_phase.{compressor.name}.{shape}")
                 state = reduction.init_state(v, ctx)
-                assert ("residual" in state["owner"]) == owner_error_feedback
+                if ("residual" in state["owner"]) != owner_error_feedback:
+                    failed.append(f"{compressor!r}: owner error feedback is not {owner_error_feedback}")
                 name = f"two_phase.{compressor.name}.{shape}.{owner_error_feedback}"
                 result = run_alone(reduction.reduce((rank + 1) * v, state, ctx), name)
-                assert torch.equal(result, size * (size + 1) / 2 * v), f"{compressor!r}: two-phase result differs"
+                if not torch.equal(result, size * (size + 1) / 2 * v):
+                    failed.append(f"{compressor!r} {shape}: two-phase result differs")
+    with case("collectives", "two_phase-exact"):
+        assert not failed, failed
     # Two-phase with random gradients: TernGrad is unbiased for the clipped gradient, and these Gaussian ones
     # hardly clip at 2.5 sigma, so averaging over steps comes close to the true sum.
     tensor = torch.randn(2000, generator=torch.Generator().manual_seed(rank))
@@ -134,7 +160,8 @@ def scenario_collectives() -> None:
         name = f"two_phase.random.{step}"
         mean += run_alone(reduction.reduce(tensor, state, context("two_phase.random", step)), name) / steps
     error = ((mean - truth).norm() / truth.norm()).item()
-    assert error < 0.2, f"two-phase mean over {steps} steps is {error:.3f} away from the true sum"
+    with case("collectives", "two_phase-random"):
+        assert error < 0.2, f"two-phase mean over {steps} steps is {error:.3f} away from the true sum"
 
 
 class Probe(Compressor):
@@ -332,36 +359,6 @@ def assert_identical_across_ranks(model: nn.Module, label: str) -> None:
         assert torch.equal(gathered[0], gathered[rank]), f"{label}: rank {rank}'s parameters differ from rank 0's"
 
 
-TRAIN_CONFIGS = {
-    "none": "none",
-    "fp16": "fp16",
-    "terngrad": {"method": "terngrad", "min_numel": 100},
-    "terngrad-two-phase": {"method": "terngrad", "collective": "two_phase", "min_numel": 100},
-    "topk": {"method": "topk", "options": {"ratio": 0.05}, "min_numel": 100},
-    "randomk": {"method": "randomk", "options": {"ratio": 0.1}, "min_numel": 100},
-    "powersgd": {"method": "powersgd", "options": {"start_iter": 3}, "min_numel": 100},
-    "bingrad": {"method": "bingrad", "min_numel": 100},
-    "orq": {"method": "orq", "min_numel": 100},
-    "orq-two-phase": {"method": "orq", "collective": "two_phase", "min_numel": 100},
-    "qsgd": {"method": "qsgd", "options": {"bucket_size": 128}, "min_numel": 100},
-    "signsgd": {"method": "signsgd", "min_numel": 100},
-    "signsgd-two-phase": {"method": "signsgd", "collective": "two_phase", "min_numel": 100},
-    "efsignsgd": {"method": "efsignsgd", "min_numel": 100},
-    "onebit": {"method": "onebit", "min_numel": 100},
-    "threshold": {"method": "threshold", "options": {"density": 0.05}, "min_numel": 100},
-    "dgc": {"method": "dgc", "options": {"density": 0.01, "warmup_steps": 2}, "min_numel": 100},
-    "topk-sketch": {"method": "topk", "options": {"ratio": 0.05}, "collective": "sketch", "min_numel": 100},
-    "gravac": {"method": "gravac", "min_numel": 100,
-               "options": {"candidates": [10, 100], "warmup_steps": 1, "window": 1, "interval": 2}},
-    "gravac-dgc": {"method": "gravac", "min_numel": 100,
-                   "options": {"method": "dgc", "candidates": [10, 100], "warmup_steps": 1, "window": 1,
-                               "interval": 2}},
-    "mixed": {"method": "terngrad", "min_numel": 0, "dense": ["4.*"],
-              "overrides": [{"match": "2.*", "method": "topk", "options": {"ratio": 0.1}},
-                            {"match": "*.bias", "method": "fp16"}]},
-}
-
-
 def sgd(model: nn.Module, label: str) -> torch.optim.SGD:
     """SGD with momentum 0.9, or 0 for the methods that apply momentum themselves (DGC; the small tensors they
     leave dense then train without momentum, which these checks do not mind)."""
@@ -376,11 +373,12 @@ def scenario_train() -> None:
                                                  compression=config)
         before = flat_params(model).clone()
         train(model, optimizer, batches(6, seed=hvd.rank()))
-        assert not torch.equal(before, flat_params(model)), f"{label}: parameters did not change"
-        assert optimizer.bytes_sent > 0
-        decided = optimizer.decisions()  # what hvdcomp train's trace records each step
-        assert bool(decided) == ("gravac" in label), (label, decided)
-        assert_identical_across_ranks(model, label)
+        with case("train", label):
+            assert not torch.equal(before, flat_params(model)), f"{label}: parameters did not change"
+            assert optimizer.bytes_sent > 0
+            decided = optimizer.decisions()  # what hvdcomp train's trace records each step
+            assert bool(decided) == ("gravac" in label), (label, decided)
+            assert_identical_across_ranks(model, label)
 
 
 def scenario_resume() -> None:
@@ -389,13 +387,12 @@ def scenario_resume() -> None:
 
     calls = iter(range(10**9))
     gravac.clock = lambda: float(next(calls))  # scripted step times: GraVAC's decisions then repeat exactly
-    for label in ("terngrad", "topk", "terngrad-two-phase", "randomk", "powersgd", "bingrad", "orq-two-phase",
-                  "qsgd", "signsgd", "efsignsgd", "onebit", "threshold", "dgc", "gravac", "gravac-dgc",
-                  "topk-sketch"):
+    for label in RESUME_LABELS:
         def make(model: nn.Module, label: str = label) -> torch.optim.Optimizer:
             return hvdcomp.DistributedOptimizer(sgd(model, label), named_parameters=model.named_parameters(),
                                                 compression=TRAIN_CONFIGS[label])
-        train_and_resume(mlp, make, batches(8, seed=hvd.rank()), label)
+        with case("resume", label):
+            train_and_resume(mlp, make, batches(8, seed=hvd.rank()), label)
 
 
 def train_and_resume(model_of: Callable[..., nn.Module], make: Callable[[nn.Module], torch.optim.Optimizer],
@@ -976,11 +973,13 @@ def scenario_digits() -> None:
         return sum(r.test_accuracy for r in runs) / len(runs)
 
     dense = accuracy("none")
-    assert dense > 0.9, dense
-    for method in ("bingrad", "orq", "qsgd", "signsgd", "efsignsgd", "onebit", "dgc", "threshold", "gravac", "lgc",
-                   {"method": "lgc", "options": {"variant": "ps"}}):
+    with case("digits", "none"):
+        assert dense > 0.9, dense
+    for label in DIGITS_METHODS[1:]:
+        method = {"method": "lgc", "options": {"variant": "ps"}} if label == "lgc-ps" else label
         mean = accuracy(method)
-        assert abs(mean - dense) <= 0.01, f"{method}: mean test accuracy {mean:.4f}, dense {dense:.4f}"
+        with case("digits", label):
+            assert abs(mean - dense) <= 0.01, f"{label}: mean test accuracy {mean:.4f}, dense {dense:.4f}"
 
 
 def poison(model: nn.Module, parameter: str, rank: int) -> None:

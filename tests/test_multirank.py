@@ -1,6 +1,8 @@
 """Real ranks under mpirun (MPI controller) and horovodrun --gloo (Gloo controller), 2 and 4 of them.
 
-The scenarios themselves live in tests/ranks.py and assert inside every rank.
+The scenarios themselves live in tests/ranks.py and assert inside every rank. A scenario that runs many methods
+(tests/cases.py) is launched once per controller and rank count, and each of its cases is a test of its own here,
+read from that launch's output: one method failing does not hide the others.
 """
 
 from __future__ import annotations
@@ -10,12 +12,29 @@ import re
 import time
 
 import pytest
-from conftest import BIN, CONTROLLERS, REPO, run_ranks
+from cases import CASES
+from conftest import BIN, CONTROLLERS, REPO, Ranks, run_ranks
 
 pytestmark = pytest.mark.multirank
 
-SCENARIOS = ["collectives", "requests", "plans", "train", "resume", "stock", "nograd", "majority", "gravac", "sketch",
-             "lgc", "auto_local"]
+SCENARIOS = ["requests", "plans", "stock", "nograd", "majority", "gravac", "sketch", "lgc", "auto_local"]
+_launches: dict[tuple[str, str, int], Ranks] = {}
+
+
+def launched(scenario: str, controller: str, np: int, timeout: float = 300) -> Ranks:
+    """The output of ``scenario`` on ``np`` ranks under ``controller``, launched once and shared by its cases' tests."""
+    key = (scenario, controller, np)
+    if key not in _launches:
+        _launches[key] = run_ranks([str(REPO / "tests" / "ranks.py"), scenario], np, controller, timeout)
+    return _launches[key]
+
+
+def assert_case(result: Ranks, scenario: str, label: str, np: int) -> None:
+    """Every rank ran ``label`` of ``scenario`` and its checks passed (tests/ranks.py's ``case``)."""
+    failed = re.findall(rf"^{scenario} {re.escape(label)} FAILED rank \d+: .*$", result.output, re.MULTILINE)
+    assert not failed, "\n".join(failed)
+    assert result.ranks_saying(f"{scenario} {label} OK") == set(range(np)), \
+        f"exit status {result.returncode}\n{result.output[-5000:]}"
 #: scenario -> what each rank prints, as "<what> (on every rank) rank R", once it caught the expected error
 EXPECTED_FAILURES = {
     "nonfinite_raise": "raised FloatingPointError",
@@ -33,6 +52,17 @@ def test_scenario(scenario: str, controller: str, np: int) -> None:
         assert "parameter '4.weight' stays dense: lgc: a tensor of shape (10, 64) has 32 top-k values" \
             in result.output, result.output[-5000:]
     assert result.ranks_saying(f"{scenario} OK") == set(range(np)), result.output[-5000:]
+
+
+@pytest.mark.parametrize("np", [2, 4])
+@pytest.mark.parametrize("controller", CONTROLLERS)
+@pytest.mark.parametrize(("scenario", "label"), [(scenario, label) for scenario, labels in CASES.items()
+                                                 if scenario != "digits" for label in labels])
+def test_case(scenario: str, label: str, controller: str, np: int) -> None:
+    """One method (or reduction) of a scenario that runs them all: ``collectives`` (each default reduction against
+    the sum of every rank's payloads), ``train`` (replicas bitwise identical after training), ``resume`` (a run
+    resumed from a checkpoint equals the uninterrupted one)."""
+    assert_case(launched(scenario, controller, np), scenario, label, np)
 
 
 @pytest.mark.parametrize("controller", CONTROLLERS)
@@ -136,10 +166,11 @@ def test_sketch_trains_the_sparse_workload_as_dense_does(tmp_path) -> None:
     assert sketched["compression_ratio"] > 20, sketched
 
 
-def test_quantizers_and_sparsifiers_train_digits_within_one_point_of_dense() -> None:
-    result = run_ranks([str(REPO / "tests" / "ranks.py"), "digits"], 2, timeout=600)
-    assert result.returncode == 0, result.output[-5000:]
-    assert result.ranks_saying("digits OK") == {0, 1}, result.output[-5000:]
+@pytest.mark.parametrize("method", CASES["digits"])
+def test_quantizers_and_sparsifiers_train_digits_within_one_point_of_dense(method: str) -> None:
+    """Each quantizer and sparsifier at its defaults trains the digits classifier to within a point of dense (the
+    mean over 3 seeds; tests/ranks.py's ``digits``), in one launch for all of them."""
+    assert_case(launched("digits", "mpi", 2, timeout=600), "digits", method, 2)
 
 
 def test_train_with_job_file_under_gloo(tmp_path) -> None:
