@@ -130,7 +130,9 @@ def test_the_main_job_runs_on_an_emulated_cluster() -> None:
     if reason:
         pytest.skip(reason)
     name = f"{NAME}d"  # this session's own: another session's demo is not replaced
-    output = run(["env", f"DEMO_CLUSTER={name}", "bash", str(REPO / "launch" / "demo.sh")], timeout=600)
+    # 540 s, under pytest's 600: on a timeout run() ends the demo's whole process group (pytest's own timeout would
+    # leave it, and its cluster, running)
+    output = run(["env", f"DEMO_CLUSTER={name}", "bash", str(REPO / "launch" / "demo.sh")], timeout=540)
     assert "2 emulated hosts (network namespaces), each linked at 100 Mbit/s" in output, output[-3000:]
     rows = [line.split() for line in output.splitlines() if line.split()[:1] in (["none"], ["terngrad"])]
     assert [row[0] for row in rows] == ["none", "terngrad"] and all("(ep." in " ".join(row) for row in rows), rows
