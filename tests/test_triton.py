@@ -9,7 +9,7 @@ level costs no variance.
 Without a GPU the kernels run in Triton's interpreter on CPU tensors: ``TRITON_INTERPRET=1`` is set below before
 the kernels are defined, so nothing may import :mod:`hvdcomp.kernels.gpu` earlier in the session. With one they are
 compiled and run on CUDA tensors, and every method compresses and decodes under
-``torch.cuda.set_sync_debug_mode("error")`` (``perf/gpu_kernels.sh``). The interpreter is slow: keep tensors small.
+``torch.cuda.set_sync_debug_mode("error")`` (``perf/gpu/gpu_kernels.sh``). The interpreter is slow: keep tensors small.
 """
 
 from __future__ import annotations
@@ -225,6 +225,47 @@ def test_randomk_draws_the_positions_of_the_cpu_kernels(cpu: object) -> None:
                 same(indices, got[1], f"random-k positions, n {n}, k {k}")
 
 
+@pytest.mark.parametrize("case", ["gaussian", "ties", "zeros"])
+def test_topk_selects_exactly_the_largest_magnitudes(case: str) -> None:
+    """The radix select's k entries are the k largest magnitudes (torch.topk's), each once with its value, the
+    entries tied with the k-th taken from the lowest indices; with a threshold, those not above it come last as 0."""
+    generator = torch.Generator().manual_seed(3)
+    for n, k in [(1, 1), (7, 3), (5000, 50), (20_000, 200), (9000, 9000), (9000, 1)]:
+        x = torch.randint(-3, 4, (n,), generator=generator).float() if case == "ties" else gaussian(n, k)
+        if case == "zeros":
+            x[::2] = 0
+        values, indices = (t.cpu() for t in gpu.topk(*on_device(x), k))
+        expected = x.abs().topk(k).values
+        assert torch.equal(values.abs().sort().values, expected.sort().values), (n, k)
+        assert torch.equal(x[indices], values) and indices.unique().numel() == k, (n, k)
+        tied = (x.abs() == expected.min()).nonzero().view(-1)
+        taken = indices[values.abs() == expected.min()].sort().values
+        assert torch.equal(taken, tied[:taken.numel()]), (n, k)
+        x_dev, limit = on_device(x, torch.tensor([0.5]))
+        values, indices = (t.cpu() for t in gpu.topk(x_dev, k, torch.int32, threshold=limit))
+        above = x.abs() > 0.5
+        kept = min(k, int(above.sum()))
+        assert torch.equal(values[:kept].abs().sort().values, x.abs()[above].topk(kept).values.sort().values)
+        assert not values[kept:].any() and indices.dtype == torch.int32
+
+
+@pytest.mark.parametrize("method", ["topk", "threshold", "dgc"])
+def test_sparsifiers_on_the_triton_selection_decode_as_on_the_cpu(method: str,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sparsifiers send the same entries through the Triton selection (on CUDA without a host sync): the
+    decoded sum over 3 ranks and one decoded payload equal the CPU path's (whose payloads leave out the zeros)."""
+    options = {"topk": {"ratio": 0.05}, "threshold": {"density": 0.05}, "dgc": {"density": 0.05,
+                                                                             "warmup_steps": 1}}[method]
+    grads = [gaussian(3 * 700, seed).view(3, 700) for seed in range(3)]
+    reference = _through_method(method, grads, options)[-2:]
+    if not CUDA:
+        monkeypatch.setenv("HVDCOMP_KERNELS", "triton")
+    with no_sync():
+        results = _through_method(method, [grad.to(DEVICE) for grad in grads], options)[-2:]
+    for expected, got in zip(reference, results, strict=True):
+        same(expected, got, method)
+
+
 def test_bad_arguments_are_refused_with_their_name() -> None:
     x = torch.zeros(64, device=DEVICE)
     with pytest.raises(ValueError, match="bucket must be a positive multiple of 8"):
@@ -235,6 +276,8 @@ def test_bad_arguments_are_refused_with_their_name() -> None:
         gpu.quantize_levels(x, 64, 1, 1, 0, 1, 0)
     with pytest.raises(ValueError, match=r"k must be in \[1, n\] = \[1, 64\]"):
         gpu.randomk_select(x, 65, 0, False)
+    with pytest.raises(ValueError, match=r"k must be in \[0, n\] = \[0, 64\]"):
+        gpu.topk(x, 65)
     with pytest.raises(ValueError, match="do not hold 64 elements"):
         gpu.decode_sum(torch.zeros(1, 7, dtype=torch.uint8, device=DEVICE), torch.zeros(1, 1, 4, device=DEVICE),
                        torch.empty(0, device=DEVICE), 1, 64, 64)

@@ -19,8 +19,9 @@ passes differs per rank and per step (payloads of different sizes, gathered with
 
 On CPU the entries above t are found with one mask and ``nonzero`` (their number is known on the host: the
 payload is exactly those entries). On CUDA that count would be a host sync inside backward, so the payload is
-the ``max_density`` capacity, filled by ``topk`` of the masked magnitudes: entries below t travel as zeros, and
-both devices send the same nonzero values. Biased: error feedback by default. Decoding is top-k's.
+the ``max_density`` capacity, filled with the largest entries above t by the Triton kernels' selection
+(:mod:`hvdcomp.kernels.gpu.select`; ``topk`` of the masked magnitudes without Triton): entries at or below t travel
+as zeros, and both devices send the same nonzero values. Biased: error feedback by default. Decoding is top-k's.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any
 import torch
 
 from hvdcomp.compressor import Context, Payload, State
+from hvdcomp.kernels import gpu_kernels, kernels_for
 from hvdcomp.methods.topk import Sparse, index_dtype
 
 
@@ -86,11 +88,17 @@ class Threshold(Sparse):
         capacity = min(n, max(1, math.ceil(self.max_density * n)))
         magnitudes = x.abs().float()  # the fit's sums in float32 (fp16 overflows)
         t = fitted_threshold(magnitudes, self.density) if self.density is not None else self.threshold
+        kernels = kernels_for(x.device)
+        if kernels is not None and kernels is gpu_kernels():
+            # fixed capacity, no host sync: the largest entries above t, then entries at or below t sent as zeros
+            limit = t.reshape(1) if isinstance(t, torch.Tensor) else torch.full((1,), t, device=x.device)
+            values, indices = kernels.topk(x, capacity, index_dtype(n), threshold=limit.float())
+            return [values, indices], (tensor.shape, n, x.dtype)
         if x.device.type == "cpu":
             indices = magnitudes.gt(t).nonzero().view(-1)
             if indices.numel() > capacity:  # (decoding does not depend on the order of unique indices)
                 indices = indices[magnitudes[indices].topk(capacity, sorted=False).indices]
-        else:  # fixed capacity, no host sync: entries at or below t are zeroed, the largest above t kept
+        else:  # the same by torch.topk: entries at or below t are zeroed, the largest above t kept
             masked = magnitudes.masked_fill_(magnitudes.le(t), 0)
             indices = masked.topk(capacity, sorted=False).indices
         values = x[indices]

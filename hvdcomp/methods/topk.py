@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from hvdcomp.compressor import Compressor, Context, Payload, State
+from hvdcomp.kernels import gpu_kernels, kernels_for
 
 #: entries in the sample that sets the candidate threshold (tensors under 4x this go straight to torch.topk)
 _SAMPLE = 65536
@@ -67,9 +68,14 @@ def largest(x: torch.Tensor, k: int) -> torch.Tensor:
     is a full-size ``x.abs()`` (36 ms: a fresh 67 MB buffer's page faults). The same set comes faster from a
     candidate threshold t (:func:`candidate_threshold`): one pass gathers the entries with x >= t or x <= -t
     (slightly more than k) and topk runs on those only. A threshold that keeps fewer than k (a sample unlike
-    the rest) falls back to the full topk, so the result is the exact top-k either way. On CUDA topk is fast
-    and counting the candidates would need a host sync: it runs directly.
+    the rest) falls back to the full topk, so the result is the exact top-k either way. On CUDA, where counting
+    the candidates would need a host sync, the Triton kernels' radix select finds the exact k-th magnitude on the
+    device and compacts the entries at or above it (:mod:`hvdcomp.kernels.gpu.select`: deterministic, ties broken
+    by index); without Triton ``torch.topk`` runs directly.
     """
+    kernels = kernels_for(x.device)
+    if kernels is not None and kernels is gpu_kernels():
+        return kernels.topk(x, k)[1]
     if not sampled(x, k):
         return x.abs().topk(k, sorted=False).indices
     threshold = candidate_threshold(x, k)

@@ -1,0 +1,133 @@
+"""Triton kernels for the sparsifiers' selection on CUDA tensors: the exact k entries of largest magnitude, by radix
+select and compaction, deterministic and without a host sync (top-k, and DGC, GraVAC and LGC through it; threshold's
+capped selection).
+
+A float's magnitude orders as its bit pattern read as an integer, so the k-th largest magnitude is found digit by
+digit, 8 bits at a time from the top: each pass histograms the digit of the entries whose higher digits match the
+prefix found so far (one local histogram per program, added into 256 counters with integer atomics, whose sum does
+not depend on their order), and one small program picks the digit where the count from the top reaches k. After 4
+passes the k-th largest key T is exact, with r, how many entries equal to T belong to the top k. Compaction then
+writes the entries above T, in index order, then the first r equal to T: per-block counts, an exclusive scan, and
+each block's entries at its offset. Every step's result lives on the device: the count of entries is k by
+construction, so nothing waits for the host.
+
+With a ``threshold`` (a device scalar), entries whose magnitude is not above it take key 0: they are selected only to
+fill the k slots (lowest indices first), and their values are sent as 0.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+_BLOCK = 4096
+_DIGITS = 256
+
+
+@triton.jit
+def _keys(x_ptr, threshold_ptr, offsets, n, THRESHOLD: tl.constexpr):
+    """The magnitude's bits as int32 keys (0 where not above the threshold), and the values."""
+    mask = offsets < n
+    x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    key = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    if THRESHOLD:
+        key = tl.where(tl.abs(x) > tl.load(threshold_ptr), key, 0)
+    return tl.where(mask, key, -1), x, mask
+
+
+@triton.jit(do_not_specialize=["n"])
+def _histogram_kernel(x_ptr, threshold_ptr, state_ptr, counts_ptr, n, SHIFT: tl.constexpr, THRESHOLD: tl.constexpr,
+                      BLOCK: tl.constexpr):
+    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    key, _, mask = _keys(x_ptr, threshold_ptr, offsets, n, THRESHOLD)
+    if SHIFT < 24:  # only the entries whose higher digits are the prefix found so far
+        mask = mask & ((key >> (SHIFT + 8)) == tl.load(state_ptr))
+    digit = (key >> SHIFT) & 255
+    counts = tl.histogram(digit, 256, mask=mask)
+    tl.atomic_add(counts_ptr + tl.arange(0, 256), counts, mask=counts > 0)
+
+
+@triton.jit(do_not_specialize=["k"])
+def _digit_kernel(state_ptr, counts_ptr, k, FIRST: tl.constexpr):
+    """One program: the digit in which the remaining rank falls, counted from the top; appends it to the prefix,
+    keeps the rank within the digit's entries, and clears the counters for the next pass. state: [prefix, rank],
+    set here in the first pass (prefix empty, rank k)."""
+    digits = tl.arange(0, 256)
+    counts = tl.load(counts_ptr + digits)
+    if FIRST:
+        tl.store(state_ptr, tl.zeros([], dtype=tl.int64))
+        rank = k.to(tl.int64)
+    else:
+        rank = tl.load(state_ptr + 1)
+    above = tl.cumsum(counts.to(tl.int64), axis=0, reverse=True) - counts  # entries of higher digits
+    chosen = (above < rank) & (above + counts >= rank)
+    digit = tl.max(tl.where(chosen, digits, -1))
+    tl.store(state_ptr, (tl.load(state_ptr) << 8) | digit)
+    tl.store(state_ptr + 1, rank - tl.sum(tl.where(digits == digit, above, 0)))
+    tl.store(counts_ptr + digits, tl.zeros([256], dtype=tl.int32))
+
+
+@triton.jit(do_not_specialize=["n"])
+def _count_kernel(x_ptr, threshold_ptr, state_ptr, above_ptr, equal_ptr, n, THRESHOLD: tl.constexpr,
+                  BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    offsets = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    key, _, _ = _keys(x_ptr, threshold_ptr, offsets, n, THRESHOLD)
+    kth = tl.load(state_ptr).to(tl.int32)
+    tl.store(above_ptr + pid, tl.sum((key > kth).to(tl.int32)))
+    tl.store(equal_ptr + pid, tl.sum((key == kth).to(tl.int32)))
+
+
+@triton.jit(do_not_specialize=["n"])
+def _compact_kernel(x_ptr, threshold_ptr, state_ptr, above_ptr, equal_ptr, values_ptr, indices_ptr, n,
+                    THRESHOLD: tl.constexpr, BLOCK: tl.constexpr):
+    """Entries above the k-th key at their exclusive-scan offset (index order), then the first ``rank`` equal to it
+    after all of those: ``above_ptr`` and ``equal_ptr`` hold each block's inclusive scan, the last element the total."""
+    pid = tl.program_id(0)
+    offsets = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    key, x, _ = _keys(x_ptr, threshold_ptr, offsets, n, THRESHOLD)
+    kth = tl.load(state_ptr).to(tl.int32)
+    wanted = tl.load(state_ptr + 1)
+    above_before = tl.load(above_ptr + pid - 1, mask=pid > 0, other=0).to(tl.int64)
+    equal_before = tl.load(equal_ptr + pid - 1, mask=pid > 0, other=0).to(tl.int64)
+    above_total = tl.load(above_ptr + tl.num_programs(0) - 1).to(tl.int64)
+    is_above = key > kth
+    is_equal = key == kth
+    slot_above = above_before + tl.cumsum(is_above.to(tl.int64), axis=0) - 1
+    rank_equal = equal_before + tl.cumsum(is_equal.to(tl.int64), axis=0) - 1
+    take_equal = is_equal & (rank_equal < wanted)
+    slot = tl.where(is_above, slot_above, above_total + rank_equal)
+    keep = is_above | take_equal
+    value = x if not THRESHOLD else tl.where(key > 0, x, 0.0)
+    tl.store(values_ptr + slot, value.to(values_ptr.dtype.element_ty), mask=keep)
+    tl.store(indices_ptr + slot, offsets.to(indices_ptr.dtype.element_ty), mask=keep)
+
+
+def topk(x: torch.Tensor, k: int, index_dtype: torch.dtype = torch.int64,
+         threshold: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values, indices) of the ``k`` entries of the flat ``x`` with the largest magnitude: those above the k-th
+    largest in index order, then the first of those equal to it. With ``threshold`` (a device scalar), entries not
+    above it rank lowest and their values are 0."""
+    n = x.numel()
+    if not 0 <= k <= n:
+        raise ValueError(f"topk: k must be in [0, n] = [0, {n}], got {k}")
+    values = torch.empty(k, dtype=x.dtype, device=x.device)
+    indices = torch.empty(k, dtype=index_dtype, device=x.device)
+    if k == 0:
+        return values, indices
+    x = x.contiguous()
+    blocks = triton.cdiv(n, _BLOCK)
+    state = torch.empty(2, dtype=torch.int64, device=x.device)  # [prefix, rank], set by the first digit pass
+    counts = torch.zeros(_DIGITS, dtype=torch.int32, device=x.device)
+    limit = threshold if threshold is not None else state  # (any pointer when there is no threshold)
+    for shift in (24, 16, 8, 0):
+        _histogram_kernel[(blocks,)](x, limit, state, counts, n, SHIFT=shift, THRESHOLD=threshold is not None,
+                                     BLOCK=_BLOCK)
+        _digit_kernel[(1,)](state, counts, k, FIRST=shift == 24)
+    above = torch.empty(blocks, dtype=torch.int32, device=x.device)
+    equal = torch.empty(blocks, dtype=torch.int32, device=x.device)
+    _count_kernel[(blocks,)](x, limit, state, above, equal, n, THRESHOLD=threshold is not None, BLOCK=_BLOCK)
+    _compact_kernel[(blocks,)](x, limit, state, above.cumsum_(0), equal.cumsum_(0), values, indices, n,
+                               THRESHOLD=threshold is not None, BLOCK=_BLOCK)
+    return values, indices
