@@ -20,7 +20,7 @@ if why=$(.venv/bin/hvdcomp cluster --name "$name" up --hosts 2 --rate 100mbit 2>
     launch=(.venv/bin/hvdcomp cluster --name "$name" run --)
 else
     echo "hvdcomp demo: no emulated cluster here (${why##*error: }); 2 ranks on this machine instead, over shared"
-    echo "memory, where compression does not pay (perf/RESULTS.md): see the 100 Mbit/s figures there"
+    echo "memory, where compression does not pay (docs/cluster.md): see the 100 Mbit/s figures there"
     launch=(launch/mpirun.sh -np 2)
 fi
 # the JSON summary line is for scripts (hvdcomp train --json); the demo shows the tables

@@ -1,0 +1,79 @@
+"""Compression speed on CPU of this working tree against a base commit, alternating: ``bench compress`` per method.
+
+    .venv/bin/python perf/codecs/compress_before_after.py --base COMMIT [--methods terngrad qsgd] [--numel 4000000]
+        [--alternations 5] [--repeats 5] [--out compress_before_after.jsonl]
+
+For a change that must not move CPU speed (a new device path beside the CPU kernels): the base commit is checked
+out into a temporary git worktree with its own kernel build folder; then, ``--alternations`` times, each method runs
+``hvdcomp bench compress`` (``--repeats`` rounds, median) in the base and in this tree, one after the other, so that
+a change of load on the shared cores hits both alike. Rows, tagged ``before: COMMIT`` or ``after``, are appended to
+perf/results/OUT; per method the medians of compress + decompress GB/s on each side, their ranges and the ratio
+after / before are printed. One timing run at a time on this 2-core machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = REPO / "perf" / "results"
+BENCH = ("import json, sys; from hvdcomp.tools.bench import bench_compress; "
+         "print(json.dumps(bench_compress(sys.argv[1], int(sys.argv[2]), 'cpu', int(sys.argv[3]))))")
+
+
+def run(tree: Path, method: str, numel: int, repeats: int) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    done = subprocess.run([sys.executable, "-c", BENCH, method, str(numel), str(repeats)], cwd=tree, env=env,
+                          capture_output=True, text=True, check=True, timeout=900)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--base", required=True)
+    parser.add_argument("--methods", nargs="+", default=["terngrad", "qsgd", "signsgd", "efsignsgd", "onebit",
+                                                         "bingrad", "orq"])
+    parser.add_argument("--numel", type=int, default=4_000_000)
+    parser.add_argument("--alternations", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out", default="compress_before_after.jsonl")
+    args = parser.parse_args()
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", args.base], check=True,
+                            capture_output=True, text=True).stdout.strip()
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory() as scratch:
+        base = Path(scratch) / "base"
+        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(base), commit], check=True,
+                       capture_output=True)
+        try:
+            for tree in (base, REPO):  # the kernels built before any timed run
+                subprocess.run([sys.executable, "-m", "hvdcomp.kernels", "--build"], cwd=tree, check=True,
+                               env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True)
+            for alternation in range(args.alternations):
+                for method in args.methods:
+                    for side, tree in ((f"before: {commit}", base), ("after", REPO)):
+                        row = {"side": side, "alternation": alternation, **run(tree, method, args.numel,
+                                                                                args.repeats)}
+                        rows.append(row)
+                        with open(RESULTS / args.out, "a") as out:
+                            out.write(json.dumps(row) + "\n")
+        finally:
+            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(base)], check=False)
+    print(f"{'method':<10} {'before GB/s (range)':>24} {'after GB/s (range)':>24} {'after/before':>13}")
+    for method in args.methods:
+        sides = [[r["compress_decompress_gbps"] for r in rows if r["method"] == method and r["side"] == side]
+                 for side in (f"before: {commit}", "after")]
+        before, after = (statistics.median(values) for values in sides)
+        ranges = [f"{statistics.median(v):.3f} ({min(v):.3f}-{max(v):.3f})" for v in sides]
+        print(f"{method:<10} {ranges[0]:>24} {ranges[1]:>24} {after / before:>13.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# hvdcomp's GPU kernels alone, in a few minutes, on a machine with an NVIDIA GPU and no Horovod build:
+#
+#   perf/gpu/gpu_kernels.sh [OUT_DIR]          # default OUT_DIR: perf/results/gpu-kernels
+#   PYTHON=.venv/bin/python perf/gpu/gpu_kernels.sh OUT_DIR    # another interpreter (default: python3)
+#
+# It needs torch with CUDA, triton, pytest, numpy and pyyaml in PYTHON's environment (the lent GPU machines'
+# image has them), neither Horovod nor an installed hvdcomp: hvdcomp runs from this checkout (PYTHONPATH).
+#
+# 1. tests/test_triton.py -m triton on the GPU, compiled (TRITON_INTERPRET unset), against the CPU kernels (built
+#    here by PyTorch's extension builder); each method's CUDA path runs under
+#    torch.cuda.set_sync_debug_mode("error"), so that a host synchronization fails it (test_triton.log);
+# 2. `bench compress --device cuda` (CUDA events, L2 flushed between calls) for the methods with fused kernels
+#    and fp16, at 25,000,000 elements (fraction_of_copy: their speed against a copy) and at 1,024 (compress_us +
+#    decompress_us: the target is under 50 us), one process per method (bench-cuda.jsonl, JSON lines; bench.log);
+# 3. `profile --device cuda` of torchvision's ResNet-50, batch 64, bf16 autocast: per compressor the encode and
+#    decode time summed over a step's gradients beside forward + backward (profile-resnet50-cuda.yaml,
+#    profile.log); skipped, with the reason, where torchvision is missing or the profiler does not import here;
+# then summary.txt (printed too): per method fraction_of_copy and the 1,024-element times. environment.txt
+# records the GPU and the versions. At most 7 files in OUT_DIR. A failing stage does not stop the next ones; the
+# exit status is then 1. It takes a few minutes on an H100 or H200; each stage has a time limit (STAGE_TIMEOUT_*
+# below, in seconds, to be set in the environment), so that it ends within 10 minutes even where every stage hangs.
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+out=${1:-$repo/perf/results/gpu-kernels}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+cd "$repo"
+py=${PYTHON:-python3}
+export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
+unset TRITON_INTERPRET  # the kernels compiled for the GPU, not interpreted
+methods=(terngrad qsgd signsgd efsignsgd onebit bingrad orq fp16)
+STAGE_TIMEOUT_TESTS=${STAGE_TIMEOUT_TESTS:-180}
+STAGE_TIMEOUT_BENCH=${STAGE_TIMEOUT_BENCH:-35}  # per method: 8 of them
+STAGE_TIMEOUT_PROFILE=${STAGE_TIMEOUT_PROFILE:-120}
+status=0
+say() { echo "gpu_kernels: $*"; }
+
+# 0. the GPU and the versions; nothing else can run without a CUDA device
+{ nvidia-smi -L 2>&1 || true
+  "$py" -c 'import sys, torch; print(f"python {sys.version.split()[0]}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
+            f"cuda available: {torch.cuda.is_available()}")' 2>&1 || true
+  "$py" -c 'import triton; print(f"triton {triton.__version__}")' 2>&1 || true
+} | tee "$out/environment.txt"
+if ! "$py" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+    say "$py's torch sees no CUDA device: nothing to check" >&2
+    exit 1
+fi
+
+# 1. the Triton kernels' tests, compiled, no host synchronization allowed
+say "1/3 tests/test_triton.py -m triton"
+if [[ -f tests/test_triton.py ]]; then
+    timeout -k 10 "$STAGE_TIMEOUT_TESTS" "$py" -m pytest -m triton -p no:cacheprovider -rfEs \
+        tests/test_triton.py 2>&1 | tee "$out/test_triton.log" || { status=1; say "FAILED: the Triton tests" >&2; }
+else
+    echo "tests/test_triton.py is missing" | tee "$out/test_triton.log" >&2
+    status=1
+fi
+
+# 2. compression speed: 25 M elements against a copy, and 1,024 elements in microseconds
+say "2/3 bench compress --device cuda: ${methods[*]}"
+: >"$out/bench-cuda.jsonl"
+: >"$out/bench.log"
+for method in "${methods[@]}"; do
+    if ! timeout -k 10 "$STAGE_TIMEOUT_BENCH" "$py" -m hvdcomp.tools.bench compress --method "$method" --device cuda \
+        --numel 25000000 --numel 1024 --repeats 50 --json >>"$out/bench-cuda.jsonl" 2>>"$out/bench.log"; then
+        status=1
+        say "FAILED: bench compress --method $method (bench.log)" | tee -a "$out/bench.log" >&2
+    fi
+done
+
+# 3. what the compressors add to a real model's step (optional: torchvision and the profiler's imports)
+say "3/3 profile --model torchvision.models:resnet50 --device cuda"
+if ! "$py" -c 'import torchvision' 2>/dev/null; then
+    echo "skipped: torchvision is not installed" | tee "$out/profile.log"
+elif ! why=$("$py" -c 'import hvdcomp.perfmodel.profile' 2>&1); then
+    echo "skipped: hvdcomp.perfmodel.profile does not import here: ${why##*$'\n'}" | tee "$out/profile.log"
+elif ! timeout -k 10 "$STAGE_TIMEOUT_PROFILE" "$py" -m hvdcomp.perfmodel.profile \
+    --model torchvision.models:resnet50 --input-shape 3,224,224 --classes 1000 --batch-size 64 --autocast bf16 \
+    --device cuda --methods "$(IFS=,; echo "${methods[*]}")" --out "$out/profile-resnet50-cuda.yaml" \
+    2>&1 | tee "$out/profile.log"; then
+    status=1
+    say "FAILED: the ResNet-50 profile (profile.log)" >&2
+fi
+
+# the summary: per method, speed against a copy (25 M) and time per call (1,024), from the JSON lines
+"$py" - "$out/bench-cuda.jsonl" "${methods[@]}" <<'EOF' 2>&1 | tee "$out/summary.txt" || status=1
+import json
+import sys
+
+path, methods = sys.argv[1], sys.argv[2:]
+rows = {}
+with open(path) as lines:
+    for line in lines:
+        row = json.loads(line)
+        rows[row["method"], row["numel"]] = row
+print(f"{'method':<10} {'25M: fraction_of_copy':>22} {'1024: compress_us':>18} {'decompress_us':>14} "
+      f"{'sum_us':>8} {'host_us (c+d)':>14}")
+for method in methods:
+    big, small = rows.get((method, 25_000_000)), rows.get((method, 1024))
+    fraction = f"{big['fraction_of_copy']:.3f}" if big else "missing"
+    if small:
+        host = small["host_us"]["compress"] + small["host_us"]["decompress"]
+        times = (f"{small['compress_us']:>18.1f} {small['decompress_us']:>14.1f} "
+                 f"{small['compress_decompress_us']:>8.1f} {host:>14.1f}")
+    else:
+        times = f"{'missing':>18}"
+    print(f"{method:<10} {fraction:>22} {times}")
+print("(GPU times by CUDA events, L2 flushed, medians; host_us: the host's time to issue the calls)")
+EOF
+if [[ -f $out/profile-resnet50-cuda.yaml ]]; then
+    grep -A "${#methods[@]}" '^per step' "$out/profile.log" | tee -a "$out/summary.txt" || true
+fi
+say "results in $out; exit status $status"
+exit "$status"
