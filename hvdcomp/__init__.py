@@ -23,9 +23,9 @@ and work without it installed; the collectives, the optimizer and what runs on r
 from typing import TYPE_CHECKING
 
 from hvdcomp.auto import ACCURACY_GUARD, AutoSettings
-from hvdcomp.compressor import Compressor, Context, HorovodCompression, NoneCompressor
+from hvdcomp.compressor import AccuracyWarning, Compressor, Context, HorovodCompression, NoneCompressor
 from hvdcomp.config import CompressionConfig, make_compressor
-from hvdcomp.error_feedback import ErrorFeedback
+from hvdcomp.error_feedback import ErrorFeedback, MomentumCorrection
 from hvdcomp.methods import (
     DGC,
     LGC,
@@ -62,6 +62,7 @@ __all__ = [
     "ORQ",
     "QSGD",
     "REDUCTIONS",
+    "AccuracyWarning",
     "Agree",
     "Allgather",
     "Allreduce",
@@ -79,6 +80,7 @@ __all__ = [
     "FP16Compressor",
     "GraVAC",
     "HorovodCompression",
+    "MomentumCorrection",
     "NoneCompressor",
     "OneBit",
     "PowerSGD",

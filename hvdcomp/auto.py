@@ -116,10 +116,15 @@ if TYPE_CHECKING:
     from hvdcomp.perfmodel.predict import Plan
     from hvdcomp.perfmodel.schema import Cluster, Profile
 
-#: methods ``auto`` leaves out unless allowed, and why (perf/RESULTS.md, digits on the emulated cluster)
+#: methods ``auto`` leaves out unless allowed, and why (docs/methods.md, accuracy at the defaults; docs/cluster.md;
+#: perf/accuracy/README.md, glyphs on 2 ranks)
 ACCURACY_GUARD = {
-    "signsgd": "without error feedback it ended 1.4 points under dense on 2 hosts and did not reach 95% on 4",
-    "randomk": "needed 8 more epochs than dense to reach 95% on 2 hosts and did not reach it on 4",
+    "signsgd": "without momentum it ended 1.4 points under dense on digits on 2 hosts, did not reach 95% on 4, and "
+               "turned unstable on glyphs; its default now, Signum, ended level with dense on glyphs at 2 ranks but "
+               "has not run on more",
+    "randomk": "at 1% it ended 5.0 and 2.0 points under dense on glyphs (seeds 0, 1) even with its momentum "
+               "correction; under the optimizer's momentum it needed 8 more epochs than dense to reach 95% on digits "
+               "on 2 hosts, did not reach it on 4, and collapsed on glyphs",
     "dgc": "applies momentum itself: the optimizer's momentum must be 0 for its parameters",
     "gravac": "adapts its own compression factor: its profile is one moment of it",
     "lgc": "its stages and autoencoder are not in a profile (the steady state only), and a state made afresh by a "
@@ -191,24 +196,24 @@ class AutoSettings:
         runoff_band: the two fastest run off if the slower measured at most this fraction above the faster (and a
             plan judged at most this above dense, or above the plan kept, runs a final against it:
             :func:`final_plans`): closer than that, one measurement cannot tell them apart (on the emulated cluster
-            dense run twice in one launch measured 0.68x to 1.38x of itself in four launches, perf/RESULTS.md; the
-            target is within 10% of the best).
+            dense run twice in one launch measured 0.68x to 1.38x of itself in four launches, perf/history/RESULTS.md;
+            the target is within 10% of the best).
         dense_band: dense runs off too if the fastest is not dense and dense measured at most this fraction above
             it: a plan is kept only if it beats dense in turn, unless it measured clearly faster (on the emulated
             cluster one measurement of fp16's 4.2 ms step read 2.6 ms, against dense's 3.6, and fp16 was kept: auto
-            ran at 1.33x dense's step, perf/RESULTS.md); where the runoff is cheap (``runoff_s``), every plan
+            ran at 1.33x dense's step, perf/history/RESULTS.md); where the runoff is cheap (``runoff_s``), every plan
             measured within it of the fastest runs off.
         runoff_s: seconds a runoff may take, by the plans' measured steps: where ``runoff`` rounds of every plan
             measured within ``dense_band`` of the fastest (dense among them) take at most this (typically
             millisecond steps), all of them run off, in as many rounds as take this, ``runoff`` at least and else
-            MAX_RUNOFF_ROUNDS at most (:func:`wide_runoff`): there one measurement can be off by 2x (perf/RESULTS.md),
-            and measuring is cheap; and after any runoff of three plans or more in BLOCK_ROUNDS rounds or more, a
-            final of two of them (:func:`final_plans`), in as many rounds as fit in this, BLOCK_ROUNDS to
-            MAX_RUNOFF_ROUNDS, and none where BLOCK_ROUNDS do not (:func:`runoff_rounds`); 0: never. (10 up to
-            launch AJ, with 8 rounds at most; replayed on the digits launches, ``perf/auto_replay.py``, 30 s and 24
-            rounds kept a plan truly within 10% of the best and 5% of dense in 93.9% of the draws, 10 s and 8 rounds
-            in 90.1%, with the same rule against dense: tuning costs a job seconds once, a plan 10% slower every
-            step.)
+            MAX_RUNOFF_ROUNDS at most (:func:`wide_runoff`): there one measurement can be off by 2x
+            (perf/history/RESULTS.md), and measuring is cheap; and after any runoff of three plans or more in
+            BLOCK_ROUNDS rounds or more, a final of two of them (:func:`final_plans`), in as many rounds as fit in this,
+            BLOCK_ROUNDS to MAX_RUNOFF_ROUNDS, and none where BLOCK_ROUNDS do not (:func:`runoff_rounds`); 0: never.
+            (10 up to launch AJ, with 8 rounds at most; replayed on the digits launches,
+            ``perf/cluster/auto_replay.py``, 30 s and 24 rounds kept a plan truly within 10% of the best and 5% of
+            dense in 93.9% of the draws, 10 s and 8 rounds in 90.1%, with the same rule against dense: tuning costs a
+            job seconds once, a plan 10% slower every step.)
         repeats: timed runs of each candidate's encoding and decoding per gradient (the median is kept).
     """
 
@@ -228,6 +233,7 @@ class AutoSettings:
 
     @classmethod
     def parse(cls, options: Any) -> AutoSettings:
+        from hvdcomp import check
         from hvdcomp.config import make_compressor
         from hvdcomp.methods import METHODS
 
@@ -240,20 +246,14 @@ class AutoSettings:
                 raise ValueError(f"unknown option for auto {key!r}; valid: {', '.join(valid)}")
         for key, least in (("warmup_steps", 1), ("measure_steps", 2), ("guard_steps", 1), ("tries", 1),
                            ("runoff", 0), ("repeats", 1)):
-            value = options.get(key, getattr(cls, key))
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise ValueError(f"auto's {key} must be an integer >= {least}; got {value!r}")
-        margin = options.get("margin", cls.margin)
-        if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 1:
-            raise ValueError(f"auto's margin must be a fraction in [0, 1); got {margin!r}")
-        for key, unit in (("guard_s", "a number of seconds"), ("runoff_band", "a fraction"),
-                          ("dense_band", "a fraction"), ("runoff_s", "a number of seconds")):
-            value = options.get(key, getattr(cls, key))
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise ValueError(f"auto's {key} must be {unit} >= 0; got {value!r}")
+            check.integer("auto", key, options.get(key, getattr(cls, key)), ge=least)
+        check.number("auto", "margin", options.get("margin", cls.margin), ge=0, lt=1, noun="fraction")
+        for key, noun in (("guard_s", "number of seconds"), ("runoff_band", "fraction"), ("dense_band", "fraction"),
+                          ("runoff_s", "number of seconds")):
+            check.number("auto", key, options.get(key, getattr(cls, key)), ge=0, noun=noun)
         allow = options.get("allow") or ()
         if not isinstance(allow, (list, tuple)) or not all(isinstance(m, str) for m in allow):
-            raise ValueError(f"auto's allow must be a list of method names; got {allow!r}")
+            raise check.invalid("auto", "allow", "a list of method names", allow)
         for method in allow:
             if method not in ACCURACY_GUARD:
                 raise ValueError(f"auto's allow: {method!r} is not held back; held back: "
@@ -334,7 +334,7 @@ def widened_plans(plans: list[Plan], tried: list[Mapping[str, Any]], methods: Co
     busy machine always differ a little), in proportion to it; a model off by the same factor for every plan adds
     none it ranked below the fastest measured. (On the emulated cluster, 4 hosts at 1 Gbit/s, the five plans
     tried measured 1.03x to 1.52x their predictions, and PowerSGD, predicted slower than all five, ran 1.15x faster
-    than the one kept, perf/RESULTS.md.)"""
+    than the one kept, perf/history/RESULTS.md.)"""
     measured = [t for t in tried if t["measured_ms"] and t["predicted_ms"] > 0]
     if len(measured) < 2:
         return []
@@ -353,7 +353,7 @@ def disturbed_plans(tried: Sequence[Mapping[str, Any]], dense_ms: float) -> list
     guard measured in launches up to AI (perf/results/auto.jsonl), 5 did, all on 2 hosts and the digits model, at
     36.5 to 39.3 ms a step; in launch AI (2 hosts at 1 Gbit/s) the first three plans measured after the link probe,
     fp16 among them, the best alone, read so, against dense's 2.2 ms, and ran 2.2 to 3.5 ms when measured again in
-    the runoff a little later: dropped on one measurement, fp16 never ran off (perf/RESULTS.md)."""
+    the runoff a little later: dropped on one measurement, fp16 never ran off (perf/history/RESULTS.md)."""
     return [t["label"] for t in tried
             if t["measured_ms"] and t["measured_ms"] > DISTURBED * max(t["predicted_ms"], dense_ms)]
 
@@ -364,8 +364,8 @@ def step_ms(intervals: Collection[float]) -> float:
     middle 40). The mean, because throughput is: millisecond steps run in clusters about 1.1 ms apart on the emulated
     cluster (Horovod's cycle), and a plan can come within 4% of dense's median step while more of its steps fall in
     the slower clusters (2 hosts at 10 Gbit/s, digits: fp16's median step 1.04x dense's, its mean 1.20x, its trimmed
-    mean 1.12x, perf/RESULTS.md); trimmed, so that one stalled step (the first steps of a job run slower) does not
-    decide a short measurement."""
+    mean 1.12x, perf/history/RESULTS.md); trimmed, so that one stalled step (the first steps of a job run slower) does
+    not decide a short measurement."""
     ordered = sorted(intervals)
     cut = min(math.ceil(len(ordered) * TRIM), (len(ordered) - 1) // 2)
     return 1e3 * statistics.fmean(ordered[cut:len(ordered) - cut])
@@ -381,14 +381,14 @@ def judged_ms(tried: Sequence[Mapping[str, Any]]) -> list[float]:
 
     Why blocks: a round measures its plans one after another within a second or two, and rounds drift as a whole by
     more than the plans differ (on the emulated cluster, 2 hosts at 100 Mbit/s, digits, launch AA: the five rounds'
-    medians ranged 3.8 to 4.4 ms, and the two fastest methods timed 10% apart, perf/RESULTS.md). The median of a plan's
-    raw measurements mixes rounds of different levels; its ratios to its rounds do not: a plan faster than the others
-    in most rounds is judged faster. The guard's measurements are no round (a plan's and dense's are taken far apart),
-    and a median of one or two ratios is no judgment. Re-judged so, the runoffs of the launches before AB on the
+    medians ranged 3.8 to 4.4 ms, and the two fastest methods timed 10% apart, perf/history/RESULTS.md). The median of a
+    plan's raw measurements mixes rounds of different levels; its ratios to its rounds do not: a plan faster than the
+    others in most rounds is judged faster. The guard's measurements are no round (a plan's and dense's are taken far
+    apart), and a median of one or two ratios is no judgment. Re-judged so, the runoffs of the launches before AB on the
     emulated cluster (which chose this rule) keep a plan timed within 10% of the best in three settings more than the
     median did (two of them by under 1%), and in none fewer; in AB, the first launch since, it kept a plan timed 1.14x
     the best in the one setting where the two differ, where the median would have kept the best; in AC the two kept
-    the same plans (``perf/auto.py --rejudge``, perf/RESULTS.md)."""
+    the same plans (``perf/cluster/auto.py --rejudge``, perf/history/RESULTS.md)."""
     judged = [float(t["measured_ms"]) for t in tried]
     ran_off = [i for i, t in enumerate(tried) if "runoff_ms" in t]
     rounds = list(zip(*(tried[i]["runoff_ms"] for i in ran_off), strict=True))
@@ -434,7 +434,8 @@ def wide_runoff(tried: list[Mapping[str, Any]], dense_ms: float, band: float, ro
     their measured steps (``steps_of(label)`` steps a measurement), ``rounds`` at least and else MAX_RUNOFF_ROUNDS at
     most. ``([], 0)`` where ``rounds`` rounds would take longer, nothing was measured (0 ms), or no other plan is
     within ``band``: then :func:`runoff_plans` decides. (On the emulated cluster, 2 hosts at 1 Gbit/s, digits: fp16
-    measured 3.4 ms in the guard, 1.2x dense's 2.8, and ran 1.23x faster than dense when timed, perf/RESULTS.md.)"""
+    measured 3.4 ms in the guard, 1.2x dense's 2.8, and ran 1.23x faster than dense when timed,
+    perf/history/RESULTS.md.)"""
     steps = _measured_steps(tried, dense_ms)
     ranked = sorted(steps, key=steps.__getitem__)
     close = [label for label in ranked if steps[label] <= steps[ranked[0]] * (1 + band)]
@@ -458,7 +459,7 @@ def runoff_sequence(ranked: list[str], rounds: int, current: str | None) -> list
     in force, where it is among them); each later round in an order drawn at random (a fixed seed: the same on every
     rank, which run the same Python; a difference would fail the plan check at the next change of plan, not diverge),
     so that no plan keeps its place in the rounds, nor the plan before it (a round drifts within too: launch Z's first
-    round measured orq, its first plan, at 3.3 ms and the other nine at 4.6 to 9.7, perf/RESULTS.md). No plan is
+    round measured orq, its first plan, at 3.3 ms and the other nine at 4.6 to 9.7, perf/history/RESULTS.md). No plan is
     measured twice in a row, so two plans simply alternate, each in the same place in every round. The last round
     need not end on the plan kept, which is then applied again (its method state afresh, as at any change of plan)."""
     if not ranked or rounds < 1:
@@ -503,21 +504,21 @@ def kept_plan(tried: Sequence[Mapping[str, Any]], dense_ms: float) -> int | None
     or more by chance 3.5% of the time (3 of 3: 12.5%), in 6 of 8 or more 14.5%. On the emulated cluster, 2 hosts at 10
     Gbit/s, digits, launch AB, fp16 was judged 2.6 ms against dense's 2.8 and was faster in 6 of 8 rounds; timed, it ran
     1.18x dense's step by throughput (1.06x by the median step), and a job of its own measured it slower than dense
-    (``perf/auto_runoff.py``). The bar was set just above that case. Re-judged so, the runoffs of every launch up to AC
-    keep dense in two settings where AB's rule (the judged step alone) kept fp16: AB's, and one where fp16 timed 1.02x
-    dense (``perf/auto.py --rejudge``). It errs too: in a job of its own on 2 hosts at 1 Gbit/s, where fp16 ran 0.85x
-    dense's step (the steps' mean), a runoff of every candidate kept dense where fp16 won 6 of 8 rounds (and where it
-    won 3 of 5, judged slower than dense by its step itself); the six runoffs of fp16 and dense alone, at 1 and 10
-    Gbit/s, all judged right (perf/RESULTS.md): hence the final (:func:`final_plans`).
+    (``perf/cluster/auto_runoff.py``). The bar was set just above that case. Re-judged so, the runoffs of every launch
+    up to AC keep dense in two settings where AB's rule (the judged step alone) kept fp16: AB's, and one where fp16
+    timed 1.02x dense (``perf/cluster/auto.py --rejudge``). It errs too: in a job of its own on 2 hosts at 1 Gbit/s,
+    where fp16 ran 0.85x dense's step (the steps' mean), a runoff of every candidate kept dense where fp16 won 6 of 8
+    rounds (and where it won 3 of 5, judged slower than dense by its step itself); the six runoffs of fp16 and dense
+    alone, at 1 and 10 Gbit/s, all judged right (perf/history/RESULTS.md): hence the final (:func:`final_plans`).
 
     Why a sign test (:func:`clear_win`) and not a share of the rounds: chance's margin shrinks as the rounds grow, a
     fixed share does not, so more rounds let a share tell a faster plan no better. A plan that wins 70% of the rounds
     passes "more than three quarters" about 1 time in 4 at 8 rounds and at 24 alike; the test's 16 of 24, 7 times in 10.
     Up to 10 rounds the two bars differ only at 5 (5 of 5; 4 of 5 was more than three quarters); at 16 rounds the test
     asks 11 and at 24, the most, 16, where three quarters asked 13 and 19. Replayed on the interleaved rounds of the 49
-    digits settings of the launches up to AJ (``perf/auto_replay.py``, perf/RESULTS.md), the plan kept was truly within
-    10% of the best and 5% of dense in 93.9% of the draws with the test and ``runoff_s`` 30, in 92.7% with three
-    quarters and the same ``runoff_s``, and in 90.1% as up to AJ (three quarters, ``runoff_s`` 10)."""
+    digits settings of the launches up to AJ (``perf/cluster/auto_replay.py``, perf/history/RESULTS.md), the plan kept
+    was truly within 10% of the best and 5% of dense in 93.9% of the draws with the test and ``runoff_s`` 30, in 92.7%
+    with three quarters and the same ``runoff_s``, and in 90.1% as up to AJ (three quarters, ``runoff_s`` 10)."""
     finalists, final = final_view(tried)
     if finalists:
         if all(tried[i]["label"] != "dense" for i in finalists):  # both passed the bar against dense: the faster
@@ -575,10 +576,10 @@ def final_plans(tried: Sequence[Mapping[str, Any]], dense_ms: float, band: float
     other are ranked by chance. In jobs of their own on 2 hosts at 1 Gbit/s, digits, where fp16 ran 0.85x dense's
     step, runoffs of every candidate kept dense where fp16 won 6 of 8 rounds, and where it won 3 of 5 and was judged
     2.80 ms against dense's 2.78; the six runoffs of fp16 and dense alone, at 1 and 10 Gbit/s, all judged right
-    (``perf/auto_runoff.py``, perf/RESULTS.md). On 2 hosts at 100 Mbit/s, digits, launches AB and AC kept terngrad,
-    judged 3 to 7% faster than the next plans, where onebit alone ran 0.88x and 0.81x terngrad's step (but switched
-    in one optimizer, as auto runs them, onebit ran 0.92x to 0.98x terngrad's step in a job of its own: a final
-    settles what auto's own plan runs at, which is what a user gets)."""
+    (``perf/cluster/auto_runoff.py``, perf/history/RESULTS.md). On 2 hosts at 100 Mbit/s, digits, launches AB and AC
+    kept terngrad, judged 3 to 7% faster than the next plans, where onebit alone ran 0.88x and 0.81x terngrad's step
+    (but switched in one optimizer, as auto runs them, onebit ran 0.92x to 0.98x terngrad's step in a job of its own: a
+    final settles what auto's own plan runs at, which is what a user gets)."""
     ran_off = [i for i, t in enumerate(tried) if "runoff_ms" in t]
     if final_view(tried)[0] or len(ran_off) < 3 or len(tried[ran_off[0]]["runoff_ms"]) < BLOCK_ROUNDS:
         return []
@@ -738,6 +739,7 @@ class Tuner:
         ``dense_ms``, the measured dense step. A candidate that fails to measure (out of memory) on any rank, or that
         the timeline cannot price, is left out on every rank."""
         from hvdcomp.compressor import nonfinite
+        from hvdcomp.config import make_compressor
         from hvdcomp.methods import METHODS
         from hvdcomp.perfmodel import profile, schema, timeline
 
@@ -758,7 +760,7 @@ class Tuner:
         excluded: dict[str, str] = {}
         measured: dict[str, dict[str, Any]] = {}
         for method, options in methods.items():
-            if momentum and METHODS[method].applies_momentum:
+            if momentum and make_compressor(method, options).applies_momentum:
                 excluded[method] = "applies momentum itself, and the optimizer has momentum"
                 continue
             warm_until = METHODS[method](**options).steady_from()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib
 import sys
 
+from hvdcomp.extras import MissingExtra
+
 #: subcommand -> (module with main(argv), one-line description)
 COMMANDS = {
     "train": ("hvdcomp.tools.train", "data-parallel training with compressed gradients (run under mpirun/horovodrun)"),
@@ -32,9 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     if command not in COMMANDS:
         print(f"hvdcomp: unknown command {command!r}\n\n{usage()}", file=sys.stderr)
         return 2
-    run = importlib.import_module(COMMANDS[command][0]).main
     try:
-        return run(rest)
-    except (ValueError, FileNotFoundError) as error:
+        return importlib.import_module(COMMANDS[command][0]).main(rest)
+    except (ValueError, FileNotFoundError, MissingExtra) as error:
         print(f"hvdcomp {command}: error: {error}", file=sys.stderr)
         return 2

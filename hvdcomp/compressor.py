@@ -50,6 +50,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from hvdcomp import check
+
 if TYPE_CHECKING:
     from hvdcomp.requests import Agree
 
@@ -58,6 +60,16 @@ State = dict[str, Any]
 
 #: every Compressor subclass with a ``name`` of its own, by that name (the names configs use)
 METHODS: dict[str, type[Compressor]] = {}
+
+
+#: where the accuracy of :meth:`Compressor.accuracy_risk`'s warnings was measured
+MEASURED = ("on the glyphs workload (2 ranks, SGD lr 0.1 with momentum 0.9 for dense, 3 epochs, seed 0; "
+            "perf/accuracy/README.md)")
+
+
+class AccuracyWarning(UserWarning):
+    """A method chosen with options that were measured to lose accuracy against dense SGD at dense's learning rate
+    (:meth:`Compressor.accuracy_risk`): ``DistributedOptimizer`` warns once per such method, on rank 0."""
 
 
 def register(registry: dict[str, Any], cls: type, kind: str) -> None:
@@ -141,6 +153,13 @@ class Compressor(ABC):
     accepts_sparse: ClassVar[bool] = False
     #: The method applies momentum itself (DGC's momentum correction): the wrapped optimizer must not (checked).
     applies_momentum: ClassVar[bool] = False
+    #: The momentum the memory policy applies on each rank before error feedback and compression, in place of the
+    #: optimizer's (momentum correction, :mod:`hvdcomp.error_feedback`), for methods with a ``momentum`` option (per
+    #: instance; DGC, with a memory of its own, applies its own); 0: none, the optimizer's applies.
+    momentum: float = 0.0
+    #: Momentum correction keeps the momentum's running average (u <- m u + g); False: only its gain, u = g / (1 - m),
+    #: and only with error feedback, whose delays already average over more steps than the momentum (random-k).
+    momentum_averages: ClassVar[bool] = True
     #: Options the method's paper counts in epochs (DGC's warm-up stage, GraVAC's exploration interval), in
     #: steps here: ``hvdcomp train`` sets them to the job's steps per epoch unless the config does.
     epoch_options: ClassVar[tuple[str, ...]] = ()
@@ -161,6 +180,14 @@ class Compressor(ABC):
         0, or the end of its warm-up (PowerSGD's ``start_iter``, DGC's sparsity stages, LGC's first two stages).
         ``compression: auto`` measures a plan only from there."""
         return 0
+
+    def accuracy_risk(self) -> str | None:
+        """Why this method, with these options, trains to a lower accuracy than dense SGD at the learning rate and
+        momentum tuned for dense, and what to do instead (a lower learning rate, another option, another method);
+        None where it was not measured to. ``DistributedOptimizer`` warns with it (:class:`AccuracyWarning`), once
+        per method, when the method is chosen. What each says was measured on the glyphs workload
+        (perf/accuracy/README.md)."""
+        return None
 
     def why_dense(self, shape: torch.Size) -> str:
         """Why :meth:`compresses` declines ``shape`` (the optimizer logs it on rank 0 when it plans the parameters)."""
@@ -238,31 +265,42 @@ class NoneCompressor(Compressor):
 
 
 def with_memory(compressor: Compressor, error_feedback: bool | None = None) -> Compressor:
-    """The memory policy: ``compressor`` wrapped in error feedback where it needs it.
+    """The memory policy: ``compressor`` wrapped in error feedback where it needs it, with momentum correction
+    before it where the method has a ``momentum`` (:mod:`hvdcomp.error_feedback`); a method without error feedback
+    gets momentum correction alone (:class:`~hvdcomp.error_feedback.MomentumCorrection`, Signum), unless it keeps
+    only the momentum's gain (``momentum_averages = False``), which stands in for momentum only with error feedback.
 
     ``error_feedback=None`` (the default): the method's ``default_error_feedback``, which unless it says
-    otherwise is on for biased methods without a memory of their own and off for the others. A method with
-    its own memory (PowerSGD, DGC) takes no generic error feedback: its own is a method option. An already
-    wrapped compressor is returned as it is.
+    otherwise is on for biased methods without a memory of their own and off for the others; ``False``: the bare
+    method, without momentum correction either (the optimizer's momentum applies). A method with its own memory
+    (PowerSGD, DGC) takes no generic error feedback: its own is a method option. An already wrapped compressor is
+    returned as it is.
     """
-    from hvdcomp.error_feedback import ErrorFeedback
+    from hvdcomp.error_feedback import ErrorFeedback, MomentumCorrection
 
-    if isinstance(compressor, ErrorFeedback):
-        if error_feedback is False:
-            raise ValueError(f"{compressor!r} has error feedback, but error_feedback: false was asked for")
+    if isinstance(compressor, ErrorFeedback | MomentumCorrection):
+        has = isinstance(compressor, ErrorFeedback)
+        if error_feedback is not None and error_feedback != has:
+            raise ValueError(f"{compressor!r} {'has' if has else 'has no'} error feedback, but error_feedback: "
+                             f"{str(error_feedback).lower()} was asked for")
         return compressor
-    if error_feedback is not None and not isinstance(error_feedback, bool):
-        raise ValueError(f"error_feedback must be true, false or null; got {error_feedback!r}")
+    check.boolean("", "error_feedback", error_feedback, optional=True)
     if compressor.own_memory:
         if error_feedback:
             raise ValueError(f"{compressor.name} keeps its own memory: set its own option (e.g. error_feedback in "
                              "options) instead of the generic error_feedback key")
         return compressor
+    if error_feedback is False:  # no memory at all: the bare method, under the optimizer's momentum
+        return compressor
     if error_feedback is None:
         error_feedback = compressor.default_error_feedback
         if error_feedback is None:
             error_feedback = not compressor.unbiased
-    return ErrorFeedback(compressor) if error_feedback else compressor
+    if error_feedback:
+        return ErrorFeedback(compressor, compressor.momentum, average=compressor.momentum_averages)
+    if compressor.momentum and compressor.momentum_averages:
+        return MomentumCorrection(compressor, compressor.momentum)
+    return compressor
 
 
 class HorovodCompression:

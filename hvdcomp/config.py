@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from hvdcomp import reductions
+from hvdcomp import check, reductions
 from hvdcomp.auto import AutoSettings
 from hvdcomp.compressor import Compressor, with_memory
 from hvdcomp.methods import METHODS
@@ -176,12 +176,8 @@ class CompressionConfig:
         dense = compression.get("dense") or []
         if isinstance(dense, str) or not all(isinstance(p, str) for p in dense):
             raise ValueError(f"dense must be a list of parameter-name patterns; got {dense!r}")
-        min_numel = compression.get("min_numel", 1024)
-        if isinstance(min_numel, bool) or not isinstance(min_numel, int) or min_numel < 0:
-            raise ValueError(f"min_numel must be a non-negative integer; got {min_numel!r}")
-        seed = compression.get("seed", 0)
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ValueError(f"seed must be an integer; got {seed!r}")
+        min_numel = check.integer("", "min_numel", compression.get("min_numel", 1024), ge=0)
+        seed = check.integer("", "seed", compression.get("seed", 0))
         nonfinite = compression.get("nonfinite", "raise")
         if nonfinite not in NONFINITE_CHOICES:
             raise _unknown("nonfinite policy", nonfinite, NONFINITE_CHOICES)

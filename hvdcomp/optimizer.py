@@ -55,9 +55,10 @@ from typing import Any
 import horovod.torch as hvd
 import torch
 
+from hvdcomp import check
 from hvdcomp.auto import Tuner
 from hvdcomp.collectives import Beacon, Pending, answering, start, start_vote, synchronize
-from hvdcomp.compressor import Compressor, Context, State, derive_seed, nonfinite
+from hvdcomp.compressor import AccuracyWarning, Compressor, Context, State, derive_seed, nonfinite
 from hvdcomp.config import Choice, CompressionConfig, edges
 from hvdcomp.requests import Agree, Reduction
 
@@ -84,9 +85,7 @@ class Deadline:
 
     def __post_init__(self) -> None:
         for key in ("factor", "floor_s", "startup_s"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ValueError(f"Deadline: {key} must be a positive number; got {value!r}")
+            check.number("Deadline", key, getattr(self, key), gt=0)
 
     def seconds(self, slowest_step_s: float | None) -> float:
         return self.startup_s if slowest_step_s is None else max(self.floor_s, self.factor * slowest_step_s)
@@ -141,18 +140,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                  compression: Compressor | str | Mapping[str, Any] | None, backward_passes_per_step: int,
                  op: Any, process_set: hvd.ProcessSet, deadline: Deadline | float | None) -> None:
         super().__init__(params)
-        if deadline is not None and not isinstance(deadline, Deadline) and (
-                isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or not deadline > 0):
-            raise ValueError(f"deadline must be a Deadline, a positive number of seconds or None (off); got "
-                             f"{deadline!r}")
+        if deadline is not None and not isinstance(deadline, Deadline):
+            check.number("", "deadline", deadline, gt=0,
+                         expected="a Deadline, a positive number of seconds or None (off)")
         if deadline is DEFAULT_DEADLINE and os.environ.get("HOROVOD_ELASTIC") == "1":
             deadline = None  # an exit would end the ranks elastic recovery keeps (Deadline's docstring)
         self.deadline = deadline
         if op not in (hvd.Average, hvd.Sum):
             raise ValueError("hvdcomp.DistributedOptimizer supports op=hvd.Average or hvd.Sum; for Adasum, "
                              "Min, Max or Product use hvd.DistributedOptimizer")
-        if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
-            raise ValueError(f"backward_passes_per_step must be a positive integer; got {backward_passes_per_step!r}")
+        check.integer("", "backward_passes_per_step", backward_passes_per_step, ge=1)
         self.config = CompressionConfig.parse(compression)
         self._auto = None if self.config.auto is None else Tuner(self.config.auto, self.config)
         self.op = op
@@ -168,6 +165,21 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         # function, which handles a lost rank: the plan check then comes with the first step instead.
         for index, slot in enumerate(self._build_world(check_now=os.environ.get("HOROVOD_ELASTIC") != "1")):
             slot.param.register_post_accumulate_grad_hook(self._make_hook(index))
+        self._warn_accuracy()
+
+    def _warn_accuracy(self) -> None:
+        """One :class:`AccuracyWarning` per method of the plan whose options were measured to lose accuracy
+        (:meth:`Compressor.accuracy_risk`), on rank 0: a method that trains worse fails silently otherwise."""
+        if self.process_set.rank() != 0:
+            return
+        risks: dict[str, str] = {}
+        for slot in self._slots:
+            compressor = slot.choice.compressor
+            risk = None if compressor is None else compressor.unwrapped().accuracy_risk()
+            if risk:
+                risks.setdefault(compressor.name, risk)
+        for name, risk in sorted(risks.items()):
+            warnings.warn(f"hvdcomp: {name}: {risk}", AccuracyWarning, stacklevel=4)
 
     def reset(self) -> None:
         """Elastic Horovod: rebuilds the plan for the world after a reset. Register it with the elastic state

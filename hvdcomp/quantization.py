@@ -24,8 +24,9 @@ from typing import Any
 
 import torch
 
+from hvdcomp import check
 from hvdcomp.compressor import Compressor, Context, Payload, State, derive_seed
-from hvdcomp.kernels import gpu_kernels, kernels_for
+from hvdcomp.kernels import is_triton, kernels_for
 from hvdcomp.packing import unpack_bits
 
 _generators: dict[torch.device, torch.Generator] = {}
@@ -41,16 +42,9 @@ def generator(device: torch.device, seed: int) -> torch.Generator:
 
 
 def check_bucket_size(method: str, bucket_size: Any) -> int:
-    if isinstance(bucket_size, bool) or not isinstance(bucket_size, int) or bucket_size < 8 or bucket_size % 8:
-        raise ValueError(f"{method}: bucket_size must be a positive multiple of 8 (a group of 8 codes fills whole "
-                         f"bytes); got {bucket_size!r}")
-    return bucket_size
-
-
-def check_int(method: str, option: str, value: Any, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ValueError(f"{method}: {option} must be an integer in [{low}, {high}]; got {value!r}")
-    return value
+    """``bucket_size`` of ``method``: whole groups of 8 codes, which fill whole bytes whatever the bits."""
+    return check.integer(method, "bucket_size", bucket_size, ge=1, multiple_of=8,
+                         expected="a positive multiple of 8 (a group of 8 codes fills whole bytes)")
 
 
 def buckets(x: torch.Tensor, bucket: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -141,7 +135,7 @@ class BucketQuantizer(Compressor):
         """The fused kernels for ``x`` (:func:`hvdcomp.kernels.kernels_for`), or None where they do not apply: the
         Triton kernels hold a bucket in registers, up to ``MAX_BUCKET`` elements."""
         kernels = kernels_for(x.device)
-        if kernels is not None and kernels is gpu_kernels() and self.bucket_size is not None \
+        if is_triton(kernels) and self.bucket_size is not None \
                 and self.bucket_size > kernels.MAX_BUCKET:
             return None
         return kernels
@@ -177,7 +171,7 @@ class BucketQuantizer(Compressor):
 def rounding_variance(x: torch.Tensor, levels: torch.Tensor, bucket: int) -> torch.Tensor:
     """Per element of ``x`` (flat), the variance of rounding it stochastically between the neighbouring levels
     of its bucket (``levels`` [buckets, L], sorted): (l_{j+1} - g)(g - l_j), float64. The quantity ORQ
-    minimizes, for comparing it with QSGD's and uniform levels' (tests, ``perf/quantizer_variance.py``)."""
+    minimizes, for comparing it with QSGD's and uniform levels' (tests, ``perf/codecs/quantizer_variance.py``)."""
     xb, _ = buckets(x.double(), bucket)
     levels = levels.double()
     j = (torch.searchsorted(levels, xb, right=True) - 1).clamp_(0, levels.shape[1] - 2)

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
 
-from hvdcomp import wire
+from hvdcomp import check, wire
 from hvdcomp.compressor import Compressor, Context, Payload, State, register
 from hvdcomp.error_feedback import ErrorFeedback
 from hvdcomp.requests import Agree, Allgather, Allreduce, Alltoall, Reduction
@@ -190,8 +190,7 @@ class TwoPhaseReduction(ReductionMethod):
 
     def __init__(self, compressor: Compressor, owner_error_feedback: bool = True) -> None:
         super().__init__(compressor)
-        if not isinstance(owner_error_feedback, bool):
-            raise ValueError(f"two_phase: owner_error_feedback must be true or false; got {owner_error_feedback!r}")
+        check.boolean(self.name, "owner_error_feedback", owner_error_feedback)
         self.owner_error_feedback = owner_error_feedback
         inner = compressor.unwrapped()
         self._owner = ErrorFeedback(inner) if owner_error_feedback else inner

@@ -3,15 +3,26 @@
 #   a. Open MPI (Debian packages) when mpirun/mpicc are missing,
 #   b. the virtual environment .venv with PyTorch,
 #   c. Horovod 0.28.1 built once from its PyPI source release and cached as a wheel outside the checkout,
-#   d. hvdcomp itself (editable, with its test extras),
+#   d. hvdcomp itself (editable, with the extras the demo and the tests need),
 #   e. the optional kernel pre-build hook, then `horovodrun --check-build`.
-# A second run skips b-d while .venv/.hvdcomp-setup matches pyproject.toml and this script.
+# A second run skips b-d while .venv/.hvdcomp-setup matches pyproject.toml, this script and HVDCOMP_HOROVOD_GPU_OPS.
 #
 # Environment:
 #   HVDCOMP_CACHE  where the Horovod source release, built wheels and build logs are kept
 #                  (default: ${XDG_CACHE_HOME:-$HOME/.cache}/hvdcomp)
-#   HVDCOMP_EXTRAS hvdcomp's optional dependencies to install (default: test,perf; the GPU check, which does
-#                  not lint, uses perf)
+#   HVDCOMP_HOROVOD_GPU_OPS  Horovod's GPU operations. auto (the default): NCCL's where torch has CUDA, nvcc is on
+#                  the PATH and an NCCL is found, else none. none: none even there. Horovod then stages CUDA tensors
+#                  through host memory (its CudaOnCPU operations, over MPI or Gloo), so that several ranks can share
+#                  one GPU: NCCL refuses two ranks on one GPU ("Duplicate GPU detected"); its collectives need a GPU
+#                  per rank. That build is cached as a wheel of its own (key ...-staged-sm<archs>-..., beside the NCCL
+#                  build's ...-nccl-sm<archs>-...) and set up in .venv-staged, not .venv (perf/gpu/gpu_multirank.sh).
+#                  With a CUDA torch both builds compile Horovod's CUDA kernels and need the CUDA toolkit (nvcc on the
+#                  PATH or in /usr/local/cuda): the staged copies to host memory are awaited through CUDA events.
+#   HVDCOMP_VENV   the virtual environment to set up, relative to the checkout or absolute (default: .venv, or
+#                  .venv-staged with HVDCOMP_HOROVOD_GPU_OPS=none)
+#   HVDCOMP_EXTRAS hvdcomp's extras to install (default: all,test: the tools' packages, which the demo and the
+#                  tests use, and pytest, ruff and Triton; the GPU check, which does not lint, uses perf; empty:
+#                  hvdcomp's runtime dependencies only)
 set -euo pipefail
 
 readonly HOROVOD_VERSION=0.28.1
@@ -24,7 +35,18 @@ REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 readonly REPO_ROOT
 cd "$REPO_ROOT"
 
-readonly VENV="$REPO_ROOT/.venv"
+readonly GPU_OPS=${HVDCOMP_HOROVOD_GPU_OPS:-auto}
+case $GPU_OPS in
+auto) VENV=${HVDCOMP_VENV:-.venv} ;;
+none) VENV=${HVDCOMP_VENV:-.venv-staged} ;;
+*)
+    echo "[setup] ERROR: HVDCOMP_HOROVOD_GPU_OPS=$GPU_OPS: valid values are auto and none" >&2
+    exit 1
+    ;;
+esac
+[[ $VENV == /* ]] || VENV="$REPO_ROOT/$VENV"
+readonly VENV
+readonly VENV_NAME=${VENV#"$REPO_ROOT"/}  # for the messages
 readonly PY="$VENV/bin/python"
 readonly STAMP="$VENV/.hvdcomp-setup"
 readonly CONSTRAINTS="$VENV/hvdcomp-constraints.txt"
@@ -84,17 +106,17 @@ setup_venv() {
     if [[ -x $PY ]] && "$PY" -V >/dev/null 2>&1 && [[ $has_pth == "$wants_pth" ]] &&
         grep -qx "include-system-site-packages = $([[ -n ${flags[*]} ]] && echo true || echo false)" \
             "$VENV/pyvenv.cfg"; then
-        log "virtual environment .venv already exists"
+        log "virtual environment $VENV_NAME already exists"
     else
-        log "creating .venv ${flags[*]}"
+        log "creating $VENV_NAME ${flags[*]}"
         python3 -m venv --clear "${flags[@]}" "$VENV"
     fi
     if [[ -n $torch_site ]]; then
         "$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' |
             { read -r dir && echo "import site; site.addsitedir('$torch_site')" >"$dir/system-torch.pth"; }
-        log "python3 is a virtual environment: its site-packages $torch_site added to .venv's (system-torch.pth)"
+        log "python3 is a virtual environment: its site-packages $torch_site added to $VENV_NAME's (system-torch.pth)"
     fi
-    log "upgrading pip, setuptools and wheel in .venv"
+    log "upgrading pip, setuptools and wheel in $VENV_NAME"
     "${PIP[@]}" install -q --upgrade pip setuptools wheel
 
     if [[ $system_site == true ]]; then
@@ -132,14 +154,16 @@ install_horovod() {
     local torch_info torch_version torch_cuda nccl="" gpu_ops=cpu ompi_version py_version key archs=""
     torch_info=$("$PY" -c 'import torch; print(torch.__version__, torch.version.cuda or "")')
     read -r torch_version torch_cuda <<<"$torch_info"
-    # NCCL ops only make sense with a CUDA torch, nvcc and an NCCL to link.
-    if [[ -n $torch_cuda ]] && command -v nvcc >/dev/null; then
+    # NCCL ops only make sense with a CUDA torch, nvcc and an NCCL to link (and unless HVDCOMP_HOROVOD_GPU_OPS=none).
+    if [[ -n $torch_cuda && $GPU_OPS == auto ]] && command -v nvcc >/dev/null; then
         nccl=$(find_nccl)
         [[ -z $nccl ]] || gpu_ops=nccl
     fi
-    if [[ $gpu_ops == nccl ]]; then
-        # Horovod's few CUDA kernels: for this machine's GPUs only, unless asked (Horovod's default: every
+    if [[ -n $torch_cuda ]]; then
+        # Without NCCL ops a CUDA torch's tensors are staged through host memory ("staged"). Either way Horovod
+        # compiles its few CUDA kernels: for this machine's GPUs only, unless asked (Horovod's default: every
         # architecture nvcc knows). Part of the cache key: a wheel for sm_90 has no kernels for another GPU.
+        [[ $gpu_ops == nccl ]] || gpu_ops=staged
         archs=${HOROVOD_BUILD_CUDA_CC_LIST:-$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null |
             tr -d . | sort -u | paste -sd,)} || archs=""
         gpu_ops+="${archs:+-sm$archs}"
@@ -157,13 +181,14 @@ install_horovod() {
         build_horovod "$key" "$nccl" "$archs"
         wheels=("$wheel_dir"/horovod-*.whl)
     fi
-    log "installing ${wheels[0]##*/} into .venv"
+    log "installing ${wheels[0]##*/} into $VENV_NAME"
     "${PIP[@]}" install -q --force-reinstall --no-deps "${wheels[0]}"
     printf 'torch==%s\nhorovod==%s\n' "$torch_version" "$HOROVOD_VERSION" >"$CONSTRAINTS"
 }
 
-# Builds the Horovod wheel into $CACHE/wheels/KEY. Args: KEY NCCL (find_nccl's answer; empty: CPU ops only) ARCHS
-# (the compute capabilities to build its CUDA kernels for, "80,90"; empty: Horovod's default).
+# Builds the Horovod wheel into $CACHE/wheels/KEY. Args: KEY NCCL (find_nccl's answer; empty: CPU ops only, which
+# stage CUDA tensors through host memory where torch has CUDA) ARCHS (the compute capabilities to build its CUDA
+# kernels for, "80,90"; empty: Horovod's default).
 build_horovod() {
     local key=$1 nccl=$2 archs=$3
     local sdist="$CACHE/sdist/horovod-$HOROVOD_VERSION.tar.gz"
@@ -228,14 +253,19 @@ build_horovod() {
         # GCC 13 no longer includes these transitively; Horovod 0.28.1's sources rely on it (group_table.h, common.h).
         CXXFLAGS="${CXXFLAGS:-} -include cstdint -include string -include stdexcept"
     )
-    local ops="PyTorch, MPI, Gloo; CPU only"
+    local ops="PyTorch, MPI, Gloo; CPU only" no_gpu_ops=()
+    if [[ -z $nccl ]]; then
+        # no GPU operations whatever the environment asks for: the key says which the wheel has
+        no_gpu_ops=(-u HOROVOD_GPU_OPERATIONS -u HOROVOD_GPU_ALLREDUCE -u HOROVOD_GPU_ALLGATHER
+            -u HOROVOD_GPU_BROADCAST -u HOROVOD_GPU_ALLTOALL -u HOROVOD_GPU_REDUCESCATTER)
+        [[ $key != *-staged* ]] || ops="PyTorch, MPI, Gloo; no GPU operations: CUDA tensors staged through host memory"
+    fi
+    if [[ -n $archs ]]; then
+        build_env+=(HOROVOD_BUILD_CUDA_CC_LIST="$archs")
+    fi
     if [[ -n $nccl ]]; then
         build_env+=(HOROVOD_GPU_OPERATIONS=NCCL)
         ops="PyTorch, MPI, Gloo, NCCL"
-        if [[ -n $archs ]]; then
-            build_env+=(HOROVOD_BUILD_CUDA_CC_LIST="$archs")
-            ops+=" (CUDA kernels for compute capability $archs)"
-        fi
         if [[ $nccl != system ]]; then
             # The pip package has only libnccl.so.2: link it dynamically through a libnccl.so of our own.
             mkdir "$work/nccl-lib"
@@ -245,10 +275,11 @@ build_horovod() {
             ops+=" from $nccl"
         fi
     fi
+    [[ -z $archs ]] || ops+=" (CUDA kernels for compute capability $archs)"
     log "building Horovod $HOROVOD_VERSION ($ops) with $(nproc) jobs: takes several minutes; log: $log_file"
 
     local start=$SECONDS
-    if ! env "${build_env[@]}" "${PIP[@]}" wheel -v --no-build-isolation --no-deps \
+    if ! env "${no_gpu_ops[@]}" "${build_env[@]}" "${PIP[@]}" wheel -v --no-build-isolation --no-deps \
         -w "$work/dist" "$src" >"$log_file" 2>&1; then
         echo "[setup] Horovod build failed. Lines with 'error' in the log:" >&2
         grep -i 'error' "$log_file" | head -n 40 >&2 || true
@@ -269,24 +300,28 @@ build_horovod() {
 # differ from those installed beside it, and offline pip cannot re-resolve them. hvdcomp's other requirements are
 # then installed by name and hvdcomp itself with --no-deps.
 install_hvdcomp() {
-    local system_site=$1 extras=${HVDCOMP_EXTRAS-test,perf}
-    log "installing mpi4py, nvidia-ml-py and pyyaml"
-    "${PIP[@]}" install -q -c "$CONSTRAINTS" mpi4py nvidia-ml-py pyyaml
+    local system_site=$1 extras=${HVDCOMP_EXTRAS-all,test}
     log "installing hvdcomp in editable mode with its extras [$extras]"
     if [[ $system_site == false ]]; then
         "${PIP[@]}" install -q -c "$CONSTRAINTS" --no-build-isolation -e ".[$extras]"
         return
     fi
     "${PIP[@]}" install -q --no-deps --no-build-isolation -e .
-    local requirements  # hvdcomp's requirements and those of the extras asked for, from its installed metadata
+    # hvdcomp's requirements and those of the extras asked for, from its installed metadata; an extra that names
+    # others (all = hvdcomp[digits,k8s,perf]) brings theirs
+    local requirements
     requirements=$(EXTRAS=$extras "$PY" -c '
 import importlib.metadata, os, re
+lines = [line.partition(";") for line in importlib.metadata.requires("hvdcomp") or []]
 extras = {e for e in os.environ["EXTRAS"].split(",") if e}
-for line in importlib.metadata.requires("hvdcomp") or []:
-    requirement, _, marker = line.partition(";")
-    extra = re.search(r"extra\s*==\s*.([\w-]+).", marker)
-    if re.match(r"(torch|horovod)\b", requirement) is None and (extra is None or extra.group(1) in extras):
-        print(requirement.strip())')
+while True:
+    chosen = [requirement.strip() for requirement, _, marker in lines
+              if (extra := re.search(r"extra\s*==\s*.([\w-]+).", marker)) is None or extra.group(1) in extras]
+    named = {e.strip() for r in chosen if (m := re.match(r"hvdcomp\[(.*)\]", r)) for e in m.group(1).split(",")}
+    if named <= extras:
+        break
+    extras |= named
+print("\n".join(r for r in chosen if re.match(r"(torch|horovod|hvdcomp)\b", r) is None))')
     mapfile -t requirements <<<"$requirements"
     "${PIP[@]}" install -q -c "$CONSTRAINTS" "${requirements[@]}"
 }
@@ -298,12 +333,12 @@ main() {
     local system_site=false
     system_torch_has_cuda && system_site=true
     local stamp_hash
-    stamp_hash=$(cat pyproject.toml launch/setup.sh <(echo "system-site-packages=$system_site") |
+    stamp_hash=$(cat pyproject.toml launch/setup.sh <(echo "system-site-packages=$system_site gpu-ops=$GPU_OPS") |
         sha256sum | cut -d ' ' -f 1)
 
     if [[ -f $STAMP && $(<"$STAMP") == "$stamp_hash" ]] &&
         "$PY" -c 'import horovod.torch, hvdcomp' >/dev/null 2>&1; then
-        log ".venv is up to date with pyproject.toml and launch/setup.sh: skipping venv, Horovod and hvdcomp"
+        log "$VENV_NAME is up to date with pyproject.toml and launch/setup.sh: skipping venv, Horovod and hvdcomp"
     else
         rm -f "$STAMP"
         setup_venv "$system_site"
@@ -324,4 +359,5 @@ main() {
     log "done in $((SECONDS - start)) s"
 }
 
-main "$@"
+# Sourced (to try one function alone, with stubs), it only defines them.
+[[ ${BASH_SOURCE[0]} != "$0" ]] || main "$@"

@@ -4,6 +4,8 @@ effects, so that the test module can import it."""
 
 from __future__ import annotations
 
+import os
+
 #: scenario ``train`` (and ``resume``, by label): a compression config per label
 TRAIN_CONFIGS: dict[str, object] = {
     "none": "none",
@@ -47,3 +49,20 @@ DIGITS_METHODS = ("none", "bingrad", "orq", "qsgd", "signsgd", "efsignsgd", "one
 #: the scenarios that report a result per case (``SCENARIO CASE OK rank R``), and their cases
 CASES = {"train": tuple(TRAIN_CONFIGS), "resume": RESUME_LABELS, "collectives": COLLECTIVE_LABELS,
          "digits": DIGITS_METHODS}
+
+#: The device of the scenarios' tensors: "cpu" (the default) or "cuda" (``HVDCOMP_TEST_DEVICE=cuda``: tests/ranks.py
+#: puts each rank's models, data and gradients on its GPU; several ranks can share one GPU only through a Horovod built
+#: without GPU operations, launch/setup.sh's HVDCOMP_HOROVOD_GPU_OPS=none; perf/gpu/gpu_multirank.sh runs them so).
+TEST_DEVICE = os.environ.get("HVDCOMP_TEST_DEVICE") or "cpu"
+if TEST_DEVICE not in ("cpu", "cuda"):
+    raise ValueError(f"HVDCOMP_TEST_DEVICE={TEST_DEVICE!r}: valid values are cpu and cuda")
+#: The scenarios of tests/ranks.py that run on CPU tensors only, and why; every other one runs on CUDA tensors too.
+CPU_ONLY_SCENARIOS = {
+    "digits": "hvdcomp train's digits runs, 36 of them, choose their own device and take minutes",
+    "powersgd_reference": "PyTorch's powerSGD_hook runs in DDP over gloo on CPU tensors here",
+    "auto": "the slow link is 2 emulated hosts (tests/test_cluster.py), not a GPU's",
+    "raises": "the launcher ending a job whose rank raised: nothing on the tensors' device",
+    "stall": "the deadline ending a stalled job: nothing on the tensors' device",
+    "auto_stall": "the deadline ending a job stalled in auto: nothing on the tensors' device",
+    "auto_stall_probe": "the deadline ending a job stalled in auto's probe: nothing on the tensors' device",
+}

@@ -22,6 +22,7 @@ import torch
 
 from hvdcomp import METHODS, Context, ErrorFeedback, make_compressor
 from hvdcomp.compressor import STEADY_STEP, Compressor, State
+from hvdcomp.error_feedback import corrected
 
 NAMES = sorted(METHODS)
 SHAPES = [(), (0,), (1,), (7,), (3, 7), (96, 64), (2, 3, 300)]
@@ -98,14 +99,17 @@ def test_a_method_declared_unbiased_is_unbiased(method: str, path: str) -> None:
 @pytest.mark.parametrize("method", [name for name in NAMES if isinstance(make_compressor(name), ErrorFeedback)])
 def test_error_feedback_keeps_exactly_what_was_not_sent(method: str) -> None:
     """With error feedback (the default of every biased method without a memory of its own), the residual plus what
-    was sent equals the gradient plus the last residual, every step."""
+    was sent equals the gradient plus the last residual, every step; with momentum correction (top-k, threshold,
+    random-k, EF-signSGD), the momentum-corrected gradient u (hvdcomp.error_feedback) in place of the gradient."""
     compressor = make_compressor(method)
     x = grad((96, 64), seed=2)
     ctx = steady(x)
     state = compressor.init_state(x, ctx)
+    u = torch.zeros_like(x)
     for step in range(4):
         g = x * (step + 1)
-        compensated = g + state["residual"]
+        compensated = (corrected(g, u, compressor.momentum, compressor.average) if compressor.momentum else g) \
+            + state["residual"]
         _, _, out = round_trip(compressor, g, state, replace(ctx, step=STEADY_STEP + step))
         torch.testing.assert_close(state["residual"] + out.float(), compensated, rtol=0, atol=1e-4)
 

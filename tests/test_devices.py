@@ -1,7 +1,7 @@
 """Every method on every device this machine has: CUDA against the CPU reference, determinism, and no host
 syncs in what runs inside backward hooks; every default reduction on one rank (NCCL on CUDA tensors).
 
-CI has no GPU, so there the CUDA cases skip and the CPU cases run; ``perf/gpu_check.sh`` runs this file on a
+CI has no GPU, so there the CUDA cases skip and the CPU cases run; ``perf/gpu/gpu_check.sh`` runs this file on a
 GPU machine.
 """
 

@@ -1,6 +1,6 @@
 """What imports Horovod: the compressors, requests, kernels, configuration, ``hvdcomp bench compress`` and
 ``hvdcomp profile`` do not (a GPU machine benchmarks them without Horovod built); the optimizer and the collectives
-do."""
+do. The extras' packages are imported only by the tools that need them, which name the extra when it is missing."""
 
 from __future__ import annotations
 
@@ -86,3 +86,71 @@ def test_horovod_names_resolve_lazily() -> None:
     with pytest.raises(AttributeError, match="no attribute 'Missing'"):
         hvdcomp.Missing  # noqa: B018
     assert tuple(collectives.OPS) == requests.ALLREDUCE_OPS
+
+
+WITHOUT_EXTRAS = """
+import importlib.abc, sys
+
+import torch  # before the finder: torch itself looks for pynvml on import
+
+EXTRAS = ("sklearn", "jsonschema", "kubernetes_validate", "matplotlib", "mpi4py", "pynvml")
+asked = []
+
+class NoExtras(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in EXTRAS:
+            asked.append(name)
+            raise ModuleNotFoundError(f"No module named {name!r} (hidden by the test)", name=name)
+        return None
+
+sys.meta_path.insert(0, NoExtras())
+sys.modules.pop("pynvml", None)  # imported by torch where it is installed
+
+import contextlib, io, os, tempfile
+import hvdcomp, hvdcomp.cli, hvdcomp.k8s.cli, hvdcomp.tools.train, hvdcomp.tools.bench
+import hvdcomp.perfmodel.predict, hvdcomp.perfmodel.profile
+from hvdcomp.extras import MissingExtra
+from hvdcomp.perfmodel import probe
+from hvdcomp.tools import workloads
+
+hvdcomp.DistributedOptimizer
+assert not asked, f"the package, the optimizer or the commands' modules asked for {asked}"
+
+def fails(extra, feature, run):
+    try:
+        run()
+    except MissingExtra as error:
+        assert feature in str(error) and f"pip install 'hvdcomp[{extra}]'" in str(error), error
+    else:
+        raise AssertionError(f"{feature} ran without its extra")
+
+def command(*argv):
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        status = hvdcomp.cli.main(list(argv))
+    return status, err.getvalue()
+
+fails("digits", "the digits workload", lambda: workloads.digits(0))
+fails("perf", "hvdcomp predict --plot", lambda: hvdcomp.perfmodel.predict.plot(None, "scaling.png"))
+with tempfile.TemporaryDirectory() as tmp:
+    job = os.path.join(tmp, "job.k8s.yaml")
+    status, err = command("k8s", "render", "--config", "k8s/overlays/cpu-smoke/job.yaml", "-o", job)
+    assert status == 0, err
+    status, err = command("k8s", "validate", job)
+    assert status == 2 and "hvdcomp k8s validate" in err and "pip install 'hvdcomp[k8s]'" in err, err
+    os.environ["OMPI_COMM_WORLD_SIZE"] = "2"
+    status, err = command("probe", "--out", os.path.join(tmp, "cluster.yaml"))
+    assert status == 2 and "pip install 'hvdcomp[perf]'" in err, err
+assert "pip install 'hvdcomp[perf]'" in probe.gpus()[1]
+print("WITHOUT EXTRAS OK")
+"""
+
+
+def test_the_optimizer_needs_no_extra_and_the_tools_name_theirs() -> None:
+    """With the extras' packages made to raise ImportError: the package, the optimizer and the commands' modules
+    import without asking for them, and each tool that needs one says which: the digits workload, ``predict --plot``,
+    ``k8s validate`` (while ``k8s render`` works), ``probe`` under mpirun, probe's GPU section."""
+    pytest.importorskip("horovod.torch")
+    done = subprocess.run([sys.executable, "-c", WITHOUT_EXTRAS], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and "WITHOUT EXTRAS OK" in done.stdout, done.stdout + done.stderr

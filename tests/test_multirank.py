@@ -3,6 +3,12 @@
 The scenarios themselves live in tests/ranks.py and assert inside every rank. A scenario that runs many methods
 (tests/cases.py) is launched once per controller and rank count, and each of its cases is a test of its own here,
 read from that launch's output: one method failing does not hide the others.
+
+With ``HVDCOMP_TEST_DEVICE=cuda`` the scenarios run on each rank's GPU (tests/ranks.py's DEVICE), and those that run
+on CPU tensors only (tests/cases.py's CPU_ONLY_SCENARIOS) and hvdcomp train's own runs are skipped, with the reason.
+Several ranks share one GPU only through a Horovod built without GPU operations, which stages CUDA tensors through
+host memory (launch/setup.sh's HVDCOMP_HOROVOD_GPU_OPS=none; perf/gpu/gpu_multirank.sh): NCCL's own collectives
+refuse two ranks on one GPU and need a GPU per rank.
 """
 
 from __future__ import annotations
@@ -12,10 +18,29 @@ import re
 import time
 
 import pytest
-from cases import CASES
+import torch
+from cases import CASES, CPU_ONLY_SCENARIOS, TEST_DEVICE
 from conftest import BIN, CONTROLLERS, REPO, Ranks, run_ranks
 
 pytestmark = pytest.mark.multirank
+if TEST_DEVICE == "cuda":
+    import horovod.torch as hvd
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("HVDCOMP_TEST_DEVICE=cuda, but torch sees no CUDA device")
+    if hvd.nccl_built() and torch.cuda.device_count() < 2:
+        raise RuntimeError("HVDCOMP_TEST_DEVICE=cuda on one GPU with a Horovod built with NCCL, which refuses two "
+                           "ranks on one GPU: use a Horovod built without GPU operations "
+                           "(HVDCOMP_HOROVOD_GPU_OPS=none launch/setup.sh, in .venv-staged; perf/gpu/gpu_multirank.sh)")
+
+
+def cpu_only(reason: str) -> pytest.MarkDecorator:
+    """Skips a test when the scenarios run on CUDA tensors (HVDCOMP_TEST_DEVICE=cuda), saying why."""
+    return pytest.mark.skipif(TEST_DEVICE != "cpu", reason=f"on CPU tensors only: {reason}")
+
+
+#: hvdcomp train's own runs (digits, bag of words) choose their device themselves (--device auto) and take minutes
+TRAIN_RUNS = "hvdcomp train's runs, minutes each; the CUDA runs are tests/ranks.py's scenarios"
 
 SCENARIOS = ["requests", "plans", "stock", "nograd", "majority", "gravac", "sketch", "lgc", "auto_local"]
 _launches: dict[tuple[str, str, int], Ranks] = {}
@@ -65,6 +90,14 @@ def test_case(scenario: str, label: str, controller: str, np: int) -> None:
     assert_case(launched(scenario, controller, np), scenario, label, np)
 
 
+def test_cpu_only_scenarios_are_scenarios() -> None:
+    """tests/cases.py's CPU_ONLY_SCENARIOS name scenarios of tests/ranks.py, none that this module runs on CUDA."""
+    defined = set(re.findall(r"^def scenario_(\w+)\(", (REPO / "tests" / "ranks.py").read_text(), re.MULTILINE))
+    assert set(CPU_ONLY_SCENARIOS) <= defined, set(CPU_ONLY_SCENARIOS) - defined
+    on_cuda = {*SCENARIOS, *CASES, "process_sets", "nonfinite_raise", "nonfinite_skip", "mismatch"} - {"digits"}
+    assert not on_cuda & set(CPU_ONLY_SCENARIOS), on_cuda & set(CPU_ONLY_SCENARIOS)
+
+
 @pytest.mark.parametrize("controller", CONTROLLERS)
 def test_process_sets(controller: str) -> None:
     result = run_ranks([str(REPO / "tests" / "ranks.py"), "process_sets"], 4, controller)
@@ -84,6 +117,7 @@ def test_bad_input_fails_cleanly_on_every_rank(scenario: str, controller: str) -
             result.output[-5000:]
 
 
+@cpu_only(CPU_ONLY_SCENARIOS["raises"])
 @pytest.mark.parametrize("controller", CONTROLLERS)
 def test_a_rank_that_raises_ends_the_job_with_its_error(controller: str) -> None:
     start = time.monotonic()
@@ -92,6 +126,7 @@ def test_a_rank_that_raises_ends_the_job_with_its_error(controller: str) -> None
     assert "ValueError: rank 1's data loader failed in step 3" in result.output, result.output[-3000:]
 
 
+@cpu_only(CPU_ONLY_SCENARIOS["stall"])
 @pytest.mark.parametrize("controller", CONTROLLERS)
 def test_a_stalled_rank_ends_the_job_at_the_deadline(controller: str) -> None:
     """Rank 1 sleeps 300 s; with a short deadline rank 0 names the collective it waited for, finds rank 1 alive
@@ -104,6 +139,7 @@ def test_a_stalled_rank_ends_the_job_at_the_deadline(controller: str) -> None:
                      r"now: none; reachable: 1\)", result.output), result.output[-3000:]
 
 
+@cpu_only(CPU_ONLY_SCENARIOS["auto_stall"])
 @pytest.mark.parametrize(("scenario", "collective"), [("auto_stall", "agree.max"),
                                                      ("auto_stall_probe", "probe.barrier")])
 def test_a_rank_stalled_while_auto_measures_ends_the_job_at_the_deadline(scenario: str, collective: str) -> None:
@@ -117,6 +153,7 @@ def test_a_rank_stalled_while_auto_measures_ends_the_job_at_the_deadline(scenari
     assert re.search(waited + r"in step \d+ ", result.output), result.output[-3000:]
 
 
+@cpu_only(CPU_ONLY_SCENARIOS["powersgd_reference"])
 @pytest.mark.parametrize("controller", CONTROLLERS)
 def test_powersgd_matches_pytorch_hook(controller: str) -> None:
     result = run_ranks([str(REPO / "tests" / "ranks.py"), "powersgd_reference"], 2, controller)
@@ -124,6 +161,7 @@ def test_powersgd_matches_pytorch_hook(controller: str) -> None:
     assert result.ranks_saying("powersgd_reference OK") == {0, 1}, result.output[-5000:]
 
 
+@cpu_only(TRAIN_RUNS)
 def test_terngrad_digits_within_one_point_of_dense(tmp_path) -> None:
     summary = tmp_path / "summary.json"
     result = run_ranks([str(BIN / "hvdcomp"), "train", "--workload", "digits", "--compression", "terngrad",
@@ -141,6 +179,7 @@ def test_terngrad_digits_within_one_point_of_dense(tmp_path) -> None:
     assert "speedup over dense" in result.output
 
 
+@cpu_only(TRAIN_RUNS)
 @pytest.mark.parametrize("method", ["powersgd", "randomk"])
 def test_new_methods_train_digits(tmp_path, method: str) -> None:
     """``hvdcomp train --compression powersgd|randomk`` trains the digits classifier on 2 ranks."""
@@ -153,6 +192,7 @@ def test_new_methods_train_digits(tmp_path, method: str) -> None:
     assert run["test_accuracy"] > 0.9, run
 
 
+@cpu_only(TRAIN_RUNS)
 def test_sketch_trains_the_sparse_workload_as_dense_does(tmp_path) -> None:
     """``hvdcomp train --workload bow --compression sketch``: natively sparse gradients, summed losslessly, train
     the bag-of-words classifier to dense's accuracy with far fewer bytes."""
@@ -166,6 +206,7 @@ def test_sketch_trains_the_sparse_workload_as_dense_does(tmp_path) -> None:
     assert sketched["compression_ratio"] > 20, sketched
 
 
+@cpu_only(CPU_ONLY_SCENARIOS["digits"])
 @pytest.mark.parametrize("method", CASES["digits"])
 def test_quantizers_and_sparsifiers_train_digits_within_one_point_of_dense(method: str) -> None:
     """Each quantizer and sparsifier at its defaults trains the digits classifier to within a point of dense (the
@@ -173,6 +214,7 @@ def test_quantizers_and_sparsifiers_train_digits_within_one_point_of_dense(metho
     assert_case(launched("digits", "mpi", 2, timeout=540), "digits", method, 2)  # under pytest's 600 s
 
 
+@cpu_only(TRAIN_RUNS)
 def test_train_with_job_file_under_gloo(tmp_path) -> None:
     job = tmp_path / "job.yaml"
     job.write_text("workload: digits\nepochs: 2\nbatch_size: 16\nlr: 0.05\nseed: 3\n"

@@ -61,11 +61,11 @@ def test_default_variant_gets_error_feedback_and_keeps_the_invariant(path: str) 
     ctx = Context.local(x)
     state = compressor.init_state(x, ctx)
     for step in range(4):
-        compensated = x + state["residual"]
+        compensated = x * (1 / (1 - 0.9)) + state["residual"]  # the momentum's gain (tests/test_momentum.py)
         payload, meta = compressor.compress(x, state, replace(ctx, step=step))
         sent = compressor.decompress(payload, meta)
         assert torch.count_nonzero(sent) <= 40
-        torch.testing.assert_close(state["residual"] + sent, compensated, rtol=0, atol=1e-6)
+        torch.testing.assert_close(state["residual"] + sent, compensated, rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("bad", [0, 1.5, True, "0.1"])

@@ -158,3 +158,10 @@ def test_profile_takes_the_sparse_workload() -> None:
     assert set(document["compressors"]) == {"sketch", "topk"}
     assert document["compressors"]["sketch"]["reduction"] == "sketch"
     assert document["compressors"]["topk"]["sparse_payload"] is True
+
+
+def test_only_cuda_tensors_take_the_triton_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CPU tensors keep the C++ kernels (the Triton ones are for CUDA, or for every device when the tests ask with
+    ``HVDCOMP_KERNELS=triton``)."""
+    monkeypatch.delenv("HVDCOMP_KERNELS", raising=False)
+    assert sketch._triton_kernels(torch.device("cpu")) is None

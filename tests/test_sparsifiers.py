@@ -43,8 +43,8 @@ def test_fixed_threshold_sends_exactly_the_entries_above_it_up_to_the_cap() -> N
 
 @pytest.mark.parametrize(("options", "message"), [
     ({"threshold": 1.0, "density": 0.1}, "not both"), ({"threshold": -1.0}, "positive"),
-    ({"density": 1.5}, "density must be in"), ({"density": 0.1, "max_density": 0.05}, "at least density"),
-    ({"threshold": "1"}, "must be a number")])
+    ({"density": 1.5}, "density must be a number in"), ({"density": 0.1, "max_density": 0.05}, "at least density"),
+    ({"threshold": "1"}, "threshold must be a positive finite number")])
 def test_threshold_rejects_bad_options(options: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         make_compressor("threshold", options)
@@ -54,8 +54,8 @@ def test_threshold_rejects_bad_options(options: dict, message: str) -> None:
 
 def test_dgc_momentum_correction_and_factor_masking_by_hand() -> None:
     """Lin et al., Algorithm 1 with momentum correction: u <- m u + g, v <- v + u, send top-k of v, zero u and
-    v where sent; m = 0.5, one entry of four sent per step."""
-    dgc = DGC(density=0.25, momentum=0.5, warmup_densities=[])
+    v where sent (factor masking, ``momentum_masking: true``); m = 0.5, one entry of four sent per step."""
+    dgc = DGC(density=0.25, momentum=0.5, warmup_densities=[], momentum_masking=True)
     g1, g2, g3 = torch.tensor([1.0, -3.0, 2.0, 0.5]), torch.tensor([1.0, 1.0, 2.0, 0.5]), torch.tensor([0.0] * 4)
     state = dgc.init_state(g1, _ctx(g1))
     sent = []
@@ -69,6 +69,34 @@ def test_dgc_momentum_correction_and_factor_masking_by_hand() -> None:
     assert sent == [([1], [-3.0]), ([2], [5.0]), ([0], [3.25])]
     assert state["momentum"].tolist() == [0.0, 0.5, 0.0, 0.375]
     assert state["accumulated"].tolist() == [0.0, 1.5, 0.0, 1.625]
+
+
+def test_dgc_without_masking_keeps_the_momentum_of_entries_sent() -> None:
+    """The default: only v is zeroed where sent; u goes on, so an entry sent in every step moves as under dense
+    momentum SGD (with masking it would get g alone: a step 1 / (1 - m) times smaller)."""
+    dgc = DGC(density=0.25, momentum=0.5, warmup_densities=[])
+    state = dgc.init_state(torch.zeros(4), _ctx(torch.zeros(4)))
+    sent = []
+    for step in range(3):
+        g = torch.tensor([4.0, 1.0, 0.0, 0.0])
+        (values, indices), _ = dgc.compress(g, state, _ctx(g, step))
+        sent.append((indices.tolist(), values.tolist()))
+    # u: 4, 6, 7 at entry 0, sent each step (v = u there); entry 1 accumulates v = 1, 1 + 1.5, 2.5 + 1.75
+    assert sent == [([0], [4.0]), ([0], [6.0]), ([0], [7.0])]
+    assert state["momentum"].tolist() == [7.0, 1.75, 0.0, 0.0]
+    assert state["accumulated"].tolist() == [0.0, 4.25, 0.0, 0.0]
+
+
+def test_dgc_at_density_one_is_momentum_sgd() -> None:
+    """Without masking, sending everything applies u = m u + g each step: what SGD's momentum buffer holds."""
+    dgc = DGC(density=1.0, momentum=0.9, warmup_densities=[])
+    gradients = torch.randn(6, 50, generator=torch.Generator().manual_seed(0))
+    state = dgc.init_state(gradients[0], _ctx(gradients[0]))
+    buffer = torch.zeros(50)
+    for step, g in enumerate(gradients):
+        payload, meta = dgc.compress(g, state, _ctx(g, step))
+        buffer = 0.9 * buffer + g
+        torch.testing.assert_close(dgc.decompress(payload, meta), buffer)
 
 
 def test_dgc_local_clipping_scales_by_one_over_sqrt_n() -> None:
@@ -89,7 +117,8 @@ def test_dgc_follows_the_warmup_schedule() -> None:
 
 @pytest.mark.parametrize(("options", "message"), [
     ({"density": 0}, "density"), ({"momentum": 1.0}, "momentum"), ({"warmup_steps": 0}, "warmup_steps"),
-    ({"warmup_densities": "0.25"}, "warmup_densities"), ({"clip_norm": -1.0}, "clip_norm")])
+    ({"warmup_densities": "0.25"}, "warmup_densities"), ({"clip_norm": -1.0}, "clip_norm"),
+    ({"momentum_masking": 1}, "momentum_masking")])
 def test_dgc_rejects_bad_options(options: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         make_compressor("dgc", options)

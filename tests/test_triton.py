@@ -249,6 +249,16 @@ def test_topk_selects_exactly_the_largest_magnitudes(case: str) -> None:
         assert not values[kept:].any() and indices.dtype == torch.int32
 
 
+def test_threshold_fit_passes_equal_the_cpu_kernels(cpu: object) -> None:
+    """One stage of threshold's fit: the excess of |x| over t and the count above t, as the CPU kernel sums them
+    (exactly, on dyadic values)."""
+    for n in (1, 7, 5000, 20_000):
+        x = dyadic(n, n)
+        for t in (0.0, 0.25, 0.875, 2.0):
+            limit = torch.tensor([t])
+            same(cpu.excess_moments(x, limit), gpu.excess_moments(*on_device(x, limit)), f"n {n}, t {t}")
+
+
 @pytest.mark.parametrize("method", ["topk", "threshold", "dgc"])
 def test_sparsifiers_on_the_triton_selection_decode_as_on_the_cpu(method: str,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
@@ -302,7 +312,9 @@ def test_methods_on_the_triton_kernels_equal_the_cpu_kernels(cpu: object, method
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """A method's payloads, its decoded sum over 3 ranks and one decoded payload, through the Triton kernels (on
     CUDA without a host sync), are those of the CPU kernels."""
-    options = {"bits": 3} if method in ("qsgd", "orq") else {}
+    # (the sign family's momentum, on by default, would scale the dyadic inputs by 0.9: sums no longer exact)
+    options = {"qsgd": {"bits": 3}, "orq": {"bits": 3}, "signsgd": {"momentum": 0},
+               "efsignsgd": {"momentum": 0}}.get(method, {})
     grads = [dyadic(3 * 700, seed).view(3, 700) for seed in range(3)]
     reference = _through_method(method, grads, options)
     if not CUDA:
@@ -318,9 +330,167 @@ def test_larger_buckets_than_registers_hold_take_the_torch_path(monkeypatch: pyt
     if not CUDA:
         monkeypatch.setenv("HVDCOMP_KERNELS", "triton")
     x = dyadic(3 * gpu.MAX_BUCKET).to(DEVICE)
-    compressor = make_compressor("qsgd", {"bucket_size": 2 * gpu.MAX_BUCKET}, error_feedback=False)
+    compressor = make_compressor("qsgd", {"bucket_size": 2 * gpu.MAX_BUCKET, "norm": "l2"}, error_feedback=False)
     payload, meta = compressor.compress(x, {}, Context.local(x))
     assert compressor.fused_kernels(x) is None
     torch.testing.assert_close(payload[0].cpu(), torch.stack([x[:2 * gpu.MAX_BUCKET].norm(),
                                                              x[2 * gpu.MAX_BUCKET:].norm()]).view(2, 1).cpu())
     assert compressor.decompress(payload, meta).shape == x.shape
+
+
+def _two_core(found: torch.Tensor, seed: int, c3: int) -> torch.Tensor:
+    """Which candidates are in the 2-core of their hypergraph (left once every candidate alone in a cell has left,
+    all at once, round after round): the set peeling in any order cannot resolve."""
+    from hvdcomp.methods import sketch
+
+    cells, _ = sketch.cells_of(found, seed, c3)
+    left = torch.ones(found.numel(), dtype=torch.bool)
+    while True:
+        covered = torch.bincount(cells[left].view(-1), minlength=3 * c3)
+        alone = left & (covered[cells] == 1).any(1)
+        if not alone.any():
+            return left
+        left &= ~alone
+
+
+def test_sketch_candidates_equal_the_cpu_kernels(cpu: object) -> None:
+    """The items that pass a Bloom filter (of a support; empty; full), for 63-bit seeds of either sign, are the CPU
+    scan's."""
+    from hvdcomp.methods import sketch
+
+    generator = torch.Generator().manual_seed(0)
+    for items, members, bits, hashes, seed in [(0, 0, 64, 1, 3), (1, 1, 64, 1, 3), (3000, 100, 640, 4, 5),
+                                               (3000, 300, 1024, 7, -(2**62)), (5000, 2000, 2560, 2, 2**62 + 1)]:
+        support = torch.randperm(max(items, 1), generator=generator)[:members]
+        packed = sketch.bloom(support, seed, bits, hashes)
+        for packed_filter in (packed, torch.zeros_like(packed), torch.full_like(packed, 255)):  # some, none, all
+            expected = cpu.sketch_candidates(packed_filter, items, seed, hashes)
+            got = gpu.sketch_candidates(*on_device(packed_filter), items, seed, hashes)
+            same(expected, got, f"candidates, {items} items, {hashes} hashes")
+
+
+def test_sketch_encoding_adds_each_cell_in_item_order() -> None:
+    """Each cell's float64 sum in item order, as ``index_add_`` adds it on the CPU, to the last bit. Sums of float32
+    values are exact in float64 (in any order); those of float64 values round, so another order would differ
+    (checked on the CPU)."""
+    from hvdcomp.methods import sketch
+
+    generator = torch.Generator().manual_seed(1)
+    for k, width, c3 in [(0, 3, 5), (1, 1, 1), (700, 1, 7), (300, 3, 40), (200, 33, 9)]:
+        items = torch.randperm(50_000, generator=generator)[:k]
+        values = torch.randn(k, width, generator=generator, dtype=torch.float64)
+        for dtype in (torch.float32, torch.float64):
+            for rows, index in ((values.float(), items), (values, items.int())):
+                expected = sketch.encode(rows, index, 9, c3, dtype)
+                with no_sync():
+                    got = gpu.sketch_encode(*on_device(rows, index), 9, c3, dtype)
+                same(expected, got, f"sketch of {k} items, width {width}, {c3} cells per sub-table, {dtype}")
+        if k > 100:
+            reordered = sketch.encode(values.flip(0), items.flip(0), 9, c3, torch.float64)
+            assert not torch.equal(reordered, sketch.encode(values, items, 9, c3, torch.float64))
+
+
+@pytest.mark.parametrize("case", ["disjoint", "overlapping", "identical", "too small"])
+def test_sketch_peeling_equals_the_cpu_kernels(cpu: object, case: str) -> None:
+    """The values and the count the CPU's sequential peeling finds, bit for bit, where rounding makes them depend on
+    its order: with float32 cells, the cell each value is read from; with float64 values in float64 cells, also the
+    order of the subtractions. A sketch too small to peel completely stops where the CPU does: at its 2-core, whose
+    values stay 0."""
+    from hvdcomp.methods import sketch
+
+    generator = torch.Generator().manual_seed(2)
+    items, ranks, seed = 20_000, 3, 6
+    for width, dtype, k in ((1, torch.float32, 200), (3, torch.float64, 200), (33, torch.float32, 40)):
+        pool = torch.randperm(items, generator=generator)
+        if case == "identical":
+            supports = [pool[:k]] * ranks
+        elif case == "overlapping":  # half of each support shared by all ranks
+            supports = [torch.cat([pool[:k // 2], pool[k + r * k // 2:k + (r + 1) * k // 2]]) for r in range(ranks)]
+        else:
+            supports = [pool[r * k:(r + 1) * k] for r in range(ranks)]
+        bits, hashes = sketch.filter_size(ranks * k, items, ranks, 0.01)
+        union = sketch.bloom(supports[0], 4, bits, hashes)
+        for support in supports[1:]:
+            union |= sketch.bloom(support, 4, bits, hashes)
+        found = cpu.sketch_candidates(union, items, 4, hashes)
+        c3 = sketch.sketch_cells(found.numel(), 0.8 if case == "too small" else 1.1, 24)
+        table = sum(sketch.encode(torch.randn(k, width, generator=generator, dtype=dtype)  # all 53 bits for float64
+                                  * torch.exp(3 * torch.randn(k, 1, generator=generator)), s, seed, c3, dtype)
+                    for s in supports)
+        expected, resolved = cpu.sketch_peel(found, table, seed)
+        values, count = gpu.sketch_peel(*on_device(found, table), seed)
+        same(expected, values, f"decoded values, width {width}, {dtype}")
+        assert int(count) == int(resolved), f"resolved {int(count)}, the CPU {int(resolved)}"
+        core = _two_core(found, seed, c3)
+        assert int(count) == found.numel() - int(core.sum()) and not expected[core].any()
+        assert bool(core.any()) == (case == "too small"), f"2-core of {int(core.sum())} candidates"
+
+
+def test_sketch_peeling_resumes_after_each_check_of_its_progress(cpu: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checked every 2 rounds instead of every :data:`~hvdcomp.kernels.gpu.sketch.ROUNDS`, peeling resumes where
+    it was, to the CPU's result (complete, and stuck at a 2-core)."""
+    from hvdcomp.methods import sketch
+
+    monkeypatch.setattr(gpu.sketch, "ROUNDS", 2)
+    generator = torch.Generator().manual_seed(4)
+    found = torch.randperm(20_000, generator=generator)[:500].sort().values
+    for margin in (1.2, 0.85):
+        c3 = sketch.sketch_cells(found.numel(), margin, 0)
+        table = sketch.encode(torch.randn(500, 2, generator=generator, dtype=torch.float64), found, 3, c3,
+                              torch.float64)
+        expected, resolved = cpu.sketch_peel(found, table, 3)
+        values, count = gpu.sketch_peel(*on_device(found, table), 3)
+        same(expected, values, f"margin {margin}")
+        assert int(count) == int(resolved) > 0, f"resolved {int(count)}, the CPU {int(resolved)}"
+
+
+def _sketch_step(grads: list[torch.Tensor]) -> list[torch.Tensor]:
+    """One step of the sketch method over ranks holding ``grads``: the candidates, every rank's sketch and the
+    decoded sum, as the reduction computes them; then one rank's reduction run end to end (its requests answered
+    as by a job of one rank)."""
+    from hvdcomp.methods import sketch
+    from hvdcomp.requests import Agree, Allgather
+
+    method, items = sketch.Sketch(), grads[0].shape[0]
+    payloads = [method.compress(grad, {}, Context.local(grad))[0] for grad in grads]
+    bits, hashes = sketch.filter_size(sum(rows.numel() for _, rows in payloads), items, len(grads), 0.05)
+    union = sketch.bloom(payloads[0][1], 8, bits, hashes)
+    for _, rows in payloads[1:]:
+        union |= sketch.bloom(rows, 8, bits, hashes)
+    found = sketch.candidates(union, items, 8, hashes)
+    c3 = sketch.sketch_cells(found.numel(), 1.1, 24)
+    tables = [sketch.encode(values.view(rows.numel(), -1), rows, 9, c3, torch.float32) for values, rows in payloads]
+    decoded, resolved = sketch.peel(found, sum(tables), 9)
+    assert resolved == found.numel()
+    state: dict = {}
+    steps = sketch.SketchReduction(method).reduce(grads[0], state, Context.local(grads[0], seed=1))
+    answer: object = None
+    while True:
+        try:
+            request = steps.send(answer)
+        except StopIteration as done:
+            assert state["sketch"]["path"] == "sketch", state["sketch"]
+            return [found, *tables, decoded, done.value]
+        if isinstance(request, Agree):
+            answer = request.values
+        elif isinstance(request, Allgather):
+            answer = [request.payload]
+        else:
+            answer = request.tensors
+
+
+def test_sketch_method_on_the_triton_kernels_decodes_as_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through :mod:`hvdcomp.methods.sketch` (on CUDA, or on CPU tensors with ``HVDCOMP_KERNELS=triton``): the
+    candidates, each rank's sketch and the decoded sum of 3 ranks, and one rank's reduction, equal the CPU path's."""
+    generator = torch.Generator().manual_seed(3)
+    grads = []
+    for _ in range(3):
+        grad = torch.randn(600, 4, generator=generator)
+        grad[torch.rand(600, generator=generator) > 0.1] = 0  # about 60 rows each
+        grads.append(grad)
+    reference = _sketch_step(grads)
+    if not CUDA:
+        monkeypatch.setenv("HVDCOMP_KERNELS", "triton")
+    results = _sketch_step([grad.to(DEVICE) for grad in grads])
+    for index, (expected, got) in enumerate(zip(reference, results, strict=True)):
+        same(expected, got, f"sketch step, output {index}")

@@ -18,6 +18,7 @@ from hvdcomp import (
     RandomK,
     TernGrad,
     TopK,
+    check,
     make_compressor,
     reductions,
     wire,
@@ -234,11 +235,12 @@ def test_memory_policy_is_the_same_for_names_configs_and_objects() -> None:
     (42, "compression must be a Compressor, a method name or a config mapping"),
     ({"method": "auto", "collective": "allgather"}, "collective does not go with method auto"),
     ({"method": "auto", "overrides": []}, "overrides does not go with method auto"),
-    ({"method": "auto", "options": {"tries": 0}}, "auto's tries must be an integer >= 1; got 0"),
-    ({"method": "auto", "options": {"margin": 1.5}}, r"auto's margin must be a fraction in \[0, 1\)"),
-    ({"method": "auto", "options": {"runoff": -1}}, "auto's runoff must be an integer >= 0; got -1"),
-    ({"method": "auto", "options": {"runoff_band": "10%"}}, "auto's runoff_band must be a fraction >= 0; got '10%'"),
-    ({"method": "auto", "options": {"dense_band": -0.5}}, "auto's dense_band must be a fraction >= 0; got -0.5"),
+    ({"method": "auto", "options": {"tries": 0}}, "auto: tries must be a positive integer; got 0"),
+    ({"method": "auto", "options": {"margin": 1.5}}, r"auto: margin must be a fraction in \[0, 1\)"),
+    ({"method": "auto", "options": {"runoff": -1}}, "auto: runoff must be a non-negative integer; got -1"),
+    ({"method": "auto", "options": {"runoff_band": "10%"}},
+     "auto: runoff_band must be a non-negative fraction; got '10%'"),
+    ({"method": "auto", "options": {"dense_band": -0.5}}, "auto: dense_band must be a non-negative fraction; got -0.5"),
     ({"method": "auto", "options": {"allow": ["topk"]}}, "auto's allow: 'topk' is not held back; held back: dgc"),
     ({"method": "auto", "options": {"candidates": {"randomk": {}}}}, "randomk is held back .*add it to allow"),
     ({"method": "auto", "options": {"candidates": {"zip": {}}}}, "auto's candidates: unknown compression method"),
@@ -280,3 +282,51 @@ def test_decisions_come_through_every_reduction() -> None:
 def test_every_registered_method_builds_with_defaults() -> None:
     for name in METHODS:
         assert make_compressor(name).name == name
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda: check.number("topk", "ratio", True, gt=0, le=1), "topk: ratio must be a number in (0, 1]; got True"),
+    (lambda: check.number("dgc", "momentum", 1, ge=0, lt=1), "dgc: momentum must be a number in [0, 1); got 1"),
+    (lambda: check.number("lgc", "lr", 0, gt=0), "lgc: lr must be a positive number; got 0"),
+    (lambda: check.number("f.yaml", "a.b", math.inf, ge=0, finite=True),
+     "f.yaml: a.b must be a non-negative finite number; got inf"),
+    (lambda: check.number("dgc", "clip_norm", "1", gt=0, optional=True),
+     "dgc: clip_norm must be a positive number or null; got '1'"),
+    (lambda: check.number("auto", "runoff_band", -1, ge=0, noun="fraction"),
+     "auto: runoff_band must be a non-negative fraction; got -1"),
+    (lambda: check.number("", "deadline", -1, gt=0, expected="a Deadline or seconds"),
+     "deadline must be a Deadline or seconds; got -1"),
+    (lambda: check.integer("powersgd", "rank", 0, ge=1), "powersgd: rank must be a positive integer; got 0"),
+    (lambda: check.integer("gravac", "interval", 1, ge=2), "gravac: interval must be an integer >= 2; got 1"),
+    (lambda: check.integer("qsgd", "bits", 2.0, ge=2, le=8), "qsgd: bits must be an integer in [2, 8]; got 2.0"),
+    (lambda: check.integer("", "seed", False), "seed must be an integer; got False"),
+    (lambda: check.integer("x", "size", 12, ge=1, multiple_of=8), "x: size must be a positive multiple of 8; got 12"),
+    (lambda: check.numbers("gravac", "candidates", [], gt=1, nonempty=True, noun="factors"),
+     "gravac: candidates must be a non-empty list of factors > 1; got []"),
+    (lambda: check.numbers("dgc", "warmup", "0.5", gt=0, le=1),
+     "dgc: warmup must be a list of numbers in (0, 1]; got '0.5'"),
+    (lambda: check.numbers("x", "y", [*range(40), None]),
+     f"x: y must be a list of numbers; got {list(range(20))}"[:-1]),
+    (lambda: check.boolean("randomk", "unbiased", 1), "randomk: unbiased must be true or false; got 1"),
+    (lambda: check.boolean("", "error_feedback", "no", optional=True),
+     "error_feedback must be true, false or null; got 'no'"),
+    (lambda: check.choice("lgc", "variant", "tree", ("ring", "ps")),
+     "lgc: variant must be one of ring, ps; got 'tree'"),
+])
+def test_option_checks_name_the_owner_the_option_the_range_and_the_value(call, message: str) -> None:
+    """One message format for every option (the owner, the option, what it may be, the value, cut to 80 characters
+    with "..."); booleans are refused as numbers and integers, floats as integers."""
+    with pytest.raises(ValueError) as error:
+        call()
+    text = str(error.value)
+    assert text == message or (text.startswith(message) and text.endswith("...")), text
+    assert len(text.partition("; got ")[2]) <= 80
+
+
+def test_option_checks_return_the_value() -> None:
+    assert check.number("m", "ratio", 1, gt=0, le=1) == 1.0 and isinstance(check.number("m", "r", 1), float)
+    assert check.number("m", "clip", None, gt=0, optional=True) is None
+    assert check.integer("m", "bucket_size", 512, ge=1, multiple_of=8) == 512
+    assert check.numbers("m", "densities", [0.25, 1], gt=0, le=1) == (0.25, 1.0)
+    assert check.boolean("m", "scaled", False) is False and check.boolean("m", "ef", None, optional=True) is None
+    assert check.choice("m", "norm", "max", ("l2", "max")) == "max"

@@ -11,9 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-import kubernetes_validate.utils
-
-from hvdcomp.k8s import render, validate
+from hvdcomp.k8s import render
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,9 +23,9 @@ def main(argv: list[str] | None = None) -> int:
     render_parser.add_argument("--output", "-o", help="write to this file instead of standard output")
     validate_parser = commands.add_parser("validate", help="check manifests offline")
     validate_parser.add_argument("files", nargs="+", metavar="FILE")
-    validate_parser.add_argument("--kubernetes-version", default=kubernetes_validate.utils.latest_version(),
+    validate_parser.add_argument("--kubernetes-version",
                                  help="the Kubernetes version whose schemas pod templates are checked against "
-                                      "(default: %(default)s)")
+                                      "(default: the newest that kubernetes-validate ships)")
     dry_run_parser = commands.add_parser("dry-run", help="run an MPIJob's launcher command on emulated hosts")
     dry_run_parser.add_argument("file", metavar="FILE")
     dry_run_parser.add_argument("--timeout", type=float, default=600, help="seconds before the run is killed")
@@ -41,12 +39,15 @@ def main(argv: list[str] | None = None) -> int:
         else:
             sys.stdout.write(text)
         return 0
-    if args.command == "validate":
-        problems = validate.validate_files(args.files, args.kubernetes_version)
+    if args.command == "validate":  # imported here: validate and dry-run need the k8s extra, render does not
+        from hvdcomp.k8s import validate
+
+        version = args.kubernetes_version or validate.latest_version()
+        problems = validate.validate_files(args.files, version)
         for problem in problems:
             print(problem, file=sys.stderr)
-        print(f"{len(args.files)} file(s): {len(problems)} problem(s) "
-              f"(Kubernetes {args.kubernetes_version} schemas)", file=sys.stderr if problems else sys.stdout)
+        print(f"{len(args.files)} file(s): {len(problems)} problem(s) (Kubernetes {version} schemas)",
+              file=sys.stderr if problems else sys.stdout)
         return 1 if problems else 0
     from hvdcomp.k8s import dryrun
 

@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-import kubernetes_validate.utils
 import yaml
 
 from hvdcomp.k8s import validate
@@ -212,7 +211,7 @@ def prepare(documents: list[Any], root: Path) -> tuple[Launch, dict[str, Any], i
 def main_dry_run(path: str, timeout: float) -> int:
     with open(path) as stream:
         documents = [d for d in yaml.safe_load_all(stream) if d is not None]
-    problems = validate.validate_files([path], kubernetes_validate.utils.latest_version())
+    problems = validate.validate_files([path], validate.latest_version())
     if problems:
         for problem in problems:
             print(problem, file=sys.stderr)

@@ -26,11 +26,15 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-import jsonschema
-import kubernetes_validate
 import yaml
 
+from hvdcomp import extras
 from hvdcomp.k8s.render import CLEAN_POD_POLICIES, GPU, LAUNCHERS
+
+with extras.required("k8s", "hvdcomp k8s validate and dry-run"):
+    import jsonschema
+    import kubernetes_validate
+    import kubernetes_validate.utils
 
 RESTART_POLICIES = ("Never", "OnFailure")
 LAUNCHER_CREATION_POLICIES = ("AtStartup", "WaitForWorkersReady")
@@ -51,6 +55,11 @@ class Problem:
 
     def __str__(self) -> str:
         return f"{self.where}: {self.path}: {self.problem}; fix: {self.fix}"
+
+
+def latest_version() -> str:
+    """The newest Kubernetes version whose schemas kubernetes-validate ships: the one checked against by default."""
+    return kubernetes_validate.utils.latest_version()
 
 
 @cache

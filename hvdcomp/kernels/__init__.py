@@ -1,7 +1,9 @@
 """Fused kernels: on CPU tensors a C++ extension (``ternary.cpp`` for TernGrad, ``randomk.cpp`` for random-k,
-``quant.cpp`` for the bucketed quantizers, ``sketch.cpp`` for the homomorphic sketch's decoding, bound in
-``module.cpp``), on CUDA tensors Triton kernels (:mod:`hvdcomp.kernels.gpu`: TernGrad, the quantizers and random-k)
-with the same functions, wire format and random draws. :func:`kernels_for` picks the one for a tensor's device.
+``quant.cpp`` for the bucketed quantizers, ``sketch.cpp`` for the homomorphic sketch's decoding, ``threshold.cpp``
+for threshold's fit, bound in ``module.cpp``), on CUDA tensors Triton kernels
+(:mod:`hvdcomp.kernels.gpu`: TernGrad, the quantizers, random-k, the sparsifiers' selection and threshold's fit, the
+sketch's encoding and decoding) with the same functions, wire format and results. :func:`kernels_for` picks the one
+for a tensor's device.
 
 The C++ extension is compiled once with PyTorch's C++ extension builder and cached.
 
@@ -92,6 +94,12 @@ def gpu_kernels() -> ModuleType | None:
             log.warning("hvdcomp: Triton kernels unavailable (%s); CUDA tensors take the PyTorch path", error)
     module = _triton["module"]
     return None if isinstance(module, Exception) else module
+
+
+def is_triton(kernels: ModuleType | None) -> bool:
+    """Whether ``kernels`` (from :func:`kernels_for`) are the Triton kernels, which take and return scalars as device
+    tensors where the C++ extension uses host values (checked without importing Triton)."""
+    return kernels is not None and kernels.__name__ == __name__ + ".gpu"
 
 
 def kernels_for(device: torch.device) -> ModuleType | None:

@@ -1,4 +1,4 @@
-// Helpers shared by hvdcomp's fused CPU kernels (ternary.cpp, randomk.cpp, quant.cpp, sketch.cpp).
+// Helpers shared by hvdcomp's fused CPU kernels (ternary.cpp, randomk.cpp, quant.cpp, threshold.cpp, sketch.cpp).
 #pragma once
 
 #include <torch/extension.h>
@@ -40,6 +40,8 @@ std::vector<torch::Tensor> quantize_binary(const torch::Tensor& x, int64_t bucke
 torch::Tensor pack_signs(const torch::Tensor& x, int64_t seed);
 torch::Tensor decode_sum(const torch::Tensor& packed, const torch::Tensor& tables, const torch::Tensor& grid,
                          int64_t bits, int64_t bucket, int64_t n);
+// threshold.cpp
+torch::Tensor excess_moments(const torch::Tensor& x, const torch::Tensor& threshold);
 // sketch.cpp
 torch::Tensor sketch_candidates(const torch::Tensor& filter, int64_t n_items, int64_t seed, int64_t hashes);
 std::vector<torch::Tensor> sketch_peel(const torch::Tensor& candidates, const torch::Tensor& table, int64_t seed);

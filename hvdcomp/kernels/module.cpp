@@ -13,5 +13,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack_signs", &hvdcomp::pack_signs, "Signs as 1-bit codes (exact zeros on a seeded fair coin)");
   m.def("sketch_candidates", &hvdcomp::sketch_candidates, "Items that pass a packed Bloom filter, ascending");
   m.def("sketch_peel", &hvdcomp::sketch_peel, "Peel a summed count sketch over its candidates (float64 values)");
+  m.def("excess_moments", &hvdcomp::excess_moments,
+        "Threshold's fit: float64 [sum of max(|x| - t, 0), count of |x| > t] in one pass");
   m.def("decode_sum", &hvdcomp::decode_sum, "Decode and sum R ranks' b-bit payloads through per-bucket tables");
 }

@@ -22,8 +22,9 @@ from typing import Any
 
 import torch
 
+from hvdcomp import check
 from hvdcomp.packing import pack_bits
-from hvdcomp.quantization import BucketQuantizer, buckets, check_bucket_size, check_int
+from hvdcomp.quantization import BucketQuantizer, buckets, check_bucket_size
 
 
 class BinGrad(BucketQuantizer):
@@ -40,7 +41,7 @@ class BinGrad(BucketQuantizer):
 
     def __init__(self, bucket_size: int = 512, iterations: int = 4) -> None:
         self.bucket_size = check_bucket_size(self.name, bucket_size)
-        self.iterations = check_int(self.name, "iterations", iterations, 1, 1000)
+        self.iterations = check.integer(self.name, "iterations", iterations, ge=1, le=1000)
 
     def quantize_kernel(self, kernels: Any, x: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
         tables, packed = kernels.quantize_binary(x, self.bucket(x.numel()), 0, self.iterations)

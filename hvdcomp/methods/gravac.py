@@ -36,7 +36,8 @@ but runs are reproducible only as far as their step times are.
 Here each tensor has a controller of its own (the paper adapts one CF for the whole model from the sum of the
 layers' norms): a tensor whose gradient compresses badly falls back alone. Candidates and what their CF sets:
 
-* ``topk``, ``randomk``: ratio = 1 / CF; ``threshold``: density = 1 / CF; with error feedback kept by GraVAC.
+* ``topk``, ``randomk``: ratio = 1 / CF; ``threshold``: density = 1 / CF; with error feedback kept by GraVAC
+  (random-k without its momentum correction: the optimizer's momentum applies).
 * ``dgc``: DGC's memory (momentum correction, accumulation, factor masking) with top-k at density 1 / CF;
   GraVAC's warm-up and CFs replace DGC's sparsity warm-up.
 * ``qsgd``, ``orq`` (a bits knob): bits = 32 / CF, which must be a whole number in the method's range (the
@@ -58,6 +59,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from hvdcomp import check
 from hvdcomp.compressor import METHODS, Compressor, Context, Payload, State
 from hvdcomp.methods.dgc import DGC
 from hvdcomp.methods.topk import Sparse, TopK
@@ -98,12 +100,14 @@ class GraVAC(Compressor):
             raise ValueError(f"gravac: method must be one with a ratio knob, one of {', '.join(sorted(KNOBS))}; "
                              f"got {method!r}")
         if options is not None and not isinstance(options, Mapping):
-            raise ValueError(f"gravac: options must be a mapping of {method}'s options; got {options!r}")
+            raise check.invalid(self.name, "options", f"a mapping of {method}'s options", options)
         options = dict(options or {})
         knob = KNOBS[method]
         if knob in options:
             raise ValueError(f"gravac: {method}'s {knob} is what gravac sets from the CF; leave it out of options")
-        valid = [key for key in inspect.signature(METHODS[method]).parameters if key != knob]
+        # GraVAC keeps the memory: the momentum correction of randomk's option is not in it (DGC's is its memory)
+        valid = [key for key in inspect.signature(METHODS[method]).parameters
+                 if key != knob and (key != "momentum" or method == "dgc")]
         for key in options:
             if key not in valid:
                 raise ValueError(f"gravac: unknown option {key!r} for {method}; valid: {', '.join(valid)}")
@@ -111,15 +115,11 @@ class GraVAC(Compressor):
             raise ValueError("gravac: randomk's unbiased variant does not take error feedback, which gravac keeps")
         if candidates is None:
             candidates = BITS_CANDIDATES if knob == "bits" else DENSITY_CANDIDATES
-        if isinstance(candidates, (str, bytes)) or not isinstance(candidates, Sequence) or not candidates or any(
-                isinstance(c, bool) or not isinstance(c, (int, float)) or not c > 1 for c in candidates):
-            raise ValueError(f"gravac: candidates must be a list of compression factors > 1; got {candidates!r}")
-        for key, value, low, high in (("epsilon", epsilon, 0, 1), ("alpha", alpha, 0, 1), ("omega", omega, 0, 1)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low < value <= high:
-                raise ValueError(f"gravac: {key} must be a number in ({low}, {high}]; got {value!r}")
+        check.numbers(self.name, "candidates", candidates, gt=1, nonempty=True, noun="compression factors")
+        for key, value in (("epsilon", epsilon), ("alpha", alpha), ("omega", omega)):
+            check.number(self.name, key, value, gt=0, le=1)
         for key, value, low in (("window", window, 1), ("warmup_steps", warmup_steps, 0), ("interval", interval, 2)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"gravac: {key} must be an integer >= {low}; got {value!r}")
+            check.integer(self.name, key, value, ge=low)
         self.method = method
         self.options = options
         self.candidates = tuple(sorted(float(c) for c in candidates))

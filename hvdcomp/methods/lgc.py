@@ -83,6 +83,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
+from hvdcomp import check
 from hvdcomp.compressor import Compressor, Context, Payload, State, derive_seed
 from hvdcomp.methods.topk import largest
 from hvdcomp.reductions import Phase, ReductionMethod
@@ -131,23 +132,17 @@ class LGC(Compressor):
                  dense_steps: int = 100, train_steps: int = 100, channels: int = 16, code_channels: int = 2,
                  downsample: int = 4, lr: float = 1e-2, similarity: float = 0.1, max_error: float = 0.9,
                  dense_edges: bool = True) -> None:
-        if variant not in VARIANTS:
-            raise ValueError(f"lgc: variant must be one of {', '.join(VARIANTS)}; got {variant!r}")
+        check.choice(self.name, "variant", variant, VARIANTS)
         for key, value in (("ratio", ratio), ("innovation_ratio", innovation_ratio)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
-                raise ValueError(f"lgc: {key} must be a number in (0, 1]; got {value!r}")
+            check.number(self.name, key, value, gt=0, le=1)
         for key, value, low in (("dense_steps", dense_steps, 0), ("train_steps", train_steps, 1),
                                 ("channels", channels, 1), ("code_channels", code_channels, 1),
                                 ("downsample", downsample, 1)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"lgc: {key} must be an integer >= {low}; got {value!r}")
-        for key, value in (("lr", lr), ("similarity", similarity), ("max_error", max_error)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (
-                    key == "lr" and not value):
-                raise ValueError(f"lgc: {key} must be a {'positive' if key == 'lr' else 'non-negative'} number; "
-                                 f"got {value!r}")
-        if not isinstance(dense_edges, bool):
-            raise ValueError(f"lgc: dense_edges must be true or false; got {dense_edges!r}")
+            check.integer(self.name, key, value, ge=low)
+        check.number(self.name, "lr", lr, gt=0)
+        for key, value in (("similarity", similarity), ("max_error", max_error)):
+            check.number(self.name, key, value, ge=0)
+        check.boolean(self.name, "dense_edges", dense_edges)
         self.variant = variant
         self.ratio, self.innovation_ratio = float(ratio), float(innovation_ratio)
         self.dense_steps, self.train_steps = dense_steps, train_steps

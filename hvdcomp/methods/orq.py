@@ -29,8 +29,9 @@ from typing import Any
 
 import torch
 
+from hvdcomp import check
 from hvdcomp.packing import pack_bits
-from hvdcomp.quantization import BucketQuantizer, buckets, check_bucket_size, check_int, generator
+from hvdcomp.quantization import BucketQuantizer, buckets, check_bucket_size, generator
 
 
 def levels_torch(xb: torch.Tensor, valid: torch.Tensor, bits: int, iterations: int, bins: int) -> torch.Tensor:
@@ -98,10 +99,10 @@ class ORQ(BucketQuantizer):
     unbiased = True
 
     def __init__(self, bits: int = 2, bucket_size: int = 512, iterations: int = 8, bins: int = 128) -> None:
-        self.bits = check_int(self.name, "bits", bits, 1, 8)
+        self.bits = check.integer(self.name, "bits", bits, ge=1, le=8)
         self.bucket_size = check_bucket_size(self.name, bucket_size)
-        self.iterations = check_int(self.name, "iterations", iterations, 0, 1000)
-        self.bins = check_int(self.name, "bins", bins, 1, 1 << 20)
+        self.iterations = check.integer(self.name, "iterations", iterations, ge=0, le=1000)
+        self.bins = check.integer(self.name, "bins", bins, ge=1, le=1 << 20)
 
     @property
     def search_bins(self) -> int:

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from hvdcomp import check
 from hvdcomp.compressor import Compressor, Context, Payload, State, derive_seed
 from hvdcomp.reductions import Phase, ReductionMethod
 from hvdcomp.requests import Allreduce, Reduction
@@ -82,20 +83,12 @@ class PowerSGD(Compressor):
 
     def __init__(self, rank: int = 2, start_iter: int = 10, min_compression_rate: float = 2.0,
                  error_feedback: bool = True, warm_start: bool = True, orthogonalization_epsilon: float = 0.0) -> None:
-        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
-            raise ValueError(f"powersgd: rank must be a positive integer; got {rank!r}")
-        if isinstance(start_iter, bool) or not isinstance(start_iter, int) or start_iter < 0:
-            raise ValueError(f"powersgd: start_iter must be a non-negative integer; got {start_iter!r}")
-        if isinstance(min_compression_rate, bool) or not isinstance(min_compression_rate, (int, float)) \
-                or not min_compression_rate > 0:
-            raise ValueError(f"powersgd: min_compression_rate must be a positive number; got {min_compression_rate!r}")
+        check.integer(self.name, "rank", rank, ge=1)
+        check.integer(self.name, "start_iter", start_iter, ge=0)
+        check.number(self.name, "min_compression_rate", min_compression_rate, gt=0)
         for key, value in (("error_feedback", error_feedback), ("warm_start", warm_start)):
-            if not isinstance(value, bool):
-                raise ValueError(f"powersgd: {key} must be true or false; got {value!r}")
-        if isinstance(orthogonalization_epsilon, bool) or not isinstance(orthogonalization_epsilon, (int, float)) \
-                or orthogonalization_epsilon < 0:
-            raise ValueError("powersgd: orthogonalization_epsilon must be a non-negative number; got "
-                             f"{orthogonalization_epsilon!r}")
+            check.boolean(self.name, key, value)
+        check.number(self.name, "orthogonalization_epsilon", orthogonalization_epsilon, ge=0)
         self.rank = rank
         self.start_iter = start_iter
         self.min_compression_rate = float(min_compression_rate)

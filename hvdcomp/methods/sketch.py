@@ -28,7 +28,7 @@ The sizes follow each step's data, from values every rank holds:
   than the dense tensor, the step goes dense at once.
 * C, the candidates, the same on every rank: the sketch gets 3 ceil((1.222 ``margin`` C + ``slack``) / 3) cells;
   if those are not fewer bytes than the dense float32 tensor, the tensor is summed dense (exact) instead.
-* If peeling does not complete (with the defaults, perf/sketch_decode.py measured it in 4% of sketches of 100
+* If peeling does not complete (with the defaults, perf/codecs/sketch_decode.py measured it in 4% of sketches of 100
   candidates, 0.7% at 1,000, none of 300 at 10,000 and of 50 at 100,000: small 2-cores, two candidates sharing all
   three cells; ``margin`` < 1 forces it), every rank knows it and that tensor falls back, for that step, to
   gathering the sparse payloads and adding them in rank order (top-k's exact allgather path).
@@ -39,7 +39,7 @@ so with ``dtype: float64`` the sum of all ranks' values is exact wherever the va
 2^29 of each other in magnitude (false positives decode to exactly 0): lossless. The default float32 cells halve
 the sketch's bytes but are not lossless: a cell's sum is rounded to float32, so an entry sharing a cell with larger
 ones keeps only the bits left to it (an absolute error of about 2^-24 of the cell's magnitude: up to 8.5e-6 on unit
-Gaussian rows summed over 8 ranks in perf/RESULTS.md), and a false positive may decode to such a residue instead of 0.
+Gaussian rows summed over 8 ranks in docs/cluster.md), and a false positive may decode to such a residue instead of 0.
 
 Two ways to use it:
 
@@ -52,22 +52,31 @@ Two ways to use it:
   than N x k entries.
 
 Options (``collective_options``): ``margin`` (default 1.1), ``slack`` (cells added for small sketches, default 24),
-``fp_rate``, ``dtype`` (float32 or float64), ``filter_collective`` (auto, allgather or allreduce). Decoding runs in
-fused C++ (``hvdcomp/kernels/sketch.cpp``) on the host for CPU and CUDA tensors alike (the filter and the sketch are
-copied over; the decoded rows come back): the same bits on every device. Where the kernels cannot be built, the
-PyTorch path here decodes on the tensors' device, peeling in rounds (on CUDA its float64 scatter-adds are
-deterministic only where they are exact, as above).
+``fp_rate``, ``dtype`` (float32 or float64), ``filter_collective`` (auto, allgather or allreduce).
+
+Every device computes the same bits. On CPU tensors decoding runs in fused C++ (``hvdcomp/kernels/sketch.cpp``:
+the candidates, then sequential peeling), and the sketch is encoded by a sequential ``index_add_``. On CUDA tensors
+the Triton kernels (:mod:`hvdcomp.kernels.gpu.sketch`) do all three on the device without float atomics: each
+cell's sum is added in item order, and peeling runs in rounds that reproduce the C++ queue's order, so the table and
+the decoded values equal the CPU's to the last bit, float32 cells included; the host waits once for the
+candidates' count and once per 20 rounds of peeling (about 16 at the default sizes). Without Triton, CUDA tensors
+are decoded by the C++ kernels on the host (the filter and the sketch are copied over; the decoded rows come back),
+and encoded by ``index_add_``, whose float64 atomics agree across ranks only where the sums are exact (as above).
+Where the C++ kernels cannot be built either, the PyTorch path here decodes on the tensors' device, peeling in
+rounds (on CUDA its float64 scatter-adds are likewise deterministic only where they are exact).
 """
 
 from __future__ import annotations
 
 import math
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from hvdcomp import check
 from hvdcomp.compressor import Context, Payload, State, derive_seed
-from hvdcomp.kernels import cpu_kernels
+from hvdcomp.kernels import cpu_kernels, gpu_kernels, kernels_for
 from hvdcomp.methods.topk import Sparse, block, index_dtype
 from hvdcomp.reductions import Phase, ReductionMethod
 from hvdcomp.requests import Agree, Allgather, Allreduce, Reduction
@@ -148,10 +157,20 @@ def filter_size(total: int, items: int, ranks: int, fp_rate: float | None) -> tu
     return bits, max(1, round(math.log(2) * bits / total))
 
 
+def _triton_kernels(device: torch.device) -> ModuleType | None:
+    """The Triton kernels where they serve ``device``'s sketches (CUDA, or any device under ``HVDCOMP_KERNELS=triton``:
+    :func:`hvdcomp.kernels.kernels_for`), else None."""
+    kernels = kernels_for(device)
+    return kernels if kernels is not None and kernels is gpu_kernels() else None
+
+
 def candidates(packed: torch.Tensor, items: int, seed: int, hashes: int) -> torch.Tensor:
     """Every item of [0, ``items``) that passes the packed filter, ascending (int64)."""
+    device_kernels = _triton_kernels(packed.device)
+    if device_kernels is not None:  # CUDA: tested on the device, the C++ scan's items
+        return device_kernels.sketch_candidates(packed, items, seed, hashes)
     kernels = cpu_kernels()
-    if kernels is not None:  # CUDA too: the filter is small, and the host's scan gives every device the same bits
+    if kernels is not None:  # CUDA without Triton too: the filter is small, and the host's scan gives the same bits
         return kernels.sketch_candidates(packed.cpu(), items, seed, hashes).to(packed.device)
     flags = unpack_bits(packed)
     found = []
@@ -162,8 +181,12 @@ def candidates(packed: torch.Tensor, items: int, seed: int, hashes: int) -> torc
 
 
 def encode(values: torch.Tensor, items: torch.Tensor, seed: int, c3: int, dtype: torch.dtype) -> torch.Tensor:
-    """The count sketch ([3 c3, block] of ``dtype``) of ``values`` ([k, block]) at ``items``; accumulated in
-    float64, so that colliding items add up the same way on every device."""
+    """The count sketch ([3 c3, block] of ``dtype``) of ``values`` ([k, block]) at ``items``: each cell's sum in
+    float64 in item order (``index_add_`` on CPU; on CUDA the Triton kernel's fixed order, the same bits, where the
+    order of float atomics would vary), rounded to ``dtype`` once."""
+    device_kernels = _triton_kernels(values.device)
+    if device_kernels is not None:
+        return device_kernels.sketch_encode(values, items, seed, c3, dtype)
     cells, signs = cells_of(items, seed, c3)
     width = values.shape[1]
     table = torch.zeros(3 * c3, width, dtype=torch.float64, device=values.device)
@@ -174,8 +197,12 @@ def encode(values: torch.Tensor, items: torch.Tensor, seed: int, c3: int, dtype:
 def peel(found: torch.Tensor, table: torch.Tensor, seed: int) -> tuple[torch.Tensor, int]:
     """Decodes the summed sketch over the candidates ``found``: their values ([C, block], float64) and how many
     were resolved (all of them when peeling completes)."""
+    device_kernels = _triton_kernels(table.device)
+    if device_kernels is not None:  # CUDA: in rounds on the device, the C++ kernel's order and bits
+        values, resolved = device_kernels.sketch_peel(found, table, seed)
+        return values, int(resolved)
     kernels = cpu_kernels()
-    if kernels is not None:  # CUDA too: sequential peeling on the host is deterministic, where atomics are not
+    if kernels is not None:  # CUDA without Triton too: sequential peeling on the host is deterministic
         values, resolved = kernels.sketch_peel(found.cpu(), table.cpu().contiguous(), seed)
         return values.to(table.device), int(resolved)
     # PyTorch path: peel in rounds. Each round every unresolved candidate that is alone in one of its cells (the
@@ -265,18 +292,11 @@ class SketchReduction(ReductionMethod):
     def __init__(self, compressor: Any, margin: float = 1.1, slack: int = 24, fp_rate: float | None = None,
                  dtype: str = "float32", filter_collective: str = "auto") -> None:
         super().__init__(compressor)
-        if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not margin > 0:
-            raise ValueError(f"sketch: margin must be a positive number; got {margin!r}")
-        if isinstance(slack, bool) or not isinstance(slack, int) or slack < 0:
-            raise ValueError(f"sketch: slack must be a non-negative integer; got {slack!r}")
-        if fp_rate is not None and (isinstance(fp_rate, bool) or not isinstance(fp_rate, (int, float))
-                                    or not 0 < fp_rate < 1):
-            raise ValueError(f"sketch: fp_rate must be null or a number in (0, 1); got {fp_rate!r}")
-        if dtype not in ("float32", "float64"):
-            raise ValueError(f"sketch: dtype must be float32 or float64; got {dtype!r}")
-        if filter_collective not in ("auto", "allgather", "allreduce"):
-            raise ValueError(f"sketch: filter_collective must be auto, allgather or allreduce; got "
-                             f"{filter_collective!r}")
+        check.number(self.name, "margin", margin, gt=0)
+        check.integer(self.name, "slack", slack, ge=0)
+        check.number(self.name, "fp_rate", fp_rate, gt=0, lt=1, optional=True)
+        check.choice(self.name, "dtype", dtype, ("float32", "float64"))
+        check.choice(self.name, "filter_collective", filter_collective, ("auto", "allgather", "allreduce"))
         self.margin, self.slack, self.fp_rate = float(margin), slack, fp_rate
         self.dtype, self.filter_collective = dtype, filter_collective
 

@@ -31,8 +31,9 @@ from typing import Any
 
 import torch
 
+from hvdcomp import check
 from hvdcomp.compressor import Compressor, Context, Payload, State, derive_seed
-from hvdcomp.kernels import cpu_kernels, kernels_for
+from hvdcomp.kernels import is_triton, kernels_for
 from hvdcomp.packing import pack_bits, unpack_bits
 from hvdcomp.quantization import generator, stacked
 from hvdcomp.requests import Agree
@@ -58,11 +59,8 @@ class TernGrad(Compressor):
     fixed_size = True
 
     def __init__(self, clip: float | None = 2.5, scaler_sharing: bool = True) -> None:
-        if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float)) or not clip > 0):
-            raise ValueError(f"terngrad: clip must be a positive number of standard deviations, or None to turn "
-                             f"clipping off; got {clip!r}")
-        if not isinstance(scaler_sharing, bool):
-            raise ValueError(f"terngrad: scaler_sharing must be true or false; got {scaler_sharing!r}")
+        check.number(self.name, "clip", clip, gt=0, optional=True, noun="number of standard deviations")
+        check.boolean(self.name, "scaler_sharing", scaler_sharing)
         self.clip = None if clip is None else float(clip)
         self.scaler_sharing = scaler_sharing
 
@@ -78,7 +76,7 @@ class TernGrad(Compressor):
             zero = x.new_zeros(1)
             return zero, zero
         kernels = kernels_for(x.device)
-        if kernels is not None and kernels is not cpu_kernels():  # Triton: one pass, the results on the device
+        if is_triton(kernels):  # one pass, the results on the device
             return kernels.ternary_statistics(x, self.clip)
         if kernels is not None:  # one pass, and these are host values anyway: no device sync
             total, squares, absmax, _ = kernels.moments(x).tolist()
@@ -108,10 +106,10 @@ class TernGrad(Compressor):
         if agreed is not None:
             scaler = agreed.reshape(1).to(torch.float32)
         kernels = kernels_for(x.device)
-        if kernels is not None and kernels is cpu_kernels():
-            packed = kernels.ternarize_pack(x, float(scaler), float(bound), seed)
-        elif kernels is not None:
+        if is_triton(kernels):
             packed = kernels.ternarize_pack(x, scaler, bound, seed)
+        elif kernels is not None:
+            packed = kernels.ternarize_pack(x, float(scaler), float(bound), seed)
         else:
             kept = x.abs().clamp_(max=bound)  # a_k = min(|g_k|, c*sigma) <= scaler
             draw = torch.rand(x.numel(), generator=generator(x.device, seed), device=x.device).mul_(scaler)

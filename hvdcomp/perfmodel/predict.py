@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from hvdcomp import reductions
+from hvdcomp import extras, reductions
 from hvdcomp.auto import ACCURACY_GUARD
 from hvdcomp.perfmodel import schema, timeline
 from hvdcomp.perfmodel.schema import Cluster, Profile
@@ -362,10 +362,8 @@ def table(prediction: Prediction) -> str:
 
 
 def plot(prediction: Prediction, path: str) -> None:
-    try:
+    with extras.required("perf", "hvdcomp predict --plot"):
         import matplotlib
-    except ImportError:
-        raise ValueError("--plot needs matplotlib (pip install 'hvdcomp[perf]')") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

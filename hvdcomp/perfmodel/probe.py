@@ -37,6 +37,7 @@ from itertools import combinations
 from pathlib import Path
 from typing import Any
 
+from hvdcomp import extras
 from hvdcomp.perfmodel import costs
 from hvdcomp.perfmodel.schema import dump
 
@@ -138,7 +139,7 @@ def gpus(nvml: Any = None) -> tuple[list[dict[str, Any]], str]:
         try:
             import pynvml as nvml
         except ImportError as error:
-            return [], f"no GPU section: nvidia-ml-py is not installed ({error})"
+            return [], f"no GPU section: nvidia-ml-py is not installed ({error}; pip install 'hvdcomp[perf]')"
     try:
         nvml.nvmlInit()
     except nvml.NVMLError as error:
@@ -430,7 +431,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(str(error))
     comm = None
     if int(os.environ.get("OMPI_COMM_WORLD_SIZE", os.environ.get("PMI_SIZE", "1"))) > 1:
-        from mpi4py import MPI
+        with extras.required("perf", "hvdcomp probe across ranks"):
+            from mpi4py import MPI
 
         comm = MPI.COMM_WORLD
     try:

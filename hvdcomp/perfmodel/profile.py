@@ -54,7 +54,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hvdcomp import wire
+from hvdcomp import extras, wire
 from hvdcomp.compressor import STEADY_STEP, Compressor, Context, nonfinite
 from hvdcomp.config import CompressionConfig, edges
 from hvdcomp.methods import METHODS
@@ -79,7 +79,9 @@ class Ranks:
         """The ranks of the mpirun job this process runs in (Horovod initialized), or this process alone."""
         if int(os.environ.get("OMPI_COMM_WORLD_SIZE", os.environ.get("PMI_SIZE", "1"))) > 1:
             import horovod.torch as hvd
-            from mpi4py import MPI
+
+            with extras.required("perf", "hvdcomp profile across ranks"):
+                from mpi4py import MPI
 
             hvd.init()  # its background thread runs beside the compute in training: let it run here too
             return cls(MPI.COMM_WORLD)

@@ -6,7 +6,6 @@ profile (``hvdcomp profile``), loaded into frozen dataclasses. Units are in the 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from hvdcomp import check
 from hvdcomp.perfmodel.costs import Link
 
 COLLECTIVES = ("allreduce", "allgather", "alltoall")
@@ -26,7 +26,7 @@ class Fields:
 
     def __init__(self, data: Any, path: str, where: str) -> None:
         if not isinstance(data, Mapping):
-            raise ValueError(f"{where}: {path or 'the document'} must be a mapping; got {_shown(data)}")
+            raise check.invalid(where, path or "the document", "a mapping", data)
         self.data, self.path, self.where = data, path, where
         self.read: set[str] = set()
 
@@ -42,34 +42,28 @@ class Fields:
         return self.data[key]
 
     def _fail(self, key: str, expected: str, value: Any) -> ValueError:
-        return ValueError(f"{self.where}: {self._name(key)} must be {expected}; got {_shown(value)}")
+        return check.invalid(self.where, self._name(key), expected, value)
 
     def number(self, key: str, minimum: float = 0.0, strict: bool = False, default: Any = None) -> float:
         value = self._get(key, _REQUIRED if default is None else default)
-        expected = f"a number {'>' if strict else '>='} {minimum:g}"
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise self._fail(key, expected, value)
-        if value < minimum or (strict and value == minimum):
-            raise self._fail(key, expected, value)
-        return float(value)
+        return check.number(self.where, self._name(key), value, gt=minimum if strict else None,
+                            ge=None if strict else minimum, finite=True)
 
     def integer(self, key: str, minimum: int = 0, default: Any = None) -> int:
         value = self._get(key, _REQUIRED if default is None else default)
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise self._fail(key, f"an integer >= {minimum}", value)
-        return value
+        return check.integer(self.where, self._name(key), value, ge=minimum)
 
     def string(self, key: str, choices: tuple[str, ...] | None = None, default: Any = None) -> str:
         value = self._get(key, _REQUIRED if default is None else default)
-        if not isinstance(value, str) or (choices is not None and value not in choices):
-            raise self._fail(key, "one of " + ", ".join(choices) if choices else "a string", value)
+        if choices is not None:
+            return check.choice(self.where, self._name(key), value, choices)
+        if not isinstance(value, str):
+            raise self._fail(key, "a string", value)
         return value
 
     def boolean(self, key: str, default: Any = None) -> bool:
         value = self._get(key, _REQUIRED if default is None else default)
-        if not isinstance(value, bool):
-            raise self._fail(key, "true or false", value)
-        return value
+        return check.boolean(self.where, self._name(key), value)
 
     def mapping(self, key: str, required: bool = True) -> Fields | None:
         value = self._get(key, _REQUIRED if required else None)
@@ -93,11 +87,6 @@ class Fields:
 
 
 _REQUIRED = object()
-
-
-def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) < 80 else text[:77] + "..."
 
 
 # ---------------------------------------------------------------------------------------------- cluster

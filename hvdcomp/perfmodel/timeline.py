@@ -34,7 +34,7 @@ overlap + optimizer step: the overlap model of Zhang et al., "Poseidon" (ATC 201
 Not modeled: contention between the two resources. Communication and computation that overlap are each
 charged as if alone (the probe times collectives with idle compute, the profile times compute without
 collectives in flight); where they share cores, as ranks and their Horovod threads do on the emulated
-cluster, steps run longer than predicted (perf/RESULTS.md, performance model section).
+cluster, steps run longer than predicted (docs/perfmodel.md, validation).
 """
 
 from __future__ import annotations

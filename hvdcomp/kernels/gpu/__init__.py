@@ -1,7 +1,8 @@
 """Fused Triton kernels: the CUDA path of the quantizers and of random-k, with the same functions, arguments, wire
 format and draws as the CPU kernels of ``hvdcomp/kernels/*.cpp`` (``ternary.py`` for TernGrad and the tensor-wide
 moments, ``quant.py`` for the bucketed quantizers, ``randomk.py`` for random-k's selection, ``common.py`` for the
-generator and the bit packing), and the sparsifiers' exact top-k selection on the device (``select.py``).
+generator and the bit packing), the sparsifiers' exact top-k selection on the device (``select.py``), and
+the homomorphic sketch's deterministic encoding and peeling (``sketch.py``).
 
 Scalars the CPU kernels take or return as host values (TernGrad's scaler and clip bound, the sign family's scale)
 stay on the device here, so nothing waits for the GPU. Sizes, seeds and counts are not specialized on
@@ -12,8 +13,10 @@ kernels on CPU tensors: that is how they are tested without a GPU.
 
 from hvdcomp.kernels.gpu.quant import MAX_BUCKET, decode_sum, pack_signs, quantize_binary, quantize_levels
 from hvdcomp.kernels.gpu.randomk import randomk_select
-from hvdcomp.kernels.gpu.select import topk
+from hvdcomp.kernels.gpu.select import excess_moments, topk
+from hvdcomp.kernels.gpu.sketch import sketch_candidates, sketch_encode, sketch_peel
 from hvdcomp.kernels.gpu.ternary import abs_mean, ternarize_pack, ternary_statistics, unpack_sum
 
-__all__ = ["MAX_BUCKET", "abs_mean", "decode_sum", "pack_signs", "quantize_binary", "quantize_levels",
-           "randomk_select", "ternarize_pack", "ternary_statistics", "topk", "unpack_sum"]
+__all__ = ["MAX_BUCKET", "abs_mean", "decode_sum", "excess_moments", "pack_signs", "quantize_binary", "quantize_levels",
+           "randomk_select", "sketch_candidates", "sketch_encode", "sketch_peel", "ternarize_pack",
+           "ternary_statistics", "topk", "unpack_sum"]

@@ -1,6 +1,6 @@
 """Triton kernels for the sparsifiers' selection on CUDA tensors: the exact k entries of largest magnitude, by radix
 select and compaction, deterministic and without a host sync (top-k, and DGC, GraVAC and LGC through it; threshold's
-capped selection).
+capped selection), and one pass of threshold's fit (:func:`excess_moments`).
 
 A float's magnitude orders as its bit pattern read as an integer, so the k-th largest magnitude is found digit by
 digit, 8 bits at a time from the top: each pass histograms the digit of the entries whose higher digits match the
@@ -131,3 +131,23 @@ def topk(x: torch.Tensor, k: int, index_dtype: torch.dtype = torch.int64,
     _compact_kernel[(blocks,)](x, limit, state, above.cumsum_(0), equal.cumsum_(0), values, indices, n,
                                THRESHOLD=threshold is not None, BLOCK=_BLOCK)
     return values, indices
+
+
+@triton.jit(do_not_specialize=["n"])
+def _excess_kernel(x_ptr, threshold_ptr, partial_ptr, n, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    offsets = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offsets, mask=offsets < n, other=0.0).to(tl.float32)
+    over = tl.abs(x) - tl.load(threshold_ptr)
+    tl.store(partial_ptr + 2 * pid, tl.sum(tl.where(over > 0, over, 0.0)))
+    tl.store(partial_ptr + 2 * pid + 1, tl.sum((over > 0).to(tl.float32)))
+
+
+def excess_moments(x: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
+    """``excess_moments`` of the CPU kernels (threshold's fit): float64 [sum of max(|x| - t, 0), count of |x| > t]
+    of the flat ``x``, t a float32 tensor of one element; one pass, per-block sums added in a fixed order."""
+    n = x.numel()
+    blocks = max(1, triton.cdiv(n, _BLOCK))
+    partial = torch.empty(blocks, 2, dtype=torch.float32, device=x.device)
+    _excess_kernel[(blocks,)](x.contiguous(), threshold, partial, n, BLOCK=_BLOCK)
+    return partial.double().sum(0)
