@@ -384,8 +384,8 @@ def momentum_for(config: object) -> float:
 
 
 def sgd(model: nn.Module, label: str) -> torch.optim.SGD:
-    """SGD with momentum_for the label's config."""
-    return torch.optim.SGD(model.parameters(), lr=0.05, momentum=momentum_for(TRAIN_CONFIGS[label]))
+    """SGD with momentum_for the config of ``label`` (a TRAIN_CONFIGS label, or a method's name)."""
+    return torch.optim.SGD(model.parameters(), lr=0.05, momentum=momentum_for(TRAIN_CONFIGS.get(label, label)))
 
 
 def scenario_train() -> None:
