@@ -76,7 +76,7 @@ import torch
 
 from hvdcomp import check
 from hvdcomp.compressor import Context, Payload, State, derive_seed
-from hvdcomp.kernels import cpu_kernels, gpu_kernels, kernels_for
+from hvdcomp.kernels import cpu_kernels, is_triton, kernels_for
 from hvdcomp.methods.topk import Sparse, block, index_dtype
 from hvdcomp.reductions import Phase, ReductionMethod
 from hvdcomp.requests import Agree, Allgather, Allreduce, Reduction
@@ -161,7 +161,7 @@ def _triton_kernels(device: torch.device) -> ModuleType | None:
     """The Triton kernels where they serve ``device``'s sketches (CUDA, or any device under ``HVDCOMP_KERNELS=triton``:
     :func:`hvdcomp.kernels.kernels_for`), else None."""
     kernels = kernels_for(device)
-    return kernels if kernels is not None and kernels is gpu_kernels() else None
+    return kernels if is_triton(kernels) else None
 
 
 def candidates(packed: torch.Tensor, items: int, seed: int, hashes: int) -> torch.Tensor:
