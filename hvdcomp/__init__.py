@@ -7,26 +7,29 @@
     optimizer = hvdcomp.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                              compression="terngrad")
 
-Layout: :mod:`hvdcomp.compressor` (the interface), :mod:`hvdcomp.requests` (the requests a reduction yields
-and receives), :mod:`hvdcomp.reductions` (how payloads travel: allreduce, allgather, two-phase, and the
-registry methods add to), :mod:`hvdcomp.error_feedback` (memory), :mod:`hvdcomp.methods` (one module per
-method), :mod:`hvdcomp.collectives` (how Horovod runs the requests), :mod:`hvdcomp.optimizer` (the Horovod
-drop-in), :mod:`hvdcomp.config` (per-parameter configuration), :mod:`hvdcomp.auto` (``compression: auto``: the
-per-tensor choice made on the running job), :mod:`hvdcomp.elastic` (Elastic Horovod's state); the tools live in
-:mod:`hvdcomp.tools` (train, bench, cluster), :mod:`hvdcomp.perfmodel` and :mod:`hvdcomp.k8s`.
+Layout, lower layers first: :mod:`hvdcomp.wire` (the payload and its bytes), :mod:`hvdcomp.requests` (the
+requests a reduction yields and receives), :mod:`hvdcomp.compressor` (the interface), :mod:`hvdcomp.error_feedback`
+(memory), :mod:`hvdcomp.reductions` (how payloads travel: allreduce, allgather, two-phase, and the registry methods
+add to), :mod:`hvdcomp.methods` (one module per method), :mod:`hvdcomp.deadlines` (a wait past its deadline ends
+the job, saying what it waited for), :mod:`hvdcomp.collectives` (how Horovod runs the requests),
+:mod:`hvdcomp.optimizer` (the Horovod drop-in), :mod:`hvdcomp.config` (per-parameter configuration),
+:mod:`hvdcomp.auto` (``compression: auto``: the per-tensor choice made on the running job), :mod:`hvdcomp.elastic`
+(Elastic Horovod's state); the tools live in :mod:`hvdcomp.tools` (train, bench, cluster), :mod:`hvdcomp.perfmodel`
+and :mod:`hvdcomp.k8s`.
 
-The compressors, requests, reductions, kernels, configuration and ``hvdcomp bench compress`` import no Horovod
-and work without it installed; the collectives, the optimizer and what runs on ranks do import it, and
-``import hvdcomp`` imports it only when :class:`DistributedOptimizer` or :class:`Deadline` is first used.
+The compressors, requests, reductions, kernels, configuration, deadlines and ``hvdcomp bench compress`` import no
+Horovod and work without it installed; the collectives, the optimizer and what runs on ranks do import it, and
+``import hvdcomp`` imports it only when :class:`DistributedOptimizer` is first used.
 """
 
 from typing import TYPE_CHECKING
 
-from hvdcomp.auto import ACCURACY_GUARD, AutoSettings
 from hvdcomp.compressor import AccuracyWarning, Compressor, Context, HorovodCompression, NoneCompressor
-from hvdcomp.config import CompressionConfig, make_compressor
+from hvdcomp.config import AutoSettings, CompressionConfig, make_compressor
+from hvdcomp.deadlines import Deadline
 from hvdcomp.error_feedback import ErrorFeedback, MomentumCorrection
 from hvdcomp.methods import (
+    ACCURACY_GUARD,
     DGC,
     LGC,
     METHODS,
@@ -49,10 +52,10 @@ from hvdcomp.reductions import REDUCTIONS, ReductionMethod
 from hvdcomp.requests import Agree, Allgather, Allreduce, Alltoall, Broadcast
 
 if TYPE_CHECKING:
-    from hvdcomp.optimizer import Deadline, DistributedOptimizer
+    from hvdcomp.distributed import DistributedOptimizer
 
 #: the names whose modules import Horovod, by module: imported on first use (PEP 562)
-_LAZY = {"Deadline": "hvdcomp.optimizer", "DistributedOptimizer": "hvdcomp.optimizer"}
+_LAZY = {"DistributedOptimizer": "hvdcomp.distributed"}
 
 __all__ = [
     "ACCURACY_GUARD",

@@ -4,8 +4,7 @@ Gloo for CPU.
 :func:`start` starts a request as Horovod async collectives and returns it :class:`Pending`; :func:`start_vote`
 fuses many :class:`~hvdcomp.requests.Agree` requests into one vote (max and min in one max-allreduce, sums
 gathered and added in rank order, so every rank holds the same bits); :func:`run_alone` drives one reduction by
-itself (benchmarks, tests). Each wait is bounded by a deadline (:func:`synchronize`), and :class:`Beacon` and
-:func:`answering` tell which ranks still answer when one is exceeded.
+itself (benchmarks, tests). Each wait is bounded by a deadline (:func:`hvdcomp.deadlines.synchronize`).
 
 Payloads of gathered and exchanged requests travel as one aligned byte buffer (:mod:`hvdcomp.wire`): any mix
 of dtypes in one Horovod collective, and uint8 is accepted by allgather, alltoall and broadcast on every
@@ -17,147 +16,20 @@ the reduction's sequence; the same sequence on every rank gives the same names.
 
 from __future__ import annotations
 
-import os
-import socket
-import sys
-import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import horovod.torch as hvd
 import torch
-from horovod.common.exceptions import HorovodInternalError
 
 from hvdcomp import wire
-from hvdcomp.compressor import Payload
+from hvdcomp.deadlines import synchronize
 from hvdcomp.requests import Agree, Allgather, Allreduce, Alltoall, Broadcast, Reduction, Request
+from hvdcomp.wire import Payload
 
 #: Horovod's reduce ops by the names requests use (:data:`hvdcomp.requests.ALLREDUCE_OPS`)
 OPS = {"sum": hvd.Sum, "max": hvd.Max, "min": hvd.Min, "product": hvd.Product}
-
-
-class _Watchdog:
-    """One thread per process that ends it when a wait outlives its deadline.
-
-    The waiting thread blocks in ``hvd.synchronize`` (no polling: no added latency) after registering what it
-    waits for; the watchdog checks twice a second and, past the deadline, prints what was waited for, where the
-    job stood and how long, then exits with status 1: a Horovod blocked in a collective cannot unwind or shut
-    down, and mpirun and horovodrun end the other ranks when one exits."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._waiting: tuple[str, Callable[[], str], float, float] | None = None
-        self._thread: threading.Thread | None = None
-
-    def watch(self, what: str, context: Callable[[], str], deadline_s: float) -> None:
-        with self._lock:
-            self._waiting = (what, context, deadline_s, time.monotonic())
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="hvdcomp-deadline", daemon=True)
-                self._thread.start()
-
-    def clear(self) -> None:
-        with self._lock:
-            self._waiting = None
-
-    def _run(self) -> None:
-        while True:
-            time.sleep(0.5)
-            with self._lock:
-                waiting = self._waiting
-            if waiting is None:
-                continue
-            what, context, deadline_s, since = waiting
-            waited = time.monotonic() - since
-            if waited > deadline_s:
-                rank = hvd.rank() if hvd.is_initialized() else "?"
-                print(f"hvdcomp: rank {rank} on {socket.gethostname()} waited {waited:.1f} s for collective {what!r} "
-                      f"{context()}(deadline {deadline_s:.1f} s). A rank or its link is lost or stalled; ending the "
-                      "job", file=sys.stderr, flush=True)
-                os._exit(1)
-
-
-_watchdog = _Watchdog()
-
-
-class Beacon:
-    """A TCP port every rank listens on (accepting and closing connections in a daemon thread), so that a rank whose
-    wait timed out can tell which of the others still answer: a rank whose host or link is lost does not, a rank
-    that is alive but stalled (stuck in a step, or waiting too) does. Started once per process, on first use."""
-
-    _started: tuple[list[str], int] | None = None
-
-    @classmethod
-    def address(cls) -> tuple[list[str], int]:
-        """This process's beacon: its host's IPv4 addresses (loopback last) and the port."""
-        if cls._started is None:
-            server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            server.bind(("0.0.0.0", 0))
-            server.listen(64)
-
-            def serve() -> None:
-                while True:
-                    connection, _ = server.accept()
-                    connection.close()
-
-            threading.Thread(target=serve, name="hvdcomp-beacon", daemon=True).start()
-            cls._started = (_host_addresses(), server.getsockname()[1])
-        return cls._started
-
-
-def _host_addresses() -> list[str]:
-    """The IPv4 addresses of this host's interfaces (Linux's SIOCGIFADDR), loopback last."""
-    import fcntl
-    import struct
-
-    found = []
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        for _, name in socket.if_nameindex():
-            try:
-                packed = fcntl.ioctl(probe.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))
-            except OSError:  # no IPv4 address on it
-                continue
-            found.append(socket.inet_ntoa(packed[20:24]))
-    return sorted(found, key=lambda address: address.startswith("127."))
-
-
-def answering(peers: dict[int, tuple[list[str], int]], timeout_s: float = 2.0) -> tuple[list[int], list[int]]:
-    """The ranks of ``peers`` (rank -> beacon) whose beacon answers a TCP connect within ``timeout_s`` at one of its
-    addresses, and those that do not."""
-    yes, no = [], []
-    for rank, (addresses, port) in sorted(peers.items()):
-        for address in addresses:
-            try:
-                socket.create_connection((address, port), timeout=timeout_s).close()
-            except OSError:
-                continue
-            yes.append(rank)
-            break
-        else:
-            no.append(rank)
-    return yes, no
-
-
-def synchronize(handle: int, what: str, deadline_s: float | None = None,
-                context: Callable[[], str] = lambda: "") -> Any:
-    """``hvd.synchronize(handle)``, bounded by ``deadline_s`` (None: unbounded) and with hvdcomp's context.
-
-    Past the deadline this rank prints what it waited for (``what``, and ``context()``: where the job stood) and
-    how long, and exits with status 1 (:class:`_Watchdog`): mpirun and horovodrun then end the other ranks. A
-    Horovod error (a peer gone under Gloo, Gloo's own timeout) is re-raised as ``HorovodInternalError`` (what
-    Elastic Horovod recovers from) naming ``what`` and ``context()``.
-    """
-    if deadline_s is not None:
-        _watchdog.watch(what, context, deadline_s)
-    try:
-        return hvd.synchronize(handle)
-    except HorovodInternalError as error:
-        raise HorovodInternalError(f"hvdcomp: collective {what!r} {context()}failed: {error}") from error
-    finally:
-        if deadline_s is not None:
-            _watchdog.clear()
 
 
 @dataclass

@@ -14,9 +14,10 @@ How payloads travel is a *reduction* (:mod:`hvdcomp.reductions`): by default the
 and a method whose communication is more than one collective (PowerSGD's two allreduces with computation
 between them) names its own reduction in ``reduction``.
 
-Memory (error feedback) is a policy, decided in one place (:func:`with_memory`): biased methods get
-:class:`hvdcomp.error_feedback.ErrorFeedback` unless they keep a memory of their own (``own_memory``:
-PowerSGD, DGC), whether they are given by name, config or object.
+Memory (error feedback) is a policy, decided in one place above this interface
+(:func:`hvdcomp.error_feedback.with_memory`): biased methods get :class:`hvdcomp.error_feedback.ErrorFeedback`
+unless they keep a memory of their own (``own_memory``: PowerSGD, DGC), whether they are given by name, config or
+object.
 
 Contracts every method keeps (the optimizer and the reductions rely on them):
 
@@ -46,16 +47,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 
-from hvdcomp import check
+from hvdcomp.requests import Agree
+from hvdcomp.wire import Payload
 
-if TYPE_CHECKING:
-    from hvdcomp.requests import Agree
-
-Payload = list[torch.Tensor]
+#: a method's per-parameter state (:meth:`Compressor.init_state`), which the optimizer keeps and checkpoints
 State = dict[str, Any]
 
 #: every Compressor subclass with a ``name`` of its own, by that name (the names configs use)
@@ -239,12 +238,17 @@ class Compressor(ABC):
         train``'s per-step trace; None for methods that decide nothing. It may read the device (not a hot path)."""
         return None
 
+    def settings(self) -> dict[str, Any]:
+        """The method's options as it holds them (its public attributes): what its repr and profiles show."""
+        return {k: v for k, v in vars(self).items() if not k.startswith("_")}
+
     def unwrapped(self) -> Compressor:
-        """The compressor without wrappers such as error feedback."""
+        """The method itself, without a memory wrapper (error feedback, momentum correction), which forwards every
+        trait: only a caller that must wrap the bare method anew needs it (two-phase's owner re-compression)."""
         return self
 
     def __repr__(self) -> str:
-        options = ", ".join(f"{k}={v!r}" for k, v in sorted(vars(self).items()) if not k.startswith("_"))
+        options = ", ".join(f"{k}={v!r}" for k, v in sorted(self.settings().items()))
         return f"{type(self).__name__}({options})"
 
 
@@ -262,45 +266,6 @@ class NoneCompressor(Compressor):
 
     def decompress(self, payload: Payload, meta: Any) -> torch.Tensor:
         return payload[0]
-
-
-def with_memory(compressor: Compressor, error_feedback: bool | None = None) -> Compressor:
-    """The memory policy: ``compressor`` wrapped in error feedback where it needs it, with momentum correction
-    before it where the method has a ``momentum`` (:mod:`hvdcomp.error_feedback`); a method without error feedback
-    gets momentum correction alone (:class:`~hvdcomp.error_feedback.MomentumCorrection`, Signum), unless it keeps
-    only the momentum's gain (``momentum_averages = False``), which stands in for momentum only with error feedback.
-
-    ``error_feedback=None`` (the default): the method's ``default_error_feedback``, which unless it says
-    otherwise is on for biased methods without a memory of their own and off for the others; ``False``: the bare
-    method, without momentum correction either (the optimizer's momentum applies). A method with its own memory
-    (PowerSGD, DGC) takes no generic error feedback: its own is a method option. An already wrapped compressor is
-    returned as it is.
-    """
-    from hvdcomp.error_feedback import ErrorFeedback, MomentumCorrection
-
-    if isinstance(compressor, ErrorFeedback | MomentumCorrection):
-        has = isinstance(compressor, ErrorFeedback)
-        if error_feedback is not None and error_feedback != has:
-            raise ValueError(f"{compressor!r} {'has' if has else 'has no'} error feedback, but error_feedback: "
-                             f"{str(error_feedback).lower()} was asked for")
-        return compressor
-    check.boolean("", "error_feedback", error_feedback, optional=True)
-    if compressor.own_memory:
-        if error_feedback:
-            raise ValueError(f"{compressor.name} keeps its own memory: set its own option (e.g. error_feedback in "
-                             "options) instead of the generic error_feedback key")
-        return compressor
-    if error_feedback is False:  # no memory at all: the bare method, under the optimizer's momentum
-        return compressor
-    if error_feedback is None:
-        error_feedback = compressor.default_error_feedback
-        if error_feedback is None:
-            error_feedback = not compressor.unbiased
-    if error_feedback:
-        return ErrorFeedback(compressor, compressor.momentum, average=compressor.momentum_averages)
-    if compressor.momentum and compressor.momentum_averages:
-        return MomentumCorrection(compressor, compressor.momentum)
-    return compressor
 
 
 class HorovodCompression:

@@ -20,7 +20,7 @@
     nonfinite: raise            # raise | skip: what a NaN/Inf gradient does (see DistributedOptimizer)
 
 ``method: auto`` (or ``compression="auto"``) chooses each parameter's method and collective from measurements on the
-running job (:mod:`hvdcomp.auto`, whose settings its ``options`` are); ``min_numel``, ``dense``, ``seed`` and
+running job (:mod:`hvdcomp.auto`; its ``options`` are :class:`AutoSettings`); ``min_numel``, ``dense``, ``seed`` and
 ``nonfinite`` apply as above, and the keys that choose a method or collective are not taken with it.
 
 Every key and value is checked: unknown names are rejected with the list of valid ones.
@@ -37,9 +37,9 @@ from typing import Any
 import torch
 
 from hvdcomp import check, reductions
-from hvdcomp.auto import AutoSettings
-from hvdcomp.compressor import Compressor, with_memory
-from hvdcomp.methods import METHODS
+from hvdcomp.compressor import Compressor
+from hvdcomp.error_feedback import with_memory
+from hvdcomp.methods import ACCURACY_GUARD, METHODS
 
 NONFINITE_CHOICES = ("raise", "skip")
 
@@ -48,6 +48,67 @@ _TOP_KEYS = (*_METHOD_KEYS, "min_numel", "dense", "overrides", "seed", "nonfinit
 _OVERRIDE_KEYS = ("match", *_METHOD_KEYS)
 #: what auto chooses itself
 _NOT_WITH_AUTO = ("error_feedback", "collective", "collective_options", "overrides")
+
+
+@dataclass(frozen=True)
+class AutoSettings:
+    """``options`` of ``method: auto`` (the rule they tune is :mod:`hvdcomp.auto`'s docstring).
+
+    Attributes:
+        allow: methods of :data:`hvdcomp.methods.ACCURACY_GUARD` that may be chosen all the same.
+        candidates: method -> its options: the methods to choose from (default: every registered method with its
+            defaults, but the guarded ones).
+        plans: how many of the best predicted plans race against dense (the fastest predicted, then single methods
+            in predicted order). More plans find the fastest more often when the model misranks them (millisecond
+            steps), and make every round longer.
+        budget_s: seconds of racing: rounds go on until they have taken this long, 3 rounds at least (fewer cannot
+            show a clear win). More rounds tell closer plans apart; tuning costs the job this once.
+    """
+
+    allow: tuple[str, ...] = ()
+    candidates: Mapping[str, Mapping[str, Any]] | None = None
+    plans: int = 3
+    budget_s: float = 5.0
+
+    @classmethod
+    def parse(cls, options: Any) -> AutoSettings:
+        options = options or {}
+        if not isinstance(options, Mapping):
+            raise ValueError(f"options of method auto must be a mapping; got {options!r}")
+        _check_keys("auto's options", options, ("allow", "candidates", "plans", "budget_s"))
+        plans = check.integer("auto", "plans", options.get("plans", cls.plans), ge=1)
+        budget_s = check.number("auto", "budget_s", options.get("budget_s", cls.budget_s), ge=0,
+                                noun="number of seconds")
+        allow = options.get("allow") or ()
+        if not isinstance(allow, (list, tuple)) or not all(isinstance(m, str) for m in allow):
+            raise check.invalid("auto", "allow", "a list of method names", allow)
+        for method in allow:
+            if method not in ACCURACY_GUARD:
+                raise ValueError(f"auto's allow: {method!r} is not held back; held back: "
+                                 f"{', '.join(sorted(ACCURACY_GUARD))}")
+        candidates = options.get("candidates")
+        if candidates is not None:
+            if not isinstance(candidates, Mapping) or not candidates:
+                raise ValueError(f"auto's candidates must be a mapping of method -> options; got {candidates!r}")
+            for method, method_options in candidates.items():
+                if method in ("none", "auto") or method not in METHODS:
+                    raise _unknown("compression method in auto's candidates", method,
+                                   sorted(set(METHODS) - {"none"}))
+                if not isinstance(method_options, (Mapping, type(None))):
+                    raise ValueError(f"auto's candidates: the options of {method} must be a mapping; got "
+                                     f"{method_options!r}")
+                if method in ACCURACY_GUARD and method not in allow:
+                    raise ValueError(f"auto's candidates: {method} is held back ({ACCURACY_GUARD[method]}); add it "
+                                     "to allow to choose it all the same")
+                make_compressor(method, method_options)  # its options, checked now
+            candidates = {str(m): dict(o or {}) for m, o in candidates.items()}
+        return cls(tuple(allow), candidates, plans, float(budget_s))
+
+    def methods(self) -> dict[str, Mapping[str, Any]]:
+        """The candidate methods and their options."""
+        if self.candidates is not None:
+            return dict(self.candidates)
+        return {m: {} for m in METHODS if m != "none" and (m not in ACCURACY_GUARD or m in self.allow)}
 
 
 def _unknown(kind: str, key: object, valid: tuple[str, ...] | list[str]) -> ValueError:
@@ -62,7 +123,7 @@ def _check_keys(where: str, given: Mapping[str, Any], valid: tuple[str, ...]) ->
 
 def make_compressor(method: str, options: Mapping[str, Any] | None = None,
                     error_feedback: bool | None = None) -> Compressor:
-    """Builds the named method with its memory policy (:func:`hvdcomp.compressor.with_memory`)."""
+    """Builds the named method with its memory policy (:func:`hvdcomp.error_feedback.with_memory`)."""
     if method not in METHODS:
         raise _unknown("compression method", method, [*sorted(METHODS), "auto"] if method != "auto" else
                        sorted(METHODS))
@@ -195,7 +256,7 @@ class CompressionConfig:
         compressor = rule.compressor
         if compressor.name == "none":
             return Choice(None)
-        if edge and compressor.unwrapped().dense_edges:
+        if edge and compressor.dense_edges:
             return Choice(None, declined=f"{compressor.name} keeps the model's first and last layers dense "
                                          "(dense_edges)")
         if not compressor.compresses(shape):

@@ -31,46 +31,43 @@ average, as DGC does: 1.2 and 1.6 points below dense under the optimizer's momen
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from hvdcomp import check
-from hvdcomp.compressor import Compressor, Context, Payload, State
+from hvdcomp.compressor import Compressor, Context, State
+from hvdcomp.requests import Agree
+from hvdcomp.wire import Payload
 
-if TYPE_CHECKING:
-    from hvdcomp.requests import Agree
+
+def _forwarded(trait: str) -> Any:
+    """A property that reads ``trait`` of the wrapped method."""
+    return property(lambda self: getattr(self.inner, trait), doc=f"The wrapped method's ``{trait}``.")
 
 
 class _Wrapper(Compressor):
-    """What a memory wrapper forwards to the method it wraps: its traits, decoding, plan and decisions."""
+    """What a memory wrapper forwards to the method it wraps: every trait a caller reads (what the method is, how its
+    payloads travel, its warm-up, accuracy risk and options), decoding, plan and decisions; callers never reach
+    through it. Its own are its state, :meth:`compress` and :meth:`agree` (and ``unbiased`` for error feedback)."""
+
+    name = _forwarded("name")
+    unbiased = _forwarded("unbiased")
+    summable = _forwarded("summable")
+    fixed_size = _forwarded("fixed_size")
+    sparse_payload = _forwarded("sparse_payload")
+    reduction = _forwarded("reduction")
+    keeps_nonfinite = _forwarded("keeps_nonfinite")
+    epoch_options = _forwarded("epoch_options")
+    dense_edges = _forwarded("dense_edges")
 
     def __init__(self, inner: Compressor) -> None:
         self.inner = inner
 
     @property
-    def name(self) -> str:  # type: ignore[override]
-        return self.inner.name
-
-    @property
-    def summable(self) -> bool:  # type: ignore[override]
-        return self.inner.summable
-
-    @property
-    def fixed_size(self) -> bool:  # type: ignore[override]
-        return self.inner.fixed_size
-
-    @property
-    def sparse_payload(self) -> bool:  # type: ignore[override]
-        return self.inner.sparse_payload
-
-    @property
-    def reduction(self) -> str | None:  # type: ignore[override]
-        return self.inner.reduction
-
-    @property
-    def keeps_nonfinite(self) -> bool:  # type: ignore[override]
-        return self.inner.keeps_nonfinite
+    def applies_momentum(self) -> bool:  # type: ignore[override]
+        """The wrapper's momentum correction applies momentum (or the method does): the optimizer's must not."""
+        return self.momentum > 0 or self.inner.applies_momentum
 
     def compresses(self, shape: torch.Size) -> bool:
         return self.inner.compresses(shape)
@@ -78,8 +75,20 @@ class _Wrapper(Compressor):
     def why_dense(self, shape: torch.Size) -> str:
         return self.inner.why_dense(shape)
 
+    def steady_from(self) -> int:
+        return self.inner.steady_from()
+
+    def accuracy_risk(self) -> str | None:
+        return self.inner.accuracy_risk()
+
+    def settings(self) -> dict[str, Any]:
+        return self.inner.settings()
+
     def decompress(self, payload: Payload, meta: Any) -> torch.Tensor:
         return self.inner.decompress(payload, meta)
+
+    def subtract(self, residual: torch.Tensor, payload: Payload, meta: Any) -> None:
+        self.inner.subtract(residual, payload, meta)
 
     def aggregate(self, payloads: list[Payload], meta: Any) -> torch.Tensor:
         return self.inner.aggregate(payloads, meta)
@@ -123,10 +132,6 @@ class ErrorFeedback(_Wrapper):
         self.momentum = check.number("error feedback", "momentum", momentum, ge=0, lt=1)
         self.average = average
 
-    @property
-    def applies_momentum(self) -> bool:  # type: ignore[override]
-        return self.momentum > 0
-
     def init_state(self, tensor: torch.Tensor, ctx: Context) -> State:
         # contiguous whatever the parameter's memory format (channels-last): compressors view it flat
         state = {"residual": torch.zeros(tensor.shape, dtype=torch.float32, device=tensor.device),
@@ -163,17 +168,11 @@ class MomentumCorrection(_Wrapper):
     The parameters it reduces need an optimizer group with ``momentum`` 0 (``applies_momentum``: the optimizer
     checks it), as DGC's do."""
 
-    applies_momentum = True
-
     def __init__(self, inner: Compressor, momentum: float) -> None:
         if isinstance(inner, _Wrapper) or inner.own_memory:
             raise ValueError(f"{inner!r} has a memory already: momentum correction wraps a bare method")
         super().__init__(inner)
         self.momentum = check.number("momentum correction", "momentum", momentum, gt=0, lt=1)
-
-    @property
-    def unbiased(self) -> bool:  # type: ignore[override]
-        return self.inner.unbiased
 
     def init_state(self, tensor: torch.Tensor, ctx: Context) -> State:
         return {"momentum": torch.zeros(tensor.shape, dtype=torch.float32, device=tensor.device),
@@ -191,3 +190,40 @@ class MomentumCorrection(_Wrapper):
 
     def __repr__(self) -> str:
         return f"MomentumCorrection({self.inner!r}, momentum={self.momentum!r})"
+
+
+def with_memory(compressor: Compressor, error_feedback: bool | None = None) -> Compressor:
+    """The memory policy: ``compressor`` wrapped in error feedback where it needs it, with momentum correction
+    before it where the method has a ``momentum`` (module docstring); a method without error feedback
+    gets momentum correction alone (:class:`MomentumCorrection`, Signum), unless it keeps
+    only the momentum's gain (``momentum_averages = False``), which stands in for momentum only with error feedback.
+
+    ``error_feedback=None`` (the default): the method's ``default_error_feedback``, which unless it says
+    otherwise is on for biased methods without a memory of their own and off for the others; ``False``: the bare
+    method, without momentum correction either (the optimizer's momentum applies). A method with its own memory
+    (PowerSGD, DGC) takes no generic error feedback: its own is a method option. An already wrapped compressor is
+    returned as it is.
+    """
+    if isinstance(compressor, ErrorFeedback | MomentumCorrection):
+        has = isinstance(compressor, ErrorFeedback)
+        if error_feedback is not None and error_feedback != has:
+            raise ValueError(f"{compressor!r} {'has' if has else 'has no'} error feedback, but error_feedback: "
+                             f"{str(error_feedback).lower()} was asked for")
+        return compressor
+    check.boolean("", "error_feedback", error_feedback, optional=True)
+    if compressor.own_memory:
+        if error_feedback:
+            raise ValueError(f"{compressor.name} keeps its own memory: set its own option (e.g. error_feedback in "
+                             "options) instead of the generic error_feedback key")
+        return compressor
+    if error_feedback is False:  # no memory at all: the bare method, under the optimizer's momentum
+        return compressor
+    if error_feedback is None:
+        error_feedback = compressor.default_error_feedback
+        if error_feedback is None:
+            error_feedback = not compressor.unbiased
+    if error_feedback:
+        return ErrorFeedback(compressor, compressor.momentum, average=compressor.momentum_averages)
+    if compressor.momentum and compressor.momentum_averages:
+        return MomentumCorrection(compressor, compressor.momentum)
+    return compressor

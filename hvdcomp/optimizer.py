@@ -50,49 +50,43 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 import horovod.torch as hvd
 import torch
 
 from hvdcomp import check
-from hvdcomp.auto import Tuner
-from hvdcomp.collectives import Beacon, Pending, answering, start, start_vote, synchronize
-from hvdcomp.compressor import AccuracyWarning, Compressor, Context, State, derive_seed, nonfinite
+from hvdcomp.collectives import Pending, start, start_vote
+from hvdcomp.compressor import AccuracyWarning, Context, State, derive_seed, nonfinite
 from hvdcomp.config import Choice, CompressionConfig, edges
+from hvdcomp.deadlines import DEFAULT_DEADLINE, Beacon, Deadline, answering, synchronize
 from hvdcomp.requests import Agree, Reduction
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Deadline:
-    """How long a rank waits for one of hvdcomp's collectives before it ends the job with a message saying what
-    it waited for (:func:`hvdcomp.collectives.synchronize`): ``factor`` x the slowest step so far, at least
-    ``floor_s``; until a step has completed (ranks start, import and build at different speeds), ``startup_s``.
+class Tuner(Protocol):
+    """What changes the compression while the job trains (``compression: auto``: :class:`hvdcomp.auto.Tuner`),
+    attached with :meth:`_DistributedOptimizer.attach_tuner`. The optimizer calls it at these points, on every rank in
+    the same step; it acts through the optimizer's public members (:meth:`~_DistributedOptimizer.apply_config` at a
+    step boundary, :meth:`~_DistributedOptimizer.wait` for its collectives)."""
 
-    With the defaults a rank or link lost in steady training ends the job about 30 s later, where Horovod's stall
-    inspector only warns (its shutdown, HOROVOD_STALL_SHUTDOWN_TIME_SECONDS, is off by default) and NCCL would wait
-    forever. The deadline counts a rank's wait for the others: a rank that works alone between steps for longer
-    (evaluation or a checkpoint on rank 0 only) makes the others wait that long, so such a job needs a larger
-    ``floor_s`` (or ``deadline=None``). Under Elastic Horovod (HOROVOD_ELASTIC=1) the default is off: Gloo's own
-    timeout then ends a blocked collective with the error that elastic recovery needs.
-    """
+    #: the configuration to go back to after an elastic reset (every parameter dense)
+    base: CompressionConfig
+    #: what it measured and chose, for :meth:`~_DistributedOptimizer.auto_report`
+    report: dict[str, Any]
 
-    factor: float = 10.0
-    floor_s: float = 30.0
-    startup_s: float = 120.0
+    def gradient_ready(self, name: str) -> None:
+        """A parameter's gradient is ready for reduction (its hook ran)."""
 
-    def __post_init__(self) -> None:
-        for key in ("factor", "floor_s", "startup_s"):
-            check.number("Deadline", key, getattr(self, key), gt=0)
+    def backward_done(self) -> None:
+        """``synchronize()`` starts: backward has ended."""
 
-    def seconds(self, slowest_step_s: float | None) -> float:
-        return self.startup_s if slowest_step_s is None else max(self.floor_s, self.factor * slowest_step_s)
+    def step_done(self, optimizer: Any) -> None:
+        """``synchronize()`` ends: every gradient of the step is reduced."""
 
-
-#: the default: 10x the slowest step, at least 30 s; 120 s until a step has completed
-DEFAULT_DEADLINE = Deadline()
+    def restart(self) -> None:
+        """Measure and choose again, from dense (``retune()``, an elastic reset)."""
 
 
 @dataclass
@@ -137,7 +131,7 @@ class _Compressed:
 
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params: Any, named_parameters: Iterable[tuple[str, torch.Tensor]] | None,
-                 compression: Compressor | str | Mapping[str, Any] | None, backward_passes_per_step: int,
+                 config: CompressionConfig, backward_passes_per_step: int,
                  op: Any, process_set: hvd.ProcessSet, deadline: Deadline | float | None) -> None:
         super().__init__(params)
         if deadline is not None and not isinstance(deadline, Deadline):
@@ -150,8 +144,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise ValueError("hvdcomp.DistributedOptimizer supports op=hvd.Average or hvd.Sum; for Adasum, "
                              "Min, Max or Product use hvd.DistributedOptimizer")
         check.integer("", "backward_passes_per_step", backward_passes_per_step, ge=1)
-        self.config = CompressionConfig.parse(compression)
-        self._auto = None if self.config.auto is None else Tuner(self.config.auto, self.config)
+        self.config = config
+        self.tuner: Tuner | None = None  # compression: auto's (attach_tuner)
         self.op = op
         self.process_set = process_set
         self.backward_passes_per_step = backward_passes_per_step
@@ -175,7 +169,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         risks: dict[str, str] = {}
         for slot in self._slots:
             compressor = slot.choice.compressor
-            risk = None if compressor is None else compressor.unwrapped().accuracy_risk()
+            risk = None if compressor is None else compressor.accuracy_risk()
             if risk:
                 risks.setdefault(compressor.name, risk)
         for name, risk in sorted(risks.items()):
@@ -193,34 +187,70 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         with the elastic state.
         """
         self._work.clear()
-        if self._auto is not None:  # the world changed: measure and choose again, from dense
-            self.config = self._auto.base
-            self._auto.restart()
+        if self.tuner is not None:  # the world changed: measure and choose again, from dense
+            self.config = self.tuner.base
+            self.tuner.restart()
         self._build_world(check_now=False)
 
     def retune(self) -> None:
         """``compression: auto``: measures and chooses again, from dense (call it on every rank in the same step,
         between steps: the measurements are collectives). The plan in force runs one more step, then every parameter
         is dense until the new choice."""
-        if self._auto is None:
+        if self.tuner is None:
             raise ValueError("retune() is for compression: auto; this optimizer's compression is fixed")
-        self._auto.restart()
+        self.tuner.restart()
 
     def auto_report(self) -> dict[str, Any] | None:
         """``compression: auto``: the plan in force, its predicted and measured step times, and every plan tried
         (:mod:`hvdcomp.auto`); None for a fixed compression."""
-        if self._auto is None:
+        if self.tuner is None:
             return None
         if not self._slots:  # one rank (or not in the process set): nothing is reduced, nothing to choose
             return {"phase": "settled", "label": "dense", "plan": [], "tried": [],
                     "why": "nothing is reduced on this rank (one rank, as in Horovod, or outside the process set)"}
-        return copy.deepcopy(self._auto.report)
+        return copy.deepcopy(self.tuner.report)
 
-    def _replan(self, config: CompressionConfig) -> None:
-        """Applies ``config`` at a step boundary, on every rank in the same step (``compression: auto``): every
-        parameter is planned afresh, its method state too, its step counter set to the steps trained so far (they count
-        towards a method's warm-up: PowerSGD's ``start_iter``, DGC's stages, as from a job's first step), and the plans
-        are checked across ranks now."""
+    # ------------------------------------------------------------------ what a tuner uses (compression: auto)
+
+    def attach_tuner(self, tuner: Tuner) -> None:
+        """Lets ``tuner`` change this optimizer's compression while it trains (its docstring says when it is
+        called); the configuration must be ``method: auto``'s (every parameter dense until the tuner applies a
+        plan)."""
+        if self.config.auto is None:
+            raise ValueError("attach_tuner() is for compression: auto; this optimizer's compression is fixed")
+        self.tuner = tuner
+
+    @property
+    def steps_done(self) -> int:
+        """Steps synchronized since the plan was built (the start, or an elastic reset)."""
+        return self._steps_done
+
+    @property
+    def step_skipped(self) -> bool:
+        """The step just synchronized had a non-finite gradient and will be skipped (``nonfinite: skip``)."""
+        return self._skip_step
+
+    @property
+    def edges(self) -> set[str]:
+        """The names of the model's first and last layers' parameters (methods with ``dense_edges`` keep them
+        dense)."""
+        return self._edges
+
+    def gradients(self) -> list[tuple[str, torch.Tensor]]:
+        """The reduced parameters' names and gradients (the live ``p.grad``), in name order; empty on one rank."""
+        return [(slot.name, slot.param.grad) for slot in self._slots]
+
+    def warmup_left(self) -> int:
+        """Steps until every compressed parameter's method has ended its warm-up (:meth:`Compressor.steady_from`:
+        PowerSGD's dense steps, DGC's rising sparsity)."""
+        return max([0, *(slot.choice.compressor.steady_from() - slot.step
+                         for slot in self._slots if slot.choice.compressor is not None)])
+
+    def apply_config(self, config: CompressionConfig) -> None:
+        """Applies ``config`` at a step boundary (between ``synchronize()`` and the next backward), on every rank
+        in the same step: every parameter is planned afresh, its method state too, its step counter set to the
+        steps trained so far (they count towards a method's warm-up: PowerSGD's ``start_iter``, DGC's stages, as
+        from a job's first step), and the plans are checked across ranks now."""
         kept = self._steps_done, self._slowest_step, self._heard
         self.config = config
         self._build_world(check_now=False)
@@ -317,9 +347,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                            "nonfinite": self.config.nonfinite, "params": plans})
         # each rank's beacon travels on a line of its own after the plan: what a timed-out wait probes
         data = torch.frombuffer(bytearray(f"{mine}\n{json.dumps(Beacon.address())}".encode()), dtype=torch.uint8)
-        lengths = self._wait(hvd.allgather_async(torch.tensor([data.numel()]), name="hvdcomp.plan.lengths",
+        lengths = self.wait(hvd.allgather_async(torch.tensor([data.numel()]), name="hvdcomp.plan.lengths",
                                                  process_set=self.process_set), "hvdcomp.plan.lengths")
-        gathered = self._wait(hvd.allgather_async(data, name="hvdcomp.plan", process_set=self.process_set),
+        gathered = self.wait(hvd.allgather_async(data, name="hvdcomp.plan", process_set=self.process_set),
                               "hvdcomp.plan")
         others, beacons = zip(*(bytes(chunk.tolist()).decode().rsplit("\n", 1)
                                 for chunk in gathered.split(lengths.tolist())), strict=True)
@@ -341,7 +371,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _context(self) -> str:
         """Where the job stands, for a failed or timed-out wait's message: the step, when every rank was last heard
-        from together, and which ranks answer on their beacons now (:class:`hvdcomp.collectives.Beacon`)."""
+        from together, and which ranks answer on their beacons now (:class:`hvdcomp.deadlines.Beacon`)."""
         heard = "no step has completed yet" if self._heard is None else (
             f"every rank was last heard from together in step {self._heard[0]}, "
             f"{time.monotonic() - self._heard[1]:.1f} s ago")
@@ -351,7 +381,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                       f"{', '.join(map(str, alive)) or 'none'}")
         return f"in step {self._steps_done} ({heard}) "
 
-    def _wait(self, handle: int, name: str) -> Any:
+    def wait(self, handle: int, name: str) -> Any:
+        """The result of the Horovod collective ``handle`` (named ``name``), waited for under this optimizer's
+        deadline: the optimizer's own collectives, and a tuner's, end the job when a rank is lost."""
         return synchronize(handle, name, self._deadline_s(), self._context)
 
     def _wait_for(self, pending: Pending) -> Any:
@@ -375,8 +407,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _submit(self, index: int) -> None:
         slot = self._slots[index]
-        if self._auto is not None:
-            self._auto.ready(slot.name)
+        if self.tuner is not None:
+            self.tuner.gradient_ready(slot.name)
         if not self._work:
             self._step_started = time.monotonic()
             if not self._plan_checked:  # after an elastic reset: every rank checks before its first collective
@@ -467,8 +499,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if not self._slots:
             self._synchronized = True
             return
-        if self._auto is not None:
-            self._auto.backward_done()
+        if self.tuner is not None:
+            self.tuner.backward_done()
         for index in range(len(self._slots)):
             if index not in self._work:
                 self._submit(index)
@@ -499,7 +531,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for index, work in self._work.items():
             grad = self._slots[index].param.grad
             if isinstance(work, _Dense):
-                self._wait(work.handle, f"hvdcomp.dense.{self._slots[index].name}")
+                self.wait(work.handle, f"hvdcomp.dense.{self._slots[index].name}")
                 if work.wire is not grad:
                     grad.copy_(work.wire)
         results = [self._slots[index].param.grad for index in sorted(self._work)]
@@ -512,8 +544,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._steps_done += 1
         self._reset_step()
         self._check_finite(input_flags, results)
-        if self._auto is not None:
-            self._auto.step_done(self)
+        if self.tuner is not None:
+            self.tuner.step_done(self)
         self._synchronized = True
 
     def _reset_step(self) -> None:
@@ -638,28 +670,3 @@ def _first_difference(mine: str, other: str) -> str:
             here, there = (" ".join(str(v) for v in p[1:] if v != "") for p in (x, y))
             return f"parameter {x[0]!r}: {here} here, {y[0]!r}: {there} there"
     return f"{len(a['params'])} parameters here, {len(b['params'])} there"
-
-
-def DistributedOptimizer(optimizer: torch.optim.Optimizer,
-                         named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
-                         compression: Compressor | str | Mapping[str, Any] | None = "none",
-                         backward_passes_per_step: int = 1, op: Any = hvd.Average,
-                         process_set: hvd.ProcessSet = hvd.global_process_set,
-                         deadline: Deadline | float | None = DEFAULT_DEADLINE) -> torch.optim.Optimizer:
-    """Wraps ``optimizer`` so that gradients are averaged across ranks, compressed as configured.
-
-    Args:
-        optimizer: the optimizer to wrap (its class is subclassed, as ``hvd.DistributedOptimizer`` does).
-        named_parameters: ``model.named_parameters()``; names key the config's patterns and the collectives.
-        compression: a Compressor, a method name (``"terngrad"``, see ``hvdcomp.METHODS``) or a config
-            mapping (see :mod:`hvdcomp.config`). ``"none"`` gives exactly stock Horovod's updates.
-        backward_passes_per_step: backward passes accumulated locally before each reduction.
-        op: ``hvd.Average`` (default) or ``hvd.Sum``.
-        process_set: the Horovod process set to reduce over.
-        deadline: how long to wait for any of hvdcomp's collectives before ending the job with a message
-            (:class:`Deadline`: from the slowest step so far; a number: fixed seconds; None: wait forever, as
-            Horovod does).
-    """
-    cls = type(optimizer.__class__.__name__, (_DistributedOptimizer, optimizer.__class__), {})
-    return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op, process_set,
-               deadline)

@@ -25,9 +25,10 @@ from typing import Any
 import torch
 
 from hvdcomp import check
-from hvdcomp.compressor import Compressor, Context, Payload, State, derive_seed
+from hvdcomp.compressor import Compressor, Context, State, derive_seed
 from hvdcomp.kernels import is_triton, kernels_for
 from hvdcomp.packing import unpack_bits
+from hvdcomp.wire import Payload
 
 _generators: dict[torch.device, torch.Generator] = {}
 _grids: dict[tuple[str, int, torch.device], torch.Tensor] = {}

@@ -34,9 +34,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 import torch
 
 from hvdcomp import check, wire
-from hvdcomp.compressor import Compressor, Context, Payload, State, register
+from hvdcomp.compressor import Compressor, Context, State, register
 from hvdcomp.error_feedback import ErrorFeedback
 from hvdcomp.requests import Agree, Allgather, Allreduce, Alltoall, Reduction
+from hvdcomp.wire import Payload
 
 if TYPE_CHECKING:
     from hvdcomp.perfmodel.schema import Encoded
@@ -192,7 +193,7 @@ class TwoPhaseReduction(ReductionMethod):
         super().__init__(compressor)
         check.boolean(self.name, "owner_error_feedback", owner_error_feedback)
         self.owner_error_feedback = owner_error_feedback
-        inner = compressor.unwrapped()
+        inner = compressor.unwrapped()  # the owner's sum takes a memory of its own, not the ranks' momentum
         self._owner = ErrorFeedback(inner) if owner_error_feedback else inner
 
     @classmethod

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from hvdcomp import wire
-from hvdcomp.compressor import Payload
+from hvdcomp.wire import Payload
 
 #: the reduce ops an :class:`Allreduce` may name (:data:`hvdcomp.collectives.OPS` maps them to Horovod's)
 ALLREDUCE_OPS = ("sum", "max", "min", "product")

@@ -4,13 +4,18 @@ Gathered payloads travel as one uint8 tensor per parameter: one Horovod collecti
 uint8 is accepted by allgather and alltoall on every controller (allreduce is not: see platform notes).
 Each part is padded to a multiple of 8 bytes so that every part of every rank's segment can be viewed in its
 own dtype without a copy.
+
+The module is the bottom layer: it defines :data:`Payload`, which the compressors, the requests and the collectives
+share, and imports nothing of hvdcomp.
 """
 
 from __future__ import annotations
 
 import torch
 
-from hvdcomp.compressor import Payload
+#: what a compressor sends for one tensor and a collective carries: a list of tensors of any dtypes (the bottom of
+#: the layers: the compressors, the requests and the collectives all speak it)
+Payload = list[torch.Tensor]
 
 ALIGN = 8
 

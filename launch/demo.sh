@@ -26,9 +26,6 @@ fi
 # the JSON summary line is for scripts (hvdcomp train --json); the demo shows the tables
 "${launch[@]}" "${train[@]}" --compression terngrad --compare dense "$@" | sed '/^\[{/d'
 echo
-echo "hvdcomp demo: the same job with compression: auto (dense first, then per tensor what the measurements say pays),"
-echo "for 900 epochs rather than 20: at millisecond steps its guard, runoff and final can take up to about 19,000 steps:"
-# 13 plans of up to 52 steps, measured twice at most, then a runoff of up to runoff_s (30 s) or 24 rounds of 12 plans
-# (dense and the 10 methods within 50% of the fastest, a per-tensor mix) and a final of up to 24 rounds of 2: about
-# 18,900 steps, 860 epochs of 22 (time to 95% counts the tuning steps all the same)
-"${launch[@]}" "${train[@]}" --compression auto --epochs 900 | sed '/^\[{/d'
+echo "hvdcomp demo: the same job with compression: auto (dense first, then the best predicted plans raced against"
+echo "dense in interleaved rounds for about 5 s; the fastest is kept if it beat dense clearly):"
+"${launch[@]}" "${train[@]}" --compression auto --epochs 60 | sed '/^\[{/d'

@@ -1,4 +1,4 @@
-"""What imports Horovod: the compressors, requests, kernels, configuration, ``hvdcomp bench compress`` and
+"""What imports Horovod: the compressors, requests, kernels, configuration, deadlines, ``hvdcomp bench compress`` and
 ``hvdcomp profile`` do not (a GPU machine benchmarks them without Horovod built); the optimizer and the collectives
 do. The extras' packages are imported only by the tools that need them, which name the extra when it is missing."""
 
@@ -27,6 +27,7 @@ import contextlib, io
 import torch
 import hvdcomp, hvdcomp.methods, hvdcomp.kernels, hvdcomp.config, hvdcomp.tools.bench, hvdcomp.perfmodel.profile
 from hvdcomp import Context, make_compressor
+from hvdcomp.deadlines import DEFAULT_DEADLINE, Deadline
 from hvdcomp.requests import Allreduce
 
 grad = torch.randn(96, 64, generator=torch.Generator().manual_seed(0))
@@ -47,6 +48,8 @@ except ValueError:
 else:
     raise AssertionError("Allreduce accepted op 'mean'")
 
+assert hvdcomp.Deadline is Deadline and DEFAULT_DEADLINE.seconds(None) == 120 and Deadline().seconds(4.0) == 40
+
 out = io.StringIO()
 with contextlib.redirect_stdout(out):
     assert hvdcomp.tools.bench.main(["compress", "--method", "terngrad", "--numel", "4096", "--repeats", "1",
@@ -66,8 +69,9 @@ print("WITHOUT HOROVOD OK")
 
 def test_compressors_kernels_config_and_bench_import_without_horovod() -> None:
     """With every ``horovod`` module made to raise ImportError: the package, the methods, the kernels, the
-    configuration and the benchmark import, compressors compress and decompress on the CPU, requests validate, and
-    Horovod is imported by nothing; the optimizer, which needs it, fails only when it is asked for."""
+    configuration and the benchmark import, compressors compress and decompress on the CPU, requests validate,
+    deadlines are built, and Horovod is imported by nothing; the optimizer, which needs it, fails only when it is
+    asked for."""
     done = subprocess.run([sys.executable, "-c", WITHOUT_HOROVOD], cwd=REPO, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0 and "WITHOUT HOROVOD OK" in done.stdout, done.stdout + done.stderr
@@ -77,10 +81,9 @@ def test_horovod_names_resolve_lazily() -> None:
     """The names that need Horovod still resolve on the package (first use imports them), are listed by ``dir``,
     and the ops requests accept are the ones the collectives map to Horovod's."""
     pytest.importorskip("horovod.torch")
-    from hvdcomp import collectives, optimizer, requests
+    from hvdcomp import collectives, distributed, requests
 
-    assert hvdcomp.DistributedOptimizer is optimizer.DistributedOptimizer
-    assert hvdcomp.Deadline is optimizer.Deadline
+    assert hvdcomp.DistributedOptimizer is distributed.DistributedOptimizer
     assert set(hvdcomp.__all__) <= set(dir(hvdcomp))
     assert all(hasattr(hvdcomp, name) for name in hvdcomp.__all__)
     with pytest.raises(AttributeError, match="no attribute 'Missing'"):
@@ -111,7 +114,7 @@ import hvdcomp, hvdcomp.cli, hvdcomp.k8s.cli, hvdcomp.tools.train, hvdcomp.tools
 import hvdcomp.perfmodel.predict, hvdcomp.perfmodel.profile
 from hvdcomp.extras import MissingExtra
 from hvdcomp.perfmodel import probe
-from hvdcomp.tools import workloads
+from hvdcomp import workloads
 
 hvdcomp.DistributedOptimizer
 assert not asked, f"the package, the optimizer or the commands' modules asked for {asked}"

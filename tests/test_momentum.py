@@ -20,7 +20,7 @@ from hvdcomp import (
     make_compressor,
     reductions,
 )
-from hvdcomp.compressor import with_memory
+from hvdcomp.error_feedback import with_memory
 
 
 def _ctx(tensor: torch.Tensor, step: int = 0) -> Context:

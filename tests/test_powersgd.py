@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hvdcomp import CompressionConfig, Context, ErrorFeedback, PowerSGD
-from hvdcomp.compressor import with_memory
+from hvdcomp.error_feedback import with_memory
 from hvdcomp.methods.powersgd import orthogonalize
 
 

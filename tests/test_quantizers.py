@@ -14,7 +14,7 @@ from hvdcomp import ORQ, QSGD, BinGrad, Context, ErrorFeedback, OneBit, SignSGD,
 from hvdcomp.kernels import cpu_kernels
 from hvdcomp.packing import pack_bits
 from hvdcomp.quantization import rounding_variance, stacked
-from hvdcomp.tools.workloads import synthetic
+from hvdcomp.workloads import synthetic
 
 QUANTIZERS = ["bingrad", "onebit", "orq", "qsgd", "signsgd", "efsignsgd"]
 

@@ -1,8 +1,11 @@
-"""Packing, wire format, error feedback, top-k, fp16 and configuration, in one process."""
+"""Packing, wire format, error feedback, top-k, fp16, configuration and the deadlines' beacon, in one process."""
 
 from __future__ import annotations
 
 import math
+import socket
+import struct
+from pathlib import Path
 
 import pytest
 import torch
@@ -23,6 +26,7 @@ from hvdcomp import (
     reductions,
     wire,
 )
+from hvdcomp.deadlines import Beacon, answering
 from hvdcomp.methods.topk import candidate_threshold, largest, sample_stride
 from hvdcomp.packing import pack_bits, unpack_bits
 
@@ -235,17 +239,14 @@ def test_memory_policy_is_the_same_for_names_configs_and_objects() -> None:
     (42, "compression must be a Compressor, a method name or a config mapping"),
     ({"method": "auto", "collective": "allgather"}, "collective does not go with method auto"),
     ({"method": "auto", "overrides": []}, "overrides does not go with method auto"),
-    ({"method": "auto", "options": {"tries": 0}}, "auto: tries must be a positive integer; got 0"),
-    ({"method": "auto", "options": {"margin": 1.5}}, r"auto: margin must be a fraction in \[0, 1\)"),
-    ({"method": "auto", "options": {"runoff": -1}}, "auto: runoff must be a non-negative integer; got -1"),
-    ({"method": "auto", "options": {"runoff_band": "10%"}},
-     "auto: runoff_band must be a non-negative fraction; got '10%'"),
-    ({"method": "auto", "options": {"dense_band": -0.5}}, "auto: dense_band must be a non-negative fraction; got -0.5"),
+    ({"method": "auto", "options": {"plans": 0}}, "auto: plans must be a positive integer; got 0"),
+    ({"method": "auto", "options": {"budget_s": -1}}, "auto: budget_s must be a non-negative number of seconds; got"),
+    ({"method": "auto", "options": {"budget_s": "5s"}}, "auto: budget_s must be a non-negative number of seconds"),
     ({"method": "auto", "options": {"allow": ["topk"]}}, "auto's allow: 'topk' is not held back; held back: dgc"),
     ({"method": "auto", "options": {"candidates": {"randomk": {}}}}, "randomk is held back .*add it to allow"),
-    ({"method": "auto", "options": {"candidates": {"zip": {}}}}, "auto's candidates: unknown compression method"),
+    ({"method": "auto", "options": {"candidates": {"zip": {}}}}, "unknown compression method in auto.s candidates"),
     ({"method": "auto", "options": {"candidates": {"topk": {"ratioo": 1}}}}, "unknown option for topk 'ratioo'"),
-    ({"method": "auto", "options": {"guard": 3}}, "unknown option for auto 'guard'; valid: allow, candidates"),
+    ({"method": "auto", "options": {"guard": 3}}, "unknown key in auto's options 'guard'; valid: allow, candidates"),
 ])
 def test_bad_config_is_rejected_with_the_valid_choices(config: object, message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -330,3 +331,29 @@ def test_option_checks_return_the_value() -> None:
     assert check.numbers("m", "densities", [0.25, 1], gt=0, le=1) == (0.25, 1.0)
     assert check.boolean("m", "scaled", False) is False and check.boolean("m", "ef", None, optional=True) is None
     assert check.choice("m", "norm", "max", ("l2", "max")) == "max"
+
+
+def _listening(port: int) -> set[str]:
+    """The IPv4 addresses a TCP socket of this network namespace listens on at ``port`` (Linux's /proc/net/tcp)."""
+    found = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        address, hex_port = local.split(":")
+        if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+            found.add(socket.inet_ntoa(struct.pack("<I", int(address, 16))))
+    return found
+
+
+def test_a_beacon_listens_only_on_the_addresses_it_advertises() -> None:
+    """A beacon listens on each address it advertises (loopback last, so ranks on one machine reach each other), on
+    one port, and on no other address (not the wildcard); each answers a peer's probe, and a closed port does not."""
+    addresses, port = Beacon.address()
+    assert addresses and addresses[-1].startswith("127."), addresses
+    assert _listening(port) == set(addresses)
+    assert Beacon.address() == (addresses, port), "started once per process"
+    for address in addresses:
+        assert answering({1: ([address], port)}) == ([1], [])
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        closed_port = closed.getsockname()[1]
+    assert answering({1: (addresses, port), 2: (["127.0.0.1"], closed_port)}, timeout_s=1) == ([1], [2])

@@ -54,8 +54,9 @@ from typing import Any
 import torch
 
 from hvdcomp import check
-from hvdcomp.compressor import MEASURED, Context, Payload, State
+from hvdcomp.compressor import MEASURED, Context, State
 from hvdcomp.methods.topk import Sparse, index_dtype, largest
+from hvdcomp.wire import Payload
 
 #: the paper's warm-up: sparsity 75%, 93.75%, 98.4375%, 99.6% over the first four epochs
 PAPER_WARMUP = (0.25, 0.0625, 0.015625, 0.004)

@@ -11,7 +11,8 @@ from typing import Any
 
 import torch
 
-from hvdcomp.compressor import Compressor, Context, Payload, State
+from hvdcomp.compressor import Compressor, Context, State
+from hvdcomp.wire import Payload
 
 
 class FP16Compressor(Compressor):

@@ -60,11 +60,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from hvdcomp import check
-from hvdcomp.compressor import METHODS, Compressor, Context, Payload, State
+from hvdcomp.compressor import METHODS, Compressor, Context, State
 from hvdcomp.methods.dgc import DGC
 from hvdcomp.methods.topk import Sparse, TopK
 from hvdcomp.reductions import Phase, ReductionMethod
 from hvdcomp.requests import Agree, Allgather, Allreduce, Reduction
+from hvdcomp.wire import Payload
 
 if TYPE_CHECKING:
     from hvdcomp.perfmodel.schema import Encoded
@@ -290,7 +291,7 @@ class GraVACReduction(ReductionMethod):
         return [Phase("allgather", e.wire_bytes)]
 
     def reduce(self, tensor: torch.Tensor, state: State, ctx: Context) -> Reduction:
-        method: GraVAC = self.compressor.unwrapped()  # type: ignore[assignment]
+        method: GraVAC = self.compressor  # type: ignore[assignment]  # own_memory: never wrapped
         now = clock()
         if state["clock"] is not None and state["clock"][0] == _PROCESS:
             step_time = now - state["clock"][1]

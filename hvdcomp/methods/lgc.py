@@ -84,10 +84,11 @@ import torch
 import torch.nn.functional as F
 
 from hvdcomp import check
-from hvdcomp.compressor import Compressor, Context, Payload, State, derive_seed
+from hvdcomp.compressor import Compressor, Context, State, derive_seed
 from hvdcomp.methods.topk import largest
 from hvdcomp.reductions import Phase, ReductionMethod
 from hvdcomp.requests import Allgather, Allreduce, Broadcast, Reduction, Request
+from hvdcomp.wire import Payload
 
 if TYPE_CHECKING:
     from hvdcomp.perfmodel.schema import Encoded
@@ -415,7 +416,7 @@ class LGCReduction(ReductionMethod):
         return [broadcast, Phase("allgather", parts[2] + parts[3])]  # ps: the innovation and the sums gathered
 
     def reduce(self, tensor: torch.Tensor, state: State, ctx: Context) -> Reduction:
-        method: LGC = self.compressor.unwrapped()  # type: ignore[assignment]
+        method: LGC = self.compressor  # type: ignore[assignment]  # own_memory: never wrapped
         stage = method.stage(state, ctx.step)
         if stage == 3 and state["adam"]["t"] == 0:  # a state made afresh past stage 2: train the autoencoder first
             state["retrain_until"] = ctx.step + method.train_steps

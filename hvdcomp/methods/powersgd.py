@@ -39,14 +39,16 @@ parameter's rank-independent seed, so every rank starts from the same Q with no 
 from __future__ import annotations
 
 import math
+from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from hvdcomp import check
-from hvdcomp.compressor import Compressor, Context, Payload, State, derive_seed
+from hvdcomp.compressor import Compressor, Context, State, derive_seed
 from hvdcomp.reductions import Phase, ReductionMethod
 from hvdcomp.requests import Allreduce, Reduction
+from hvdcomp.wire import Payload
 
 _generators: dict[torch.device, torch.Generator] = {}
 
@@ -145,22 +147,32 @@ class PowerSGD(Compressor):
         q = state["q"] if self.warm_start else self._q(tensor.shape, ctx.device, derive_seed(ctx.shared_seed, ctx.step))
         return orthogonalize(q, self.orthogonalization_epsilon)
 
-    def remember(self, matrix: torch.Tensor, approximation: torch.Tensor, q: torch.Tensor, state: State,
-                 ranks: int = 1) -> None:
-        """E <- M - M_hat (M is the residual's buffer; ``approximation`` is M_hat summed over ``ranks``), and Q
-        kept for the next step's warm start."""
-        if self.error_feedback:
-            matrix.sub_(approximation, alpha=1 / ranks)
-        state["q"] = q
+    def power_step(self, tensor: torch.Tensor, state: State, ctx: Context, ranks: int) -> Generator[
+            Allreduce, Payload, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Algorithm 1 (module docstring) on one tensor, the one place its equations are written: a generator that
+        yields the two sums over ``ranks`` ranks (P, then Q) and returns (P, Q averaged over the ranks, M_hat summed
+        over them). :class:`PowerSGDReduction` runs it across ranks; :meth:`compress` on one rank."""
+        matrix = self.matrix(tensor, state)
+        (p,) = yield Allreduce([matrix @ self.start_q(tensor, state, ctx)])  # P = M Q, summed: its scale is lost next
+        orthogonalize(p, self.orthogonalization_epsilon)
+        (q,) = yield Allreduce([matrix.t() @ p])  # Q = M^T P, summed
+        total = p @ q.t()  # M_hat summed over ranks: what a reduction returns
+        if self.error_feedback:  # E <- M - M_hat, in the residual's buffer
+            matrix.sub_(total, alpha=1 / ranks)
+        state["q"] = q.div_(ranks)  # Q averaged, as PyTorch's hook keeps it, for the next step's warm start
+        return p, q, total
 
     def compress(self, tensor: torch.Tensor, state: State, ctx: Context,
                  agreed: torch.Tensor | None = None) -> tuple[Payload, Any]:
-        """One rank's PowerSGD on its own (no collectives): the payload is (P, Q) with M_hat = P Q^T. The
-        reduction runs the same steps with the allreduces between them; this serves benchmarks and profiles."""
-        matrix = self.matrix(tensor, state)
-        p = orthogonalize(matrix @ self.start_q(tensor, state, ctx), self.orthogonalization_epsilon)
-        q = matrix.t() @ p
-        self.remember(matrix, p @ q.t(), q, state)
+        """One rank's PowerSGD on its own (:meth:`power_step`, each sum over this rank alone): the payload is
+        (P, Q) with M_hat = P Q^T. This serves benchmarks and profiles; training runs the reduction."""
+        steps = self.power_step(tensor, state, ctx, ranks=1)
+        try:
+            request = next(steps)
+            while True:
+                request = steps.send(request.tensors)
+        except StopIteration as done:
+            p, q, _ = done.value
         return [p, q], tensor.shape
 
     def decompress(self, payload: Payload, meta: Any) -> torch.Tensor:
@@ -169,27 +181,21 @@ class PowerSGD(Compressor):
 
 
 class PowerSGDReduction(ReductionMethod):
-    """PowerSGD's two allreduces with the orthogonalization and Q = M^T P between them; dense before
+    """PowerSGD across ranks: :meth:`PowerSGD.power_step` with its two sums as allreduces; dense before
     ``start_iter``. Returns the sum over ranks (the optimizer averages)."""
 
     name = "powersgd"
+    compressor: PowerSGD  # never wrapped: its memory is its own (own_memory)
 
     @classmethod
     def rejects(cls, traits: Any) -> str | None:
         return None if traits.reduction == cls.name else f"{traits!r} is not PowerSGD"
 
     def reduce(self, tensor: torch.Tensor, state: State, ctx: Context) -> Reduction:
-        method: PowerSGD = self.compressor.unwrapped()  # type: ignore[assignment]
-        if ctx.step < method.start_iter:  # dense warm-up: the gradient itself, summed in place
+        if ctx.step < self.compressor.start_iter:  # dense warm-up: the gradient itself, summed in place
             (summed,) = yield Allreduce([tensor.float()])
             return summed
-        matrix = method.matrix(tensor, state)
-        p = matrix @ method.start_q(tensor, state, ctx)
-        (p,) = yield Allreduce([p])  # summed: P is orthonormalized next, so its scale does not matter
-        orthogonalize(p, method.orthogonalization_epsilon)
-        (q,) = yield Allreduce([matrix.t() @ p])
-        total = p @ q.t()  # the sum over ranks of the approximations, what a reduction returns
-        method.remember(matrix, total, q.div_(ctx.size), state, ctx.size)  # Q averaged, as PyTorch's hook keeps it
+        *_, total = yield from self.compressor.power_step(tensor, state, ctx, ctx.size)
         return total.view(tensor.shape)
 
     # Costs for the performance model: the compressor's measured encode (M Q, orthogonalizations, M^T P) is

@@ -42,8 +42,9 @@ from typing import Any
 import torch
 
 from hvdcomp import check
-from hvdcomp.compressor import MEASURED, Compressor, Context, Payload, State, derive_seed
+from hvdcomp.compressor import MEASURED, Compressor, Context, State, derive_seed
 from hvdcomp.kernels import kernels_for
+from hvdcomp.wire import Payload
 
 _generators: dict[torch.device, torch.Generator] = {}
 

@@ -45,10 +45,11 @@ from typing import Any
 import torch
 
 from hvdcomp import check
-from hvdcomp.compressor import MEASURED, Payload
+from hvdcomp.compressor import MEASURED
 from hvdcomp.kernels import is_triton
 from hvdcomp.packing import pack_bits
 from hvdcomp.quantization import BucketQuantizer, decode_sum, generator
+from hvdcomp.wire import Payload
 
 
 class EFSignSGD(BucketQuantizer):

@@ -75,11 +75,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from hvdcomp import check
-from hvdcomp.compressor import Context, Payload, State, derive_seed
+from hvdcomp.compressor import Context, State, derive_seed
 from hvdcomp.kernels import cpu_kernels, is_triton, kernels_for
 from hvdcomp.methods.topk import Sparse, block, index_dtype
 from hvdcomp.reductions import Phase, ReductionMethod
 from hvdcomp.requests import Agree, Allgather, Allreduce, Reduction
+from hvdcomp.wire import Payload
 
 if TYPE_CHECKING:
     from hvdcomp.perfmodel.schema import Encoded

@@ -32,11 +32,12 @@ from typing import Any
 import torch
 
 from hvdcomp import check
-from hvdcomp.compressor import Compressor, Context, Payload, State, derive_seed
+from hvdcomp.compressor import Compressor, Context, State, derive_seed
 from hvdcomp.kernels import is_triton, kernels_for
 from hvdcomp.packing import pack_bits, unpack_bits
 from hvdcomp.quantization import generator, stacked
 from hvdcomp.requests import Agree
+from hvdcomp.wire import Payload
 
 
 def decode_codes(codes: torch.Tensor) -> torch.Tensor:

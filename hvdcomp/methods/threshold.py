@@ -32,9 +32,10 @@ from typing import Any
 import torch
 
 from hvdcomp import check
-from hvdcomp.compressor import MEASURED, Context, Payload, State
+from hvdcomp.compressor import MEASURED, Context, State
 from hvdcomp.kernels import is_triton, kernels_for
 from hvdcomp.methods.topk import Sparse, index_dtype
+from hvdcomp.wire import Payload
 
 
 def fitted_threshold(x: torch.Tensor, density: float) -> torch.Tensor:

@@ -34,8 +34,9 @@ from typing import Any
 import torch
 
 from hvdcomp import check
-from hvdcomp.compressor import MEASURED, Compressor, Context, Payload, State
+from hvdcomp.compressor import MEASURED, Compressor, Context, State
 from hvdcomp.kernels import is_triton, kernels_for
+from hvdcomp.wire import Payload
 
 #: entries in the sample that sets the candidate threshold (tensors under 4x this go straight to torch.topk)
 _SAMPLE = 65536

@@ -18,7 +18,7 @@ each option for each gradient, what a per-tensor choice needs.
 the per-gradient choice by isolated cost (:func:`per_tensor_plan`: encode, collectives, decode, no overlap with
 backward), and the fastest of these refined on the timeline; the fastest is chosen if predicted at least 5% faster
 than dense.
-Methods whose defaults lost accuracy on the shipped tasks (:data:`hvdcomp.auto.ACCURACY_GUARD`, with the reasons) are
+Methods whose defaults lost accuracy on the shipped tasks (:data:`hvdcomp.methods.ACCURACY_GUARD`, with the reasons) are
 not candidates unless ``--allow`` names them. It prints the chosen plan as a table (tensor, size, method, collective,
 predicted ms alone, dense ms alone) and the plans ranked, and with ``--json`` writes them.
 """
@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hvdcomp import extras, reductions
-from hvdcomp.auto import ACCURACY_GUARD
+from hvdcomp.methods import ACCURACY_GUARD
 from hvdcomp.perfmodel import schema, timeline
 from hvdcomp.perfmodel.schema import Cluster, Profile
 from hvdcomp.perfmodel.timeline import Network, StepTime

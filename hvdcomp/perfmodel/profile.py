@@ -59,7 +59,7 @@ from hvdcomp.compressor import STEADY_STEP, Compressor, Context, nonfinite
 from hvdcomp.config import CompressionConfig, edges
 from hvdcomp.methods import METHODS
 from hvdcomp.perfmodel.schema import STEP_TOTALS, dump
-from hvdcomp.tools.workloads import WORKLOADS
+from hvdcomp.workloads import WORKLOADS
 
 PROBE_WORLD = 2  # the world size hvdcomp's choices are made for (only the collective depends on it)
 #: ``--autocast``: mixed precision for the forward pass (ResNet-50's usual "batch 64, bf16 autocast")
@@ -110,7 +110,7 @@ class ProcessSetRanks(Ranks):
     """The ranks of a Horovod process set, measuring together through Horovod's own collectives (any controller:
     what a running job has); collectives are named under ``prefix``. ``wait(handle, name)`` waits for each of them,
     and for the collectives timed with these ranks (:meth:`Ranks.wait`): a running job's bounds the wait with its
-    deadline (the hvdcomp optimizer's ``_wait``); None waits without one. The barrier is an allreduce of one number,
+    deadline (the hvdcomp optimizer's ``wait``); None waits without one. The barrier is an allreduce of one number,
     which no rank leaves before every rank has entered (``hvd.barrier`` has no asynchronous form to bound)."""
 
     def __init__(self, process_set: Any, prefix: str, wait: Callable[[int, str], Any] | None = None) -> None:
@@ -280,7 +280,6 @@ def measure_steps(model: nn.Module, batch: Batch, loss_fn: LossFn, repeats: int,
 
 def measure_encoded(compressor: Compressor, grad: torch.Tensor, repeats: int, ranks: Ranks) -> dict[str, Any]:
     """Wire bytes and costs of ``compressor`` (as DistributedOptimizer wraps it) on one gradient."""
-    inner = compressor.unwrapped()
     ctx = Context.local(grad, step=STEADY_STEP)
     state = compressor.init_state(grad, ctx)
     gated = compressor.agree(grad, state, ctx) is not None
@@ -292,25 +291,26 @@ def measure_encoded(compressor: Compressor, grad: torch.Tensor, repeats: int, ra
 
     def encode() -> Any:
         payload = compressor.compress(grad, state, ctx, shared.get("value"))[0]
-        return payload if inner.summable else wire.pack(payload)
+        return payload if compressor.summable else wire.pack(payload)
 
     shared_ms = median_ms(statistics_, repeats, ranks, device=grad.device) if gated else 0.0
     encode_ms = median_ms(encode, repeats, ranks, before=statistics_ if gated else None, device=grad.device)
     if gated:
         statistics_()
     payload, meta = compressor.compress(grad, state, ctx, shared.get("value"))
-    summed = (inner.decompress(payload, meta) if inner.summable else inner.aggregate([payload], meta)).view_as(grad)
+    summed = (compressor.decompress(payload, meta) if compressor.summable
+              else compressor.aggregate([payload], meta)).view_as(grad)
     target = grad.clone()
     finish_ms = median_ms(lambda: torch.div(summed, PROBE_WORLD, out=target), repeats, ranks, device=grad.device)
     extra_ms = 0.0
     part_bytes = [part.numel() * part.element_size() for part in payload]
-    if inner.summable or inner.reduction is not None:  # allreduced as they are
+    if compressor.summable or compressor.reduction is not None:  # allreduced as they are
         wire_bytes = sum(part_bytes)
-        decode_ms = median_ms(lambda: inner.decompress(payload, meta), repeats, ranks, device=grad.device)
+        decode_ms = median_ms(lambda: compressor.decompress(payload, meta), repeats, ranks, device=grad.device)
     else:
-        wire_bytes = wire.nbytes(wire.layout_of(payload)) + (0 if inner.fixed_size else 8 * len(payload))
-        decode_ms = median_ms(lambda: inner.aggregate([payload], meta), repeats, ranks, device=grad.device)
-        four_ms = median_ms(lambda: inner.aggregate([payload] * 4, meta), repeats, ranks, device=grad.device)
+        wire_bytes = wire.nbytes(wire.layout_of(payload)) + (0 if compressor.fixed_size else 8 * len(payload))
+        decode_ms = median_ms(lambda: compressor.aggregate([payload], meta), repeats, ranks, device=grad.device)
+        four_ms = median_ms(lambda: compressor.aggregate([payload] * 4, meta), repeats, ranks, device=grad.device)
         extra_ms = max(four_ms - decode_ms, 0.0) / 3
     return {"wire_bytes": int(wire_bytes), "part_bytes": part_bytes, "shared_ms": round(shared_ms, 4),
             "encode_ms": round(encode_ms, 4), "decode_ms": round(decode_ms, 4),
@@ -331,13 +331,12 @@ def measure_compressor(method: str | Mapping[str, Any], named: list[tuple[str, t
         if compressor is None:
             continue
         entry[name] = measure_encoded(compressor, grad, repeats, ranks)
-        inner = compressor.unwrapped()
         ctx = Context.local(grad)
-        summary = {"summable": inner.summable, "fixed_size": inner.fixed_size, "sparse_payload": inner.sparse_payload,
-                   "checks_input": not compressor.keeps_nonfinite,
+        summary = {"summable": compressor.summable, "fixed_size": compressor.fixed_size,
+                   "sparse_payload": compressor.sparse_payload, "checks_input": not compressor.keeps_nonfinite,
                    "shared_before_encode": compressor.agree(grad, compressor.init_state(grad, ctx), ctx) is not None,
-                   **({"reduction": inner.reduction} if inner.reduction else {}),
-                   "options": {k: v for k, v in vars(inner).items() if not k.startswith("_")}}
+                   **({"reduction": compressor.reduction} if compressor.reduction else {}),
+                   "options": compressor.settings()}
     if not entry:
         return {}
     return {**summary, "gradients": entry}

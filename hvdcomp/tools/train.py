@@ -41,10 +41,11 @@ from torch import nn
 
 from hvdcomp import auto
 from hvdcomp.config import CompressionConfig
+from hvdcomp.deadlines import DEFAULT_DEADLINE, Deadline
+from hvdcomp.distributed import DistributedOptimizer
 from hvdcomp.elastic import TorchState
 from hvdcomp.methods import METHODS
-from hvdcomp.optimizer import DEFAULT_DEADLINE, Deadline, DistributedOptimizer
-from hvdcomp.tools.workloads import WORKLOADS, Dataset
+from hvdcomp.workloads import WORKLOADS, Dataset
 
 JOB_KEYS = ("workload", "epochs", "batch_size", "lr", "seed", "compression")
 #: steps between commits of the elastic state (and at each epoch's end): what a reset loses at most

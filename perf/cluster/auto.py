@@ -1,51 +1,30 @@
 """``compression: auto`` on the emulated cluster: its step time (by throughput) against the best single method chosen in
-hindsight and against dense, per hosts, rate and workload (issue 15's targets: within 10% of the best, never over 5%
-slower than dense).
+hindsight and against dense, per hosts, rate and workload. The targets: auto within 10% of the best, and at most 5%
+slower than dense.
 
     .venv/bin/python perf/cluster/auto.py [--hosts 2 4] [--rates 100mbit 1gbit 10gbit] [--workloads synthetic digits]
     .venv/bin/python perf/cluster/auto.py --report          # the tables from perf/results/auto.jsonl
-    .venv/bin/python perf/cluster/auto.py --report --before 2026-11-24T09:10    # an earlier launch's
-    .venv/bin/python perf/cluster/auto.py --rejudge         # every launch's runoffs judged again by each rule
-    .venv/bin/python perf/cluster/auto.py --hosts 2 --rates 1gbit --workloads digits --results auto_checks.jsonl # check
+    .venv/bin/python perf/cluster/auto.py --report --before 2026-11-26T00:00    # an earlier launch's
 
 One launch per (hosts, rate) runs, for each workload, in turn and on the same links: dense (``compression="none"``),
 every candidate ``auto`` has by default (every registered method but those of ``hvdcomp.ACCURACY_GUARD``; PowerSGD with
-``start_iter: 2``, in both), each alone at its defaults with ``collective: auto``, ``auto`` itself with short dense
-phases (1 warm-up and 3 measured dense steps, 2 repeats per cost; the guard at its defaults), and dense again (a
-control: what the same plan measures in another run of the same launch; for digits it runs next to dense, and auto
-before it, in each round but the first). Every run trains a fresh model (the same initial weights) with the loop of
-``hvdcomp train`` (zero_grad, forward, backward, step; SGD with momentum 0.9; 32 samples per rank). Denormal floats are
-flushed to zero (``torch.set_flush_denormal``, from launch AL on): auto's model has trained through its tuning, up to
-thousands of steps more than the others, and momentum decaying into denormals slows a step on x86
-(perf/training/denormals.py: a digits model 8,000 steps older ran 1.10x slower, and 1.01x flushed). A method's timed
-steps come after its warm-up (5 steps, 1 for synthetic at 100 Mbit/s, and PowerSGD's two dense steps), the first
-method's after a dense run of twice that (the first steps of a job run slower); ``auto``'s after it settled. Each
-step's time is its slowest rank's. The timed steps: for synthetic, after one more step (a probe, not counted), as many
-steps as take about 12 s by the probe's time, up to 30 and at least 3 at 100 Mbit/s (a dense step on 4 hosts takes
-over 10 s) or 6 on faster links, in a first round; then auto and the 4 fastest of dense and the methods within 1.25x
-of the fastest (:func:`contenders`; the others' rows are written as they drop out) go on in rounds of 3 steps, in
-turn, for about 180 s of timed steps in those rounds, 5 to 47 more rounds (:func:`synthetic_rounds`; up to launch AG, on
-2026-11-25, the first round was all; in AH, 5 more everywhere); for digits 1,200, in 60 rounds of 20 steps (30 rounds
-up to launch AJ, 10 up to Z2)
-in which every run (dense, each method, auto, dense again) takes its turn. Each round after the first runs in another
-order, and each run in it after one untimed step. A millisecond
-step's time drifts between runs on the emulated links (their token buckets refill at 4 ms timer ticks), and
-interleaving compares the runs under the same drift. A run's step time is its throughput: each round's mean step, the
-mean over the rounds (``rounds_mean_s``, from the rows' ``steps_s`` and ``round_steps``). That figure judges the targets
-from launch AN on, chosen before AN ran: up to AM it was the median over the rounds (``mean_step_s``, a figure that one
-slow round does not decide), but on 4 hosts the synthetic rounds' means fall into two modes (about 0.55 and 0.8 s per
-step, whatever the plan), and the median jumps with the split between them: auto running the method it kept measured
-0.84x to 1.21x of that method run alone across launches AH to AM. The rows also hold every timed step (``steps_s``) and
-the median step (``step_s``, with its quartiles); ``--report`` prints shorter tables by the median over the rounds and
-by the median step. Millisecond steps cluster about 1.1 ms apart (Horovod's negotiation round per cycle), so the median
-of the steps jumps from one cluster to the next where a run's steps split between two, and can come within 4% for two
-runs whose means differ by 20%. (A plan's "measured" ms in auto's report is the guard's: the median of its steps in
-the launches up to Y, on 2026-11-24, a trimmed mean since: ``hvdcomp.auto.step_ms``.)
-``auto``'s rows also give the plan it settled on, the plans it tried (predicted and measured ms, and the runoff's),
-every plan it ranked with its predicted ms, the dense step it measured and predicted, and the steps and seconds its
-tuning took (not in its step time; they are one-off per job). The first table also gives how sure auto / best is
-where the runs were timed in rounds: the 90% interval and the share of draws within 10% when the rounds are drawn again
-with replacement (``resampled``; for synthetic, from AH on, over the contenders' rounds).
+``start_iter: 2``, in both), each alone at its defaults with ``collective: auto``, ``auto`` itself at its defaults, and
+dense again (a control: what the same plan measures in another run of the same launch). Every run trains a fresh model
+(the same initial weights) with the loop of ``hvdcomp train`` (zero_grad, forward, backward, step; SGD with momentum
+0.9; 32 samples per rank), with denormal floats flushed to zero (auto's model has trained through its tuning, and
+momentum decaying into denormals slows a step on x86: perf/training/denormals.py). A method's timed steps come after
+its warm-up (5 steps, 1 for synthetic at 100 Mbit/s, and PowerSGD's two dense steps), the first method's after a dense
+run of twice that; ``auto``'s after it settled. Each step's time is its slowest rank's.
+
+Digits runs are timed in ROUNDS rounds of 20 steps, every run in turn, each round in another order, each run in it
+after one untimed step: millisecond steps drift between runs on the emulated links, and interleaving compares the runs
+under the same drift. Synthetic runs (seconds-long steps) are timed one after another for about SYNTHETIC_S each, then
+auto and the fastest contenders go on in rounds of 3 steps for about SYNTHETIC_CONTEST_S (:func:`contenders`,
+:func:`synthetic_rounds`). A run's step time is its throughput: each round's mean step, the mean over the rounds
+(``rounds_mean_s``); ``--report`` also prints the median over the rounds and the median step. ``auto``'s rows also give
+the plan it settled on, the plans it raced (predicted and judged ms, rounds won against dense), every plan it ranked,
+the dense step it measured and predicted, and the steps and seconds its tuning took (not in its step time: once per
+job). The first table gives how sure auto / best is (``resampled``: the rounds drawn again with replacement).
 Rows go to perf/results/auto.jsonl (``--results``: another file there).
 """
 
@@ -67,14 +46,11 @@ WORKLOADS = ("synthetic", "digits")
 #: PowerSGD's warm-up shortened from 10 dense steps to 2, as in perf/cluster/cluster_training.py, for single runs and
 #: auto alike
 CANDIDATE_OPTIONS = {"powersgd": {"start_iter": 2}}
-AUTO = {"warmup_steps": 1, "measure_steps": 3, "repeats": 2}
-MAX_TUNING_STEPS = 22000  # up to 13 tries (every method alone, two mixes, dense; widened ones among them) x (2 + 50
-# steps), each measured twice at most (disturbed_plans), a runoff of up to 24 rounds of 14 (wide_runoff) and a final of
-# up to 24 rounds of 2 (final_plans)
-#: digits' runs are timed in turn, 20 steps each, this many times (10 up to launch Z2, on 2026-11-24: there the
-#: ranking of the nine methods within 1.6x of each other on 2 hosts at 100 Mbit/s changed from launch to launch; 30 up
-#: to AJ: replayed on those launches' rounds, even the plan truly fastest measured within 10% of the best and 5% of
-#: dense in fewer settings at 30 rounds than at 60, perf/cluster/auto_replay.py)
+#: a bound on auto's tuning (its dense steps, then rounds of 4 plans of up to 2 + 25 steps while its 5 s budget lasts:
+#: about 2,700 steps at 2 ms a step)
+MAX_TUNING_STEPS = 10000
+#: digits' runs are timed in turn, 20 steps each, this many times (with fewer, the ranking of methods within 1.6x of
+#: each other changed from launch to launch)
 ROUNDS = 60
 #: a synthetic run is timed for about this many seconds, by one step's time (at least 3 steps at 100 Mbit/s, 6 on
 #: faster links), up to SYNTHETIC_STEPS steps
@@ -83,10 +59,7 @@ SYNTHETIC_STEPS = 30
 #: synthetic: after that first round, auto and the CONTENDERS fastest single plans within CONTENDER_BAND of the fastest
 #: go on in turn, SYNTHETIC_BLOCK steps each, for as many rounds as take about SYNTHETIC_CONTEST_S seconds of timed
 #: steps after the first round (by their first rounds' mean steps: :func:`synthetic_rounds`), SYNTHETIC_ROUNDS to
-#: SYNTHETIC_MAX_ROUNDS rounds with the first. (Launch AH had 6 rounds everywhere; one round before: a second-long
-#: step drifts by 10% and more within a run, and auto and the plan it kept, run alone, timed 0.82x in launch AE and
-#: 1.12x in AG on 4 hosts at 100 Mbit/s. In AH there, auto's 6 round means spanned 0.81 to 1.26 s, and 1.11x. Launch
-#: AI on: the time budget.)
+#: SYNTHETIC_MAX_ROUNDS rounds with the first (a second-long step drifts by 10% and more within a run)
 SYNTHETIC_BLOCK = 3
 SYNTHETIC_CONTEST_S = 180.0
 SYNTHETIC_ROUNDS = 6
@@ -110,7 +83,7 @@ def worker(workloads: list[str], rate: str) -> None:
     from torch import nn
 
     import hvdcomp
-    from hvdcomp.tools.workloads import WORKLOADS as BUILT_IN
+    from hvdcomp.workloads import WORKLOADS as BUILT_IN
 
     hvd.init()
     torch.set_num_threads(1)
@@ -160,7 +133,7 @@ def worker(workloads: list[str], rate: str) -> None:
             model = BUILT_IN[workload](0).model
             sgd = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
             if method == "auto":
-                compression: Any = {"method": "auto", "options": {**AUTO, "candidates": candidates}}
+                compression: Any = {"method": "auto", "options": {"candidates": candidates}}
             elif method in ("dense", CONTROL):
                 compression = "none"
             else:
@@ -184,7 +157,7 @@ def worker(workloads: list[str], rate: str) -> None:
                        plan={c["name"]: f"{c['method']}/{c['collective']}" for c in report["plan"]},
                        tried=report["tried"], predicted=report["predicted"], dense_ms=report["dense_ms"],
                        dense_predicted_ms=report["dense_predicted_ms"], measure_s=report["measure_s"],
-                       links=report["links"])
+                       race_s=report.get("race_s", 0.0), links=report["links"])
             return model, optimizer, steps, row
 
         # the job's first steps run slower (connections, Horovod's caches): a dense run, not reported, before the first
@@ -368,37 +341,16 @@ def plan_text(r: dict[str, Any]) -> str:
     return f"{r['label']}: {', '.join(methods)}"
 
 
-def median_of(trial: dict[str, Any]) -> float:
-    """The median of a ran-off plan's measurements, the guard's among them."""
-    return statistics.median([trial["measured_ms"], *trial["runoff_ms"]])
-
-
-def judged_text(trial: dict[str, Any]) -> str:
-    """The step the guard judged a plan it ran off by: ``judged_ms`` from launch AB on (against the others in each
-    round from 3 rounds on, else the median of its measurements), the median of its measurements in the rows of
-    earlier launches."""
-    if "judged_ms" in trial:
-        return f"judged {ms(trial['judged_ms'])}"
-    return f"median {ms(median_of(trial))}"
-
-
 def tried_text(r: dict[str, Any]) -> str:
-    """The plans auto tried, as the guard measured them."""
-    return "; ".join(f"{t['label']}: {ms(t['predicted_ms'])} -> {ms(t['measured_ms'])}"
-                     + (" (dense steps)" if t.get("dense_steps") else "")
-                     + (f" (again: first {ms(t['disturbed_ms'])})" if t.get("disturbed_ms") else "")
-                     + (" (widened)" if t.get("widened") else "")
-                     + (rounds_text("runoff", t["runoff_ms"], f": {judged_text(t)}", t.get("rounds_won"))
-                        if "runoff_ms" in t else "")
-                     + (rounds_text("final", t["final_ms"], "", t.get("final_won")) if "final_ms" in t else "")
-                     + (" kept" if t["kept"] else "") for t in r["tried"]) or "none tried"
+    """The plans auto raced: predicted ms -> judged ms, rounds won against dense. Rows of launches before the race
+    (up to 2026-11-26) give each plan's first measurement instead."""
+    def one(t: dict[str, Any]) -> str:
+        if "rounds_ms" not in t:
+            return f"{t['label']}: {ms(t['predicted_ms'])} -> {ms(t['measured_ms'])}" + (" kept" if t["kept"] else "")
+        won = "" if t["rounds_won"] is None else f", won {t['rounds_won']} of {len(t['rounds_ms'])}"
+        return f"{t['label']}: {ms(t['predicted_ms'])} -> {ms(t['judged_ms'])}{won}" + (" kept" if t["kept"] else "")
 
-
-def rounds_text(kind: str, measured: list[float], judged: str, won: int | None) -> str:
-    """A plan's measurements in a runoff or a final (``kind``), then ``judged``, and the rounds it was faster than
-    dense in, where counted."""
-    return (f" ({kind} {', '.join(map(ms, measured))}{judged}"
-            + (f"; faster than dense in {won} of {len(measured)}" if won is not None else "") + ")")
+    return "; ".join(one(t) for t in r["tried"]) or "none tried"
 
 
 def totals(table: list[dict[str, Any]], figure: str) -> None:
@@ -455,84 +407,6 @@ def report(rows: list[dict[str, Any]]) -> None:
         totals(by_figure, figure)
 
 
-def kept_by(tried: list[dict[str, Any]], judged: list[float], dense_ms: float) -> str:
-    """Of the runoff's plans, the fastest by ``judged`` (a step per plan of ``tried``), if faster than dense (judged
-    so where it was measured, else ``dense_ms``); else dense: the verdict of the rules before the rounds won."""
-    steps = dict(zip((t["label"] for t in tried), judged, strict=True))
-    fastest = min((t["label"] for t in tried if "runoff_ms" in t), key=steps.__getitem__)
-    return fastest if fastest != "dense" and steps[fastest] < steps.get("dense", dense_ms) else "dense"
-
-
-def by_median(tried: list[dict[str, Any]], dense_ms: float) -> str:
-    """The plan the guard kept up to launch AA (:func:`kept_by`), each plan judged by the median of its measurements
-    (the guard's among them) where it ran off, else by its one measurement."""
-    return kept_by(tried, [median_of(t) if "runoff_ms" in t else t["measured_ms"] for t in tried], dense_ms)
-
-
-def by_rounds(tried: list[dict[str, Any]], dense_ms: float) -> str:
-    """The plan the guard kept in launch AB (:func:`kept_by`), each plan judged by ``hvdcomp.auto.judged_ms``
-    (against the others in each round from 3 rounds on, else the median)."""
-    from hvdcomp.auto import judged_ms
-
-    return kept_by(tried, judged_ms(tried), dense_ms)
-
-
-def rejudge(rows: list[dict[str, Any]]) -> None:
-    """Every launch's runoffs judged again, on the same measurements, by the median of each plan's measurements
-    (:func:`by_median`, the rule up to launch AA), by its rounds (:func:`by_rounds`, launch AB's rule) and by
-    :func:`hvdcomp.auto.kept_plan` as it is now (by the rounds, and over dense only with clearly more rounds won
-    than chance gives: :func:`hvdcomp.auto.clear_win`; more than three quarters of them up to launch AJ): per setting
-    of each launch where auto ran a runoff, the plan it kept in the launch and the plan each rule keeps, each with
-    its run alone's step / the best single method's in that launch (by throughput where
-    the launch has it, else by the median step; "-" where the plan is a per-tensor mix, not run alone, and not
-    counted), and the counts within 10% of the best and at most 5% slower than dense. Where auto would now run a
-    final (:func:`hvdcomp.auto.final_plans`) that a launch from before it did not, the last column says so: its plan
-    is then what the runoff alone keeps. Every row, of every launch (``--before`` does not apply)."""
-    from hvdcomp.auto import AutoSettings, final_plans, kept_plan
-
-    launches: dict[tuple, dict[str, dict[str, Any]]] = {}
-    for row in rows:
-        launches.setdefault((row["time"], row["hosts"], row["rate"], row["workload"]), {})[row["method"]] = row
-    rules = ("kept in the launch", "by the median", "by the rounds (AB)", "by the rounds and rounds won (now)")
-    print(f"| launch's time | hosts | rate | workload | figure | plans run off, rounds | {' | '.join(rules)} |")
-    print("| --- " * 10 + "|")
-    within, dense_ok = [0] * len(rules), [0] * len(rules)
-    settings = 0
-    differ: dict[int, list[str]] = {1: [], 3: []}  # the median, and now, against the rounds (AB)
-    for (when, hosts, rate, workload), methods in sorted(launches.items()):
-        auto = methods.get("auto")
-        ran_off = [t for t in auto["tried"] if "runoff_ms" in t] if auto else []
-        if not ran_off:
-            continue
-        figure = "mean_step_s" if all("mean_step_s" in r for r in methods.values()) else "step_s"
-        single = {m: r[figure] for m, r in methods.items() if m not in ("auto", CONTROL)}
-        best = min(single.values())
-        now = kept_plan(auto["tried"], auto["dense_ms"])
-        finalists = final_plans(auto["tried"], auto["dense_ms"], AutoSettings.runoff_band)
-        labels = (auto["label"], by_median(auto["tried"], auto["dense_ms"]), by_rounds(auto["tried"], auto["dense_ms"]),
-                  "dense" if now is None else auto["tried"][now]["label"])
-        steps = [single.get(label, math.nan) for label in labels]
-        settings += 1
-        within = [count + (step / best <= 1.10) for count, step in zip(within, steps, strict=True)]
-        dense_ok = [count + (step / single["dense"] <= 1.05) for count, step in zip(dense_ok, steps, strict=True)]
-        for rule, found in differ.items():
-            if labels[rule] != labels[2]:
-                found.append(f"{when} {hosts} hosts {rate} {workload} ({steps[2] / best:.2f} -> "
-                             f"{steps[rule] / best:.2f})")
-        cells = [f"{label} ({step / best:.2f})" if not math.isnan(step) else f"{label} (-)"
-                 for label, step in zip(labels, steps, strict=True)]
-        if finalists:  # a runoff from before the final, where the final would have run: not measured
-            cells[3] += f", a final of {' and '.join(finalists)} not measured"
-        print(f"| {when} | {hosts} | {rate} | {workload} | {figure} | {len(ran_off)}, "
-              f"{len(ran_off[0]['runoff_ms'])} | {' | '.join(cells)} |")
-    print(f"\n{settings} settings with a runoff (a per-tensor mix kept counts in neither):")
-    for rule, count, fine in zip(rules, within, dense_ok, strict=True):
-        print(f"{rule}: within 10% of the best in {count}, at most 5% slower than dense in {fine}")
-    for rule, found in differ.items():
-        print(f"{rules[rule]} differs from {rules[2]} in {len(found)} settings (the run alone / best, by the rounds "
-              f"-> {rules[rule]}): {'; '.join(found)}")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hosts", type=int, nargs="+", default=list(clusterbench.HOSTS))
@@ -544,17 +418,11 @@ def main() -> None:
     parser.add_argument("--report", action="store_true", help="only print the tables of the latest rows")
     parser.add_argument("--before", metavar="TIME", help="the tables of the latest rows measured before TIME (ISO, "
                         "as the rows' time: 2026-11-24T09:10), an earlier launch's")
-    parser.add_argument("--rejudge", action="store_true", help="every launch's runoffs judged again, on the same "
-                        "measurements, by the median (the rule up to launch AA), by the rounds (AB's) and as auto "
-                        "judges now")
     parser.add_argument("--worker", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker is not None:
         rate, *workloads = args.worker
         worker(workloads, rate)
-        return
-    if args.rejudge:
-        rejudge(clusterbench.load(args.results))
         return
     if not args.report:
         for rate in args.rates:

@@ -49,7 +49,7 @@ def worker(target: float, methods: list[str]) -> None:
     import hvdcomp
     from hvdcomp.tools.train import sgd as make_sgd
     from hvdcomp.tools.train import with_epochs
-    from hvdcomp.tools.workloads import WORKLOADS
+    from hvdcomp.workloads import WORKLOADS
 
     hvd.init()
     torch.set_num_threads(1)

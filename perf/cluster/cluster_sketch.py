@@ -94,7 +94,7 @@ def training_worker(epochs: int, target: float) -> None:
 
     import hvdcomp
     from hvdcomp.tools.train import evaluate, sgd
-    from hvdcomp.tools.workloads import WORKLOADS
+    from hvdcomp.workloads import WORKLOADS
 
     hvd.init()
     torch.set_num_threads(1)

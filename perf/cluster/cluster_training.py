@@ -3,7 +3,7 @@
     .venv/bin/python perf/cluster/cluster_training.py [--hosts 2 4] [--rates 100mbit 1gbit 10gbit] [--batch-size 32]
         [--controller mpi|gloo]
 
-The communication-heavy workload of ``hvdcomp train --workload synthetic`` (:mod:`hvdcomp.tools.workloads`: an MLP of
+The communication-heavy workload of ``hvdcomp train --workload synthetic`` (:mod:`hvdcomp.workloads`: an MLP of
 25.2 M parameters, 101 MB of float32 gradient per step), trained with the same loop as ``hvdcomp train``
 (zero_grad, forward, backward, step; SGD with momentum) for a few steps per method, all methods in one
 launch on the same links:
@@ -63,7 +63,7 @@ def worker(batch_size: int, steps: int, methods: list[str]) -> None:
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
 
     import hvdcomp
-    from hvdcomp.tools.workloads import WORKLOADS
+    from hvdcomp.workloads import WORKLOADS
 
     hvd.init()
     torch.set_num_threads(1)

@@ -112,7 +112,7 @@ def cluster_worker() -> None:
 
     import hvdcomp
     from hvdcomp.tools.train import evaluate, sgd, with_epochs
-    from hvdcomp.tools.workloads import WORKLOADS
+    from hvdcomp.workloads import WORKLOADS
 
     hvd.init()
     torch.set_num_threads(1)

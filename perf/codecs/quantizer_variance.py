@@ -24,7 +24,7 @@ from torch import nn
 
 from hvdcomp import ORQ, QSGD, Context, make_compressor
 from hvdcomp.quantization import rounding_variance
-from hvdcomp.tools.workloads import synthetic
+from hvdcomp.workloads import synthetic
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 

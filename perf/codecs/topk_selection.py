@@ -25,7 +25,7 @@ import torch
 from hvdcomp.compressor import Context
 from hvdcomp.config import CompressionConfig
 from hvdcomp.methods import topk
-from hvdcomp.tools.workloads import WORKLOADS
+from hvdcomp.workloads import WORKLOADS
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 
@@ -70,7 +70,7 @@ def main() -> None:
             if name not in states:
                 states[name] = compressor.init_state(p.grad, ctx)
             payload, meta = compressor.compress(p.grad, states[name], ctx)
-            p.grad.copy_(compressor.unwrapped().aggregate([payload], meta).view_as(p.grad))
+            p.grad.copy_(compressor.aggregate([payload], meta).view_as(p.grad))
         optimizer.step()
     with (RESULTS / "topk_selection.jsonl").open("a") as out:
         for numel, rows in sorted(records.items()):

@@ -20,7 +20,7 @@ import horovod.torch as hvd
 import torch
 
 import hvdcomp
-from hvdcomp.tools.workloads import WORKLOADS
+from hvdcomp.workloads import WORKLOADS
 
 
 def main() -> None:

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 import hvdcomp
-from hvdcomp.tools.workloads import WORKLOADS
+from hvdcomp.workloads import WORKLOADS
 
 ROUNDS = 30
 BLOCK = 20

@@ -1,0 +1,49 @@
+"""``hvdcomp.DistributedOptimizer``: the entry point. It wraps a PyTorch optimizer in hvdcomp's optimizer
+(:mod:`hvdcomp.optimizer`, a drop-in for Horovod's) and, for ``compression: auto``, attaches the tuner
+(:mod:`hvdcomp.auto`) above it: the optimizer knows nothing of auto but the small interface a tuner uses
+(:class:`hvdcomp.optimizer.Tuner`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import horovod.torch as hvd
+import torch
+
+from hvdcomp.auto import Tuner
+from hvdcomp.compressor import Compressor
+from hvdcomp.config import CompressionConfig
+from hvdcomp.deadlines import DEFAULT_DEADLINE, Deadline
+from hvdcomp.optimizer import _DistributedOptimizer
+
+
+def DistributedOptimizer(optimizer: torch.optim.Optimizer,
+                         named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
+                         compression: Compressor | str | Mapping[str, Any] | None = "none",
+                         backward_passes_per_step: int = 1, op: Any = hvd.Average,
+                         process_set: hvd.ProcessSet = hvd.global_process_set,
+                         deadline: Deadline | float | None = DEFAULT_DEADLINE) -> torch.optim.Optimizer:
+    """Wraps ``optimizer`` so that gradients are averaged across ranks, compressed as configured.
+
+    Args:
+        optimizer: the optimizer to wrap (its class is subclassed, as ``hvd.DistributedOptimizer`` does).
+        named_parameters: ``model.named_parameters()``; names key the config's patterns and the collectives.
+        compression: a Compressor, a method name (``"terngrad"``, see ``hvdcomp.METHODS``), ``"auto"`` (chosen per
+            tensor while the job trains: :mod:`hvdcomp.auto`) or a config mapping (see :mod:`hvdcomp.config`).
+            ``"none"`` gives exactly stock Horovod's updates.
+        backward_passes_per_step: backward passes accumulated locally before each reduction.
+        op: ``hvd.Average`` (default) or ``hvd.Sum``.
+        process_set: the Horovod process set to reduce over.
+        deadline: how long to wait for any of hvdcomp's collectives before ending the job with a message
+            (:class:`Deadline`: from the slowest step so far; a number: fixed seconds; None: wait forever, as
+            Horovod does).
+    """
+    config = CompressionConfig.parse(compression)
+    cls = type(optimizer.__class__.__name__, (_DistributedOptimizer, optimizer.__class__), {})
+    wrapped = cls(optimizer.param_groups, named_parameters, config, backward_passes_per_step, op, process_set,
+                  deadline)
+    if config.auto is not None:
+        wrapped.attach_tuner(Tuner(config.auto, config))
+    return wrapped
