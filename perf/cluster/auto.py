@@ -11,10 +11,11 @@ every candidate ``auto`` has by default (every registered method but those of ``
 ``start_iter: 2``, in both), each alone at its defaults with ``collective: auto``, ``auto`` itself at its defaults, and
 dense again (a control: what the same plan measures in another run of the same launch). Every run trains a fresh model
 (the same initial weights) with the loop of ``hvdcomp train`` (zero_grad, forward, backward, step; SGD with momentum
-0.9; 32 samples per rank), with denormal floats flushed to zero (auto's model has trained through its tuning, and
-momentum decaying into denormals slows a step on x86: perf/training/denormals.py). A method's timed steps come after
-its warm-up (5 steps, 1 for synthetic at 100 Mbit/s, and PowerSGD's two dense steps), the first method's after a dense
-run of twice that; ``auto``'s after it settled. Each step's time is its slowest rank's.
+0.9, or 0 for a method that applies momentum itself; 32 samples per rank), with denormal floats flushed to zero
+(auto's model has trained through its tuning, and momentum decaying into denormals slows a step on x86:
+perf/training/denormals.py). A method's timed steps come after its warm-up (5 steps, 1 for synthetic at 100 Mbit/s,
+and PowerSGD's two dense steps), the first method's after a dense run of twice that; ``auto``'s after it settled. Each
+step's time is its slowest rank's.
 
 Digits runs are timed in ROUNDS rounds of 20 steps, every run in turn, each round in another order, each run in it
 after one untimed step: millisecond steps drift between runs on the emulated links, and interleaving compares the runs
@@ -131,7 +132,10 @@ def worker(workloads: list[str], rate: str) -> None:
             """A fresh model (the same initial parameters on every rank) and its optimizer, warmed up (auto: until
             it settled); the next step, and the row so far."""
             model = BUILT_IN[workload](0).model
-            sgd = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+            # a method that applies momentum itself (the sparsifiers' momentum correction) gets the optimizer's at 0,
+            # as hvdcomp train gives it
+            own = method in candidates and hvdcomp.make_compressor(method, candidates[method]).applies_momentum
+            sgd = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.0 if own else 0.9)
             if method == "auto":
                 compression: Any = {"method": "auto", "options": {"candidates": candidates}}
             elif method in ("dense", CONTROL):
