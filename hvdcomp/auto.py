@@ -73,7 +73,7 @@ WARMUP_STEPS, MEASURE_STEPS = 1, 3
 REPEATS = 3
 #: steps of a newly applied plan before it is timed (Horovod negotiates the new collectives' names once)
 SETTLE_STEPS = 2
-#: seconds one measurement of a plan aims at, in MIN_STEPS to MAX_STEPS steps (by its predicted step)
+#: seconds one measurement of a plan aims at, in MIN_STEPS to MAX_STEPS steps (:func:`measured_steps`)
 MEASURE_S, MIN_STEPS, MAX_STEPS = 0.1, 2, 25
 #: the fewest rounds of the race: a sign test cannot show a clear win in fewer
 MIN_ROUNDS = 3
@@ -289,8 +289,8 @@ class Tuner:
     def _live_profile(self, optimizer: Any) -> tuple[schema.Profile, dict[str, str], int]:
         """The job's profile from the measured dense steps and the candidates' costs on this step's gradients, agreed
         (the slowest rank's), the methods left out with why, and Horovod's fusion threshold (agreed too); sets the
-        report's ``dense_ms``. A candidate that
-        fails to measure (out of memory) on any rank, or that the timeline cannot price, is left out on every rank."""
+        report's ``dense_ms``. A candidate that fails to measure (out of memory) on any rank, or that the timeline
+        cannot price, is left out on every rank."""
         samples, process_set = self.samples, optimizer.process_set
         alone = profile.Ranks()
         # copies: the reduced gradients are this step's update, which no measurement may touch

@@ -46,9 +46,11 @@ COLLECTIVE_LABELS = ("fp16", "terngrad", "terngrad-noshare", "terngrad-noclip", 
 #: scenario ``digits``: the methods that train the digits classifier to within a point of dense (and dense itself)
 DIGITS_METHODS = ("none", "bingrad", "orq", "qsgd", "signsgd", "efsignsgd", "onebit", "dgc", "threshold", "gravac",
                   "lgc", "lgc-ps")
+#: scenario ``digits``: the methods that train it above 90% (one seed), compressed more than 3x
+DIGITS_TRAIN = ("powersgd", "randomk")
 #: the scenarios that report a result per case (``SCENARIO CASE OK rank R``), and their cases
 CASES = {"train": tuple(TRAIN_CONFIGS), "resume": RESUME_LABELS, "collectives": COLLECTIVE_LABELS,
-         "digits": DIGITS_METHODS}
+         "digits": (*DIGITS_METHODS, *DIGITS_TRAIN)}
 
 #: The device of the scenarios' tensors: "cpu" (the default) or "cuda" (``HVDCOMP_TEST_DEVICE=cuda``: tests/ranks.py
 #: puts each rank's models, data and gradients on its GPU; several ranks can share one GPU only through a Horovod built
