@@ -225,9 +225,8 @@ class Tuner:
         applies a plan (``optimizer.apply_config``)."""
         if self.phase == "settled":
             return
-        gradients = optimizer.gradients()
         if self._clock is None:
-            self._clock = _Clock(gradients[0][1].device)
+            self._clock = _Clock(optimizer.gradients()[0][1].device)
         now = time.perf_counter()
         if optimizer.step_skipped:  # a non-finite step (nonfinite: skip) is not measured, nor measured on
             self._marks, self._backward_mark, self._origin, self._last_end = {}, None, None, now
@@ -267,8 +266,8 @@ class Tuner:
         """Step 1 and 2 of the rule: the costs, the links, the ranking, the plans to race."""
         started = time.perf_counter()
         job, excluded, fusion = self._live_profile(optimizer)
-        device = optimizer.gradients()[0][1].device
-        cluster, links = live.cluster(optimizer.process_set, device, job.dense_bytes, fusion, optimizer.wait, PREFIX)
+        cluster, links = live.cluster(optimizer.process_set, self._clock.device, job.dense_bytes, fusion,
+                                      optimizer.wait, PREFIX)
         workers = optimizer.process_set.size()
         ranked = predict.choose_plans(cluster, job, workers, list(job.compressors))
         self.by_label = {p.label: p for p in ranked}
