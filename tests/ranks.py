@@ -909,9 +909,11 @@ def scenario_auto() -> None:
     the same plan on every rank; the same method made slow in the job (not when measured alone) loses every round,
     and every rank goes back to dense together. Parameters stay identical across ranks."""
     report, optimizer, model = auto_run({"scalar_test": {}})
-    assert report["phase"] == "settled" and report["label"] == "scalar_test", report
-    assert [t["label"] for t in report["tried"]] == ["dense", "scalar_test"], report
-    assert report["tried"][1]["rounds_won"] == hvdcomp.auto.MIN_ROUNDS and report["tried"][1]["clear"], report
+    # The plans raced are "scalar_test" on every tensor it may take and, where the timeline prices a small tensor
+    # cheaper dense, the per-tensor plan: two near-equal plans, either may be kept.
+    assert report["phase"] == "settled" and report["label"] != "dense", report
+    assert report["tried"][0]["label"] == "dense" and len(report["tried"]) >= 2, report
+    assert all(t["rounds_won"] == hvdcomp.auto.MIN_ROUNDS and t["clear"] for t in report["tried"][1:]), report
     chosen = {c["name"]: c["method"] for c in report["plan"]}
     assert chosen["0.weight"] == "scalar_test" and chosen["2.bias"] == "none", chosen  # 10 elements: under min_numel
     assert_same_plan(report, optimizer, "kept")
@@ -921,7 +923,7 @@ def scenario_auto() -> None:
 
     report, optimizer, model = auto_run({"scalar_test": {"sleep_s": 0.6}})  # dense: about 0.5 s a step
     assert report["phase"] == "settled" and report["label"] == "dense" and report["plan"] == [], report
-    assert report["tried"][1]["rounds_won"] == 0 and not report["tried"][1]["clear"], report
+    assert all(t["rounds_won"] == 0 and not t["clear"] for t in report["tried"][1:]), report
     assert all(s.choice.reduction is None for s in optimizer._slots)
     assert_same_plan(report, optimizer, "fallback")
     assert_identical_across_ranks(model, "auto.fallback")
