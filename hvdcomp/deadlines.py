@@ -195,6 +195,21 @@ def answering(peers: dict[int, tuple[list[str], int]], timeout_s: float = 2.0) -
     return yes, no
 
 
+#: how often a rank polls an unfinished collective while more ranks share its host than it has cores
+POLL_S = 0.0002
+_oversubscribed = [False]
+
+
+def share_host(ranks: int) -> None:
+    """Tells :func:`synchronize` that ``ranks`` ranks run on this host (the optimizer counts them by host name when
+    the ranks check their plans). Horovod's own wait spins, yielding, until the collective is done: the fastest wait
+    with a core per rank. With more ranks than this rank may use cores, the spinning ranks take the cores that
+    Horovod's background threads need to do the communication (many times slower under Gloo: perf/training/wait.py),
+    so a wait then polls the collective and sleeps between polls, as Open MPI stops busy-polling when
+    oversubscribed."""
+    _oversubscribed[0] = _oversubscribed[0] or ranks > len(os.sched_getaffinity(0))
+
+
 def synchronize(handle: int, what: str, deadline_s: float | None = None,
                 context: Callable[[], str] = lambda: "") -> Any:
     """``hvd.synchronize(handle)``, bounded by ``deadline_s`` (None: unbounded) and with hvdcomp's context.
@@ -210,6 +225,9 @@ def synchronize(handle: int, what: str, deadline_s: float | None = None,
     if deadline_s is not None:
         _watchdog.watch(what, context, deadline_s)
     try:
+        if _oversubscribed[0]:
+            while not hvd.poll(handle):
+                time.sleep(POLL_S)
         return hvd.synchronize(handle)
     except HorovodInternalError as error:
         raise HorovodInternalError(f"hvdcomp: collective {what!r} {context()}failed: {error}") from error

@@ -45,6 +45,7 @@ import hashlib
 import json
 import logging
 import os
+import socket
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -59,7 +60,7 @@ from hvdcomp import check
 from hvdcomp.collectives import Pending, start, start_vote
 from hvdcomp.compressor import AccuracyWarning, Context, State, derive_seed, nonfinite
 from hvdcomp.config import Choice, CompressionConfig, edges
-from hvdcomp.deadlines import DEFAULT_DEADLINE, Beacon, Deadline, answering, synchronize
+from hvdcomp.deadlines import DEFAULT_DEADLINE, Beacon, Deadline, answering, share_host, synchronize
 from hvdcomp.requests import Agree, Reduction
 
 log = logging.getLogger(__name__)
@@ -345,16 +346,20 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """Ranks with different plans would wait forever on each other's collectives: fail fast instead."""
         mine = json.dumps({"op": str(self.op), "passes": self.backward_passes_per_step,
                            "nonfinite": self.config.nonfinite, "params": plans})
-        # each rank's beacon travels on a line of its own after the plan: what a timed-out wait probes
-        data = torch.frombuffer(bytearray(f"{mine}\n{json.dumps(Beacon.address())}".encode()), dtype=torch.uint8)
+        # each rank's host name and beacon travel on a line of their own after the plan: the ranks that share this
+        # host's cores, and what a timed-out wait probes
+        host = json.dumps([socket.gethostname(), Beacon.address()])
+        data = torch.frombuffer(bytearray(f"{mine}\n{host}".encode()), dtype=torch.uint8)
         lengths = self.wait(hvd.allgather_async(torch.tensor([data.numel()]), name="hvdcomp.plan.lengths",
                                                  process_set=self.process_set), "hvdcomp.plan.lengths")
         gathered = self.wait(hvd.allgather_async(data, name="hvdcomp.plan", process_set=self.process_set),
                               "hvdcomp.plan")
-        others, beacons = zip(*(bytes(chunk.tolist()).decode().rsplit("\n", 1)
-                                for chunk in gathered.split(lengths.tolist())), strict=True)
+        others, hosts = zip(*(bytes(chunk.tolist()).decode().rsplit("\n", 1)
+                              for chunk in gathered.split(lengths.tolist())), strict=True)
+        hosts = [json.loads(host) for host in hosts]
         me = self.process_set.rank()
-        self._peers = {rank: tuple(json.loads(beacon)) for rank, beacon in enumerate(beacons) if rank != me}
+        share_host(sum(name == hosts[me][0] for name, _ in hosts))
+        self._peers = {rank: tuple(beacon) for rank, (_, beacon) in enumerate(hosts) if rank != me}
         for rank, other in enumerate(others):
             if other != mine:
                 raise ValueError(f"hvdcomp: ranks are configured differently (this rank "
