@@ -16,7 +16,7 @@ import yaml
 from conftest import BIN, REPO, run_ranks
 from scripted import cluster_of, profile_of
 
-from hvdcomp import LGC, METHODS
+from hvdcomp import LGC, METHODS, cli
 from hvdcomp.perfmodel import costs, predict, probe, schema, timeline
 from hvdcomp.perfmodel.costs import Link
 
@@ -398,6 +398,16 @@ def _hvdcomp(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run([str(BIN / "hvdcomp"), *args], capture_output=True, text=True, timeout=timeout)
 
 
+def _hvdcomp_here(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, str]:
+    """``hvdcomp ARGS`` run in this process (:func:`hvdcomp.cli.main`): its exit status and what it wrote to stderr."""
+    capsys.readouterr()
+    try:
+        code = cli.main(list(args))
+    except SystemExit as exit_:  # argparse's usage errors
+        code = exit_.code
+    return code, capsys.readouterr().err
+
+
 @pytest.mark.multirank
 def test_probe_profile_predict_for_real(tmp_path: Path) -> None:
     cluster_path, profile_path = tmp_path / "cluster.yaml", tmp_path / "profile.yaml"
@@ -438,13 +448,14 @@ def test_probe_profile_predict_for_real(tmp_path: Path) -> None:
     assert done.returncode == 2 and "has no inter_node link, so it cannot place 4 workers" in done.stderr
 
 
-def test_predict_rejects_bad_arguments(tmp_path: Path) -> None:
+def test_predict_rejects_bad_arguments(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     profile = tmp_path / "p.yaml"
     profile.write_text(yaml.safe_dump(PROFILE))
-    done = _hvdcomp("predict", "--cluster", "gtx1080-pcie-1gbe", "--profile", str(profile), "--workers", "1,two")
-    assert done.returncode == 2 and "expected comma-separated integers" in done.stderr
-    done = _hvdcomp("predict", "--cluster", "gtx1080-pcie-1gbe", "--profile", str(profile), "--workers", "0,4")
-    assert done.returncode == 2 and "workers must be positive integers" in done.stderr
+    for workers, message in (("1,two", "expected comma-separated integers"),
+                             ("0,4", "workers must be positive integers")):
+        code, stderr = _hvdcomp_here(capsys, "predict", "--cluster", "gtx1080-pcie-1gbe", "--profile", str(profile),
+                                     "--workers", workers)
+        assert code == 2 and message in stderr, (workers, stderr)
     done = _hvdcomp("predict", "--cluster", "gtx1080-pcie-1gbe", "--profile", str(profile), "--workers", "1,4,16")
     assert done.returncode == 0 and "(nominal)" in done.stdout
 
@@ -531,9 +542,9 @@ def test_profile_under_bf16_autocast() -> None:
     assert document["compressors"]["fp16"]["step_encode_ms"] > 0
 
 
-def test_profile_a_factory_model_from_the_command_line(tmp_path: Path) -> None:
+def test_profile_a_factory_model_from_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """``hvdcomp profile --model package.module:factory`` with an input shape, and with a batch function; bad
-    specifications name what is wrong."""
+    specifications name what is wrong (the command's entry point called in this process: no import each)."""
     out = tmp_path / "resnet.yaml"
     done = _hvdcomp("profile", "--model", "hvdcomp.tools.models:resnet18", "--input-shape", "3,32,32", "--classes",
                     "10", "--batch-size", "2", "--repeats", "1", "--methods", "topk", "--autocast", "bf16", "--out",
@@ -561,8 +572,8 @@ def test_profile_a_factory_model_from_the_command_line(tmp_path: Path) -> None:
                            "--input-shape must be comma-separated integers"),
                           (["--model", "digits", "--loss", "torch.nn.functional:nothing"],
                            "--loss: torch.nn.functional has no callable 'nothing'")):
-        done = _hvdcomp("profile", *args, "--out", str(tmp_path / "bad.yaml"))
-        assert done.returncode == 2 and message in done.stderr, (args, done.stderr)
+        code, stderr = _hvdcomp_here(capsys, "profile", *args, "--out", str(tmp_path / "bad.yaml"))
+        assert code == 2 and message in stderr, (args, stderr)
     # an error inside the user's own code (here a batch function's ValueError) is theirs: its traceback, not usage
     done = _hvdcomp("profile", "--model", "hvdcomp.tools.models:resnet18", "--batch", "math:acos", "--out",
                     str(tmp_path / "bad.yaml"))
