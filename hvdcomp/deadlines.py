@@ -206,7 +206,8 @@ def share_host(ranks: int) -> None:
     with a core per rank. With more ranks than this rank may use cores, the spinning ranks take the cores that
     Horovod's background threads need to do the communication (many times slower under Gloo: perf/training/wait.py),
     so a wait then polls the collective and sleeps between polls, as Open MPI stops busy-polling when
-    oversubscribed."""
+    oversubscribed; from then on for the rest of the process (an optimizer over a process set counts only its own
+    ranks)."""
     _oversubscribed[0] = _oversubscribed[0] or ranks > len(os.sched_getaffinity(0))
 
 

@@ -354,9 +354,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                                  process_set=self.process_set), "hvdcomp.plan.lengths")
         gathered = self.wait(hvd.allgather_async(data, name="hvdcomp.plan", process_set=self.process_set),
                               "hvdcomp.plan")
-        others, hosts = zip(*(bytes(chunk.tolist()).decode().rsplit("\n", 1)
+        others, lines = zip(*(bytes(chunk.tolist()).decode().rsplit("\n", 1)
                               for chunk in gathered.split(lengths.tolist())), strict=True)
-        hosts = [json.loads(host) for host in hosts]
+        hosts = [json.loads(line) for line in lines]
         me = self.process_set.rank()
         share_host(sum(name == hosts[me][0] for name, _ in hosts))
         self._peers = {rank: tuple(beacon) for rank, (_, beacon) in enumerate(hosts) if rank != me}
