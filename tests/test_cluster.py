@@ -182,8 +182,13 @@ def lost_link(controller: str, name: str, wait_s: float,
         process = subprocess.Popen(hosts.launch_command(command, controller=controller), stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
                                    start_new_session=True)
-        lines: list[str] = []
-        reader = threading.Thread(target=lambda: [lines.append(line) for line in process.stdout], daemon=True)
+        lines: list[str] = []  # the job's output so far, read as it comes
+
+        def read() -> None:
+            for line in process.stdout:
+                lines.append(line)
+
+        reader = threading.Thread(target=read, daemon=True)
         reader.start()
         start = time.monotonic()
         while process.poll() is None and time.monotonic() - start < 300:
