@@ -338,7 +338,7 @@ def scenario_plans() -> None:
         train(model, optimizer, batches(6, seed=hvd.rank()))
     except ValueError as error:
         assert "configured differently" in str(error) and "keep=" in str(error), error
-        print(f"mismatch: raised ValueError (on every rank) rank {hvd.rank()}: {error}", flush=True)
+        print(f"plans: raised ValueError (on every rank) rank {hvd.rank()}: {error}", flush=True)
     else:
         raise AssertionError("a rank whose plan drifted was not detected")
 
