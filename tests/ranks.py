@@ -55,18 +55,24 @@ torch.set_num_threads(1)  # several ranks share 2 cores
 DEVICE = torch.device(TEST_DEVICE)
 
 
+#: what failed in this process (:func:`case`): the launch then ends with status 1
+FAILURES: list[str] = []
+
+
 @contextmanager
-def case(scenario: str, label: str) -> Iterator[None]:
-    """One case of a scenario: an assertion failure is printed (``SCENARIO LABEL FAILED rank R: why``) and the
-    scenario goes on with the next case. The checks are made on values every rank holds after the case's
-    collectives, so a failing case fails alike on every rank and the ranks stay in step."""
+def case(*what: str) -> Iterator[None]:
+    """One case of a scenario (``case(SCENARIO, LABEL)``), or one scenario of a launch shared by several
+    (``case(SCENARIO)``): an assertion failure is printed (``WHAT FAILED rank R: why``) and the next case or scenario
+    goes on; else ``WHAT OK rank R``. The checks are made on values every rank holds after the collectives, so a
+    failure fails alike on every rank and the ranks stay in step."""
+    name = " ".join(what)
     try:
         yield
     except AssertionError as error:
-        message = " ".join(str(error).split())[:2000]
-        print(f"{scenario} {label} FAILED rank {hvd.rank()}: {message}", flush=True)
+        FAILURES.append(name)
+        print(f"{name} FAILED rank {hvd.rank()}: {' '.join(str(error).split())[:3000]}", flush=True)
     else:
-        print(f"{scenario} {label} OK rank {hvd.rank()}", flush=True)
+        print(f"{name} OK rank {hvd.rank()}", flush=True)
 
 
 def context(name: str, step: int = 0) -> Context:
@@ -1219,9 +1225,8 @@ SCENARIOS = {name[len("scenario_"):]: fn for name, fn in globals().items() if na
 RUN_TO_RUN_EXACT = ("stock", "resume", "sketch", "lgc")
 
 if __name__ == "__main__":
-    # python ranks.py SCENARIO [SCENARIO ...]: several scenarios share one launch (tests/test_multirank.py), in turn;
-    # each prints "SCENARIO OK rank R", or "SCENARIO FAILED rank R: why" and the next goes on (an assertion fails
-    # alike on every rank: the checks are made on values every rank holds)
+    # python ranks.py SCENARIO [SCENARIO ...]: several scenarios share one launch (tests/test_multirank.py), in turn,
+    # each a case()
     names = sys.argv[1:]
     if DEVICE.type != "cpu" and set(names) & set(CPU_ONLY_SCENARIOS):
         sys.exit(f"{', '.join(sorted(set(names) & set(CPU_ONLY_SCENARIOS)))}: on CPU tensors only")
@@ -1238,16 +1243,11 @@ if __name__ == "__main__":
         torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
         DEVICE = torch.device("cuda", torch.cuda.current_device())
         print(f"{' '.join(names)} on {DEVICE} ({torch.cuda.get_device_name()}) rank {hvd.rank()}", flush=True)
-    failed = False
     for name in names:
         if len(names) == 1:  # alone, an error ends the launch with its traceback (the error scenarios expect it)
             SCENARIOS[name]()
+            print(f"{name} OK rank {hvd.rank()}", flush=True)
         else:
-            try:
+            with case(name):
                 SCENARIOS[name]()
-            except AssertionError as error:
-                failed = True
-                print(f"{name} FAILED rank {hvd.rank()}: {' '.join(str(error).split())[:3000]}", flush=True)
-                continue
-        print(f"{name} OK rank {hvd.rank()}", flush=True)
-    sys.exit(1 if failed else 0)
+    sys.exit(1 if FAILURES else 0)

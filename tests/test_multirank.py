@@ -65,12 +65,15 @@ def launched(scenario: str, controller: str, np: int, timeout: float = 540) -> R
     return _launches[key]
 
 
-def assert_case(result: Ranks, scenario: str, label: str, np: int) -> None:
-    """Every rank ran ``label`` of ``scenario`` and its checks passed (tests/ranks.py's ``case``)."""
-    failed = re.findall(rf"^{scenario} {re.escape(label)} FAILED rank \d+: .*$", result.output, re.MULTILINE)
+def assert_passed(result: Ranks, what: str, np: int) -> None:
+    """Every rank ran ``what`` (a scenario, or "SCENARIO LABEL": one of its cases) and its checks passed
+    (tests/ranks.py's ``case``)."""
+    failed = re.findall(rf"^{re.escape(what)} FAILED rank \d+: .*$", result.output, re.MULTILINE)
     assert not failed, "\n".join(failed)
-    assert result.ranks_saying(f"{scenario} {label} OK") == set(range(np)), \
+    assert result.ranks_saying(f"{what} OK") == set(range(np)), \
         f"exit status {result.returncode}\n{result.output[-5000:]}"
+
+
 #: scenario -> what each rank prints, as "<scenario>: <what> (on every rank) rank R", once it caught the expected error
 EXPECTED_FAILURES = {
     "nonfinite_raise": "raised FloatingPointError",
@@ -84,13 +87,10 @@ EXPECTED_FAILURES = {
 def test_scenario(scenario: str, controller: str, np: int) -> None:
     """A scenario of tests/ranks.py passed on every rank (it shares its launch with the others of its LAUNCHES)."""
     result = launched(scenario, controller, np)
-    failed = re.findall(rf"^{scenario} FAILED rank \d+: .*$", result.output, re.MULTILINE)
-    assert not failed, "\n".join(failed)
     if scenario == "lgc":  # a layer too small for the encoder is kept dense, with a line that says why
         assert "parameter '4.weight' stays dense: lgc: a tensor of shape (10, 64) has 32 top-k values" \
             in result.output, result.output[-5000:]
-    assert result.ranks_saying(f"{scenario} OK") == set(range(np)), \
-        f"exit status {result.returncode}\n{result.output[-5000:]}"
+    assert_passed(result, scenario, np)
 
 
 @pytest.mark.parametrize("np", [2, 4])
@@ -101,7 +101,7 @@ def test_case(scenario: str, label: str, controller: str, np: int) -> None:
     """One method (or reduction) of a scenario that runs them all: ``collectives`` (each default reduction against
     the sum of every rank's payloads), ``train`` (replicas bitwise identical after training), ``resume`` (a run
     resumed from a checkpoint equals the uninterrupted one)."""
-    assert_case(launched(scenario, controller, np), scenario, label, np)
+    assert_passed(launched(scenario, controller, np), f"{scenario} {label}", np)
 
 
 def test_cpu_only_scenarios_are_scenarios() -> None:
@@ -126,9 +126,7 @@ def test_bad_input_fails_cleanly_on_every_rank(scenario: str, controller: str) -
     each caught, which this test reads back)."""
     np = 2
     result = launched(scenario, controller, np, timeout=180)
-    failed = re.findall(rf"^{scenario} FAILED rank \d+: .*$", result.output, re.MULTILINE)
-    assert not failed, "\n".join(failed)
-    assert result.ranks_saying(f"{scenario} OK") == set(range(np)), result.output[-5000:]
+    assert_passed(result, scenario, np)
     if scenario in EXPECTED_FAILURES:
         assert result.ranks_saying(f"{scenario}: {EXPECTED_FAILURES[scenario]} (on every rank)") == set(range(np)), \
             result.output[-5000:]
@@ -173,10 +171,7 @@ def test_a_rank_stalled_while_auto_measures_ends_the_job_at_the_deadline(scenari
 @cpu_only(CPU_ONLY_SCENARIOS["powersgd_reference"])
 @pytest.mark.parametrize("controller", CONTROLLERS)
 def test_powersgd_matches_pytorch_hook(controller: str) -> None:
-    result = launched("powersgd_reference", controller, 2, timeout=180)
-    failed = re.findall(r"^powersgd_reference FAILED rank \d+: .*$", result.output, re.MULTILINE)
-    assert not failed, "\n".join(failed)
-    assert result.ranks_saying("powersgd_reference OK") == {0, 1}, result.output[-5000:]
+    assert_passed(launched("powersgd_reference", controller, 2, timeout=180), "powersgd_reference", 2)
 
 
 @cpu_only(TRAIN_RUNS)
@@ -216,7 +211,7 @@ def test_sketch_trains_the_sparse_workload_as_dense_does(tmp_path) -> None:
 def test_quantizers_and_sparsifiers_train_digits_within_one_point_of_dense(method: str) -> None:
     """Each quantizer and sparsifier at its defaults trains the digits classifier to within a point of dense (the
     mean over 3 seeds; tests/ranks.py's ``digits``), and PowerSGD and random-k train it, in one launch for all."""
-    assert_case(launched("digits", "mpi", 2, timeout=540), "digits", method, 2)  # under pytest's 600 s
+    assert_passed(launched("digits", "mpi", 2, timeout=540), f"digits {method}", 2)  # under pytest's 600 s
 
 
 @cpu_only(TRAIN_RUNS)
