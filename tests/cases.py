@@ -60,7 +60,7 @@ if TEST_DEVICE not in ("cpu", "cuda"):
     raise ValueError(f"HVDCOMP_TEST_DEVICE={TEST_DEVICE!r}: valid values are cpu and cuda")
 #: The scenarios of tests/ranks.py that run on CPU tensors only, and why; every other one runs on CUDA tensors too.
 CPU_ONLY_SCENARIOS = {
-    "digits": "hvdcomp train's digits runs, 36 of them, choose their own device and take minutes",
+    "digits": "hvdcomp train's digits runs, 26 of them, choose their own device and take minutes",
     "powersgd_reference": "PyTorch's powerSGD_hook runs in DDP over gloo on CPU tensors here",
     "auto": "the slow link is 2 emulated hosts (tests/test_cluster.py), not a GPU's",
     "raises": "the launcher ending a job whose rank raised: nothing on the tensors' device",

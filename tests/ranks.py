@@ -954,18 +954,19 @@ def scenario_auto_local() -> None:
 def scenario_digits() -> None:
     """Every quantizer and sparsifier trains the digits classifier at its defaults (hvdcomp train's, same epochs;
     the papers' epoch-counted options set to the job's epochs) to within 1 point of dense, in the mean over seeds
-    0, 1 and 2 (one seed's test accuracy moves by about a point: 360 test images); PowerSGD and random-k train it
+    0 and 1 (one seed's test accuracy moves by about a point: 360 test images); PowerSGD and random-k train it
     above 90%, compressed more than 3x."""
     from hvdcomp.tools.train import run
 
-    seeds = (0, 1, 2)
+    seeds = (0, 1)
 
     def accuracy(method: str) -> float:
+        start = time.perf_counter()
         runs = [run("digits", method, None, None, None, seed=seed, show_progress=False) for seed in seeds]
         if hvd.rank() == 0:
             print(f"digits {method}: " + ", ".join(f"seed {seed} {r.test_accuracy:.4f}" for seed, r in
                                                    zip(seeds, runs, strict=True))
-                  + f"; {runs[0].compression_ratio:.1f}x", flush=True)
+                  + f"; {runs[0].compression_ratio:.1f}x; {time.perf_counter() - start:.1f} s", flush=True)
         return sum(r.test_accuracy for r in runs) / len(runs)
 
     dense = accuracy("none")

@@ -169,16 +169,16 @@ def test_launch_command_runs_one_rank_per_host(hosts: cluster.Cluster) -> None:
         hosts.launch_command(["true"], controller="ssh")
 
 
-def lost_link(controller: str, name: str, wait_s: float,
-              fault_after_s: float | None = 15) -> tuple[int | None, float, str]:
-    """Issue 16's fault: ``hvdcomp train`` (digits, terngrad, default deadline) on a fresh 2-host cluster at 1 Gbit/s,
-    host 1's switch port taken down ``fault_after_s`` in (None: as soon as the job's second epoch has begun, read from
-    its progress). Returns the launcher's status (None if it was still running ``wait_s`` after the fault: then it is
-    killed), the seconds from the fault to its end, and its output."""
+def lost_link(controller: str, name: str, wait_s: float, fault_after_s: float | None = 15,
+              deadline: str = "auto") -> tuple[int | None, float, str]:
+    """Issue 16's fault: ``hvdcomp train`` (digits, terngrad, ``--deadline deadline``) on a fresh 2-host cluster at
+    1 Gbit/s, host 1's switch port taken down ``fault_after_s`` in (None: as soon as the job's second epoch has begun,
+    read from its progress). Returns the launcher's status (None if it was still running ``wait_s`` after the fault:
+    then it is killed), the seconds from the fault to its end, and its output."""
     try:
         hosts = cluster.up(2, rate="1gbit", name=name)
         command = [str(BIN / "hvdcomp"), "train", "--workload", "digits", "--epochs", "400", "--compression",
-                   "terngrad", *(["--no-progress"] if fault_after_s is not None else [])]
+                   "terngrad", "--deadline", deadline, *(["--no-progress"] if fault_after_s is not None else [])]
         process = subprocess.Popen(hosts.launch_command(command, controller=controller), stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
                                    start_new_session=True)
@@ -220,14 +220,15 @@ def lost_link(controller: str, name: str, wait_s: float,
 @pytest.mark.multirank
 @pytest.mark.parametrize("controller", cluster.CONTROLLERS)
 def test_a_lost_link_ends_the_job_within_the_bound(controller: str) -> None:
-    """Issue 16's fault (:func:`lost_link`). At the default deadline every surviving rank names the collective it
-    waited for and the rank that no longer answers, and the job ends with a non-zero status within 60 s."""
+    """Issue 16's fault (:func:`lost_link`), at a 10 s deadline: every surviving rank names the collective it waited
+    for and the rank that no longer answers, and the job ends with a non-zero status within 25 s. (At the default
+    deadline, its 30 s floor here, perf/cluster/faults.py measures the same fault.)"""
     reason = namespaces_unavailable()
     if reason:
         pytest.skip(reason)
-    returncode, ended, output = lost_link(controller, f"{NAME}f", wait_s=90, fault_after_s=None)
-    assert returncode not in (None, 0) and ended < 60, (returncode, ended, output[-3000:])
-    # hvdcomp's deadline, or (Gloo) Gloo's own 30 s timeout re-raised with hvdcomp's context, whichever came first
+    returncode, ended, output = lost_link(controller, f"{NAME}f", wait_s=60, fault_after_s=None, deadline="10")
+    assert returncode not in (None, 0) and ended < 25, (returncode, ended, output[-3000:])
+    # hvdcomp's deadline, or (Gloo) Gloo's own error for the collective re-raised with hvdcomp's context, if first
     where = (r"'hvdcomp\.[^']+' in step \d+ \(every rank was last heard from together in step \d+, [\d.]+ s ago; "
              r"ranks this rank cannot reach now: (1|0); ")  # each side of the lost link names the other
     assert re.search(rf"hvdcomp: rank \d on \S+ waited \d+\.\d s for collective {where}", output) or (
