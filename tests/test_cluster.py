@@ -169,6 +169,38 @@ def test_launch_command_runs_one_rank_per_host(hosts: cluster.Cluster) -> None:
         hosts.launch_command(["true"], controller="ssh")
 
 
+def follow(argv: list[str]) -> tuple[subprocess.Popen, list[str], threading.Thread]:
+    """Starts ``argv`` in a process group of its own, and a thread that collects its output's lines as they come."""
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)
+    lines: list[str] = []
+
+    def read() -> None:
+        for line in process.stdout:
+            lines.append(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    return process, lines, reader
+
+
+def await_fault(process: subprocess.Popen, lines: list[str], reader: threading.Thread,
+                fault_after_s: float | None) -> None:
+    """Returns when a fault is due in the job ``process``: ``fault_after_s`` from now, or (None) as soon as its second
+    epoch has begun (read from its progress in ``lines``). A job that ended first, or never got there in 300 s, fails
+    the test (and is killed)."""
+    start = time.monotonic()
+    while process.poll() is None and time.monotonic() - start < 300:
+        if (time.monotonic() - start >= fault_after_s if fault_after_s is not None
+                else any("epoch 2/" in line for line in lines)):
+            return
+        time.sleep(0.2)
+    os.killpg(process.pid, 9)
+    process.wait()
+    reader.join(10)
+    raise AssertionError(f"the job ended (or never began its second epoch) before the fault:\n{''.join(lines)[-3000:]}")
+
+
 def lost_link(controller: str, name: str, wait_s: float, fault_after_s: float | None = 15,
               deadline: str = "auto") -> tuple[int | None, float, str]:
     """Issue 16's fault: ``hvdcomp train`` (digits, terngrad, ``--deadline deadline``) on a fresh 2-host cluster at
@@ -179,29 +211,8 @@ def lost_link(controller: str, name: str, wait_s: float, fault_after_s: float | 
         hosts = cluster.up(2, rate="1gbit", name=name)
         command = [str(BIN / "hvdcomp"), "train", "--workload", "digits", "--epochs", "400", "--compression",
                    "terngrad", "--deadline", deadline, *(["--no-progress"] if fault_after_s is not None else [])]
-        process = subprocess.Popen(hosts.launch_command(command, controller=controller), stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                                   start_new_session=True)
-        lines: list[str] = []  # the job's output so far, read as it comes
-
-        def read() -> None:
-            for line in process.stdout:
-                lines.append(line)
-
-        reader = threading.Thread(target=read, daemon=True)
-        reader.start()
-        start = time.monotonic()
-        while process.poll() is None and time.monotonic() - start < 300:
-            if (time.monotonic() - start >= fault_after_s if fault_after_s is not None
-                    else any("epoch 2/" in line for line in lines)):
-                break
-            time.sleep(0.2)
-        else:  # training: it must still be running
-            os.killpg(process.pid, 9)
-            process.wait()
-            reader.join(10)
-            raise AssertionError(f"the job ended (or never began its second epoch) before the fault:\n"
-                                 f"{''.join(lines)[-3000:]}")
+        process, lines, reader = follow(hosts.launch_command(command, controller=controller))
+        await_fault(process, lines, reader, fault_after_s)
         subprocess.run(["ip", "netns", "exec", hosts.switch, "ip", "link", "set", "h1", "down"], check=True)
         fault = time.monotonic()
         try:
