@@ -11,7 +11,8 @@ Each step:
    stock Horovod does. Compressed ones start their reduction (:mod:`hvdcomp.reductions`), a generator of
    typed requests (:mod:`hvdcomp.requests`) run as Horovod collectives (:mod:`hvdcomp.collectives`): what it
    asks for is started at once, so compression and communication overlap the rest of backward, until it asks
-   for agreed values.
+   for agreed values. Parameters that a reduction batches (PowerSGD's ``batch_tensors_with_same_shape``) start
+   together, in one reduction, once the last of them has its gradient.
 2. When every compressed parameter has started, one small collective (the *vote*) carries each parameter's
    non-finite flag, a fingerprint of every parameter's plan, and every value methods asked to agree on
    (TernGrad's scalers): one collective per step, not one per layer. Reductions waiting on it (gated
@@ -48,7 +49,7 @@ import os
 import socket
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
@@ -122,12 +123,14 @@ class _Dense:
 @dataclass
 class _Compressed:
     slot: _Slot
-    reduction: Reduction
+    reduction: Reduction | None  # None: one of a batch's later members, reduced by its first member's work
     flag: torch.Tensor  # [1] float32: rank + 1 if this rank's gradient is not finite, else 0
     plan: list[Any]  # the slot's plan when this step started
+    ctx: Context  # the slot's context in this step
     requests: int = 0  # requests yielded so far: they name the collectives
     pending: Pending | None = None  # a started collective
     agree: Agree | None = None  # waiting for the next vote
+    members: list[_Slot] | None = None  # a batch's first member: every member's slot, whose sums it returns
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -271,6 +274,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         slots = self._plan(self._named)
         active = included and size > 1
         self._slots = slots if active else []
+        self._batches = self._batch_members()
         self._check_momentum()
         self._compressed_total = sum(slot.choice.reduction is not None for slot in self._slots)
         self._compressed_started = 0
@@ -327,6 +331,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             state = {} if choice.reduction is None else choice.reduction.init_state(param.detach(), ctx)
             slots.append(_Slot(name, param, choice, ctx, state, 0, self.backward_passes_per_step))
         return slots
+
+    def _batch_members(self) -> dict[int, list[int]]:
+        """Slot index -> the indices of the slots reduced together with it (in name order, as the slots are: the
+        same on every rank), for the batches of two or more that reductions ask for
+        (:meth:`hvdcomp.reductions.ReductionMethod.batch_key`: PowerSGD's matrices of one shape)."""
+        keyed: dict[Hashable, list[int]] = {}
+        for index, slot in enumerate(self._slots):
+            key = None if slot.choice.reduction is None else slot.choice.reduction.batch_key(slot.param)
+            if key is not None:
+                keyed.setdefault(key, []).append(index)
+        return {index: members for members in keyed.values() if len(members) > 1 for index in members}
 
     def _check_momentum(self) -> None:
         """A method that applies momentum itself (DGC) must not get it a second time from the optimizer: its
@@ -439,9 +454,22 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         plan = slot.plan()  # as the step starts: the reduction may change it for the next step
         ctx = replace(slot.ctx, step=slot.step)
         slot.step += 1
-        work = _Compressed(slot, slot.choice.reduction.reduce(grad, slot.state, ctx), flag, plan)
-        self._work[index] = work
-        self._advance(work, None)
+        members = self._batches.get(index)
+        if members is None:
+            work = _Compressed(slot, slot.choice.reduction.reduce(grad, slot.state, ctx), flag, plan, ctx)
+            self._work[index] = work
+            self._advance(work, None)
+        else:  # one of a batch: reduced with the others once all of them are here, by the first one's work
+            self._work[index] = _Compressed(slot, None, flag, plan, ctx)
+            if all(member in self._work for member in members):
+                works = [self._work[member] for member in members]
+                first = works[0]
+                assert isinstance(first, _Compressed)
+                first.members = [work.slot for work in works]
+                first.reduction = slot.choice.reduction.reduce_batch(
+                    [work.slot.param.grad for work in works], [work.slot.state for work in works],
+                    [work.ctx for work in works])
+                self._advance(first, None)
         self._compressed_started += 1
         if self._compressed_started == self._compressed_total:
             self._start_vote()
@@ -451,17 +479,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _advance(self, work: _Compressed, result: Any) -> None:
         """Sends ``result`` into the reduction and starts what it asks for next (or parks it on an Agree)."""
         work.pending = work.agree = None
+        assert work.reduction is not None
         try:
             request = next(work.reduction) if work.requests == 0 else work.reduction.send(result)
         except StopIteration as done:  # the sum over ranks: averaged into p.grad now, not held till the end
-            grad = work.slot.param.grad
-            if grad.is_sparse:  # a sparse gradient's sum comes back dense (as with Horovod's sparse_as_dense)
-                grad = work.slot.param.grad = torch.empty(grad.shape, dtype=grad.dtype, device=grad.device)
-            total = done.value.view_as(grad)
-            if self._divisor > 1:
-                torch.div(total, self._divisor, out=grad)
+            if work.members is None:
+                self._write(work.slot, done.value)
             else:
-                grad.copy_(total)
+                for slot, total in zip(work.members, done.value, strict=True):
+                    self._write(slot, total)
             return
         name = f"hvdcomp.c.{work.slot.name}.{work.requests}"  # c.: apart from dense., vote., plan.
         work.requests += 1
@@ -470,6 +496,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         else:
             work.pending = start(request, name, self.process_set)
             self._bytes_sent += work.pending.nbytes
+
+    def _write(self, slot: _Slot, total: torch.Tensor) -> None:
+        """The sum over ranks of ``slot``'s gradient, averaged (or summed) into its ``p.grad``."""
+        grad = slot.param.grad
+        if grad.is_sparse:  # a sparse gradient's sum comes back dense (as with Horovod's sparse_as_dense)
+            grad = slot.param.grad = torch.empty(grad.shape, dtype=grad.dtype, device=grad.device)
+        total = total.view_as(grad)
+        if self._divisor > 1:
+            torch.div(total, self._divisor, out=grad)
+        else:
+            grad.copy_(total)
 
     def _compressed_work(self) -> Iterator[_Compressed]:
         """Compressed parameters in name order: the order of every vote's layout on every rank."""

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import inspect
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -107,6 +107,12 @@ class ReductionMethod(ABC):
     @abstractmethod
     def reduce(self, tensor: torch.Tensor, state: State, ctx: Context) -> Reduction:
         """Generator returning the sum over ranks of ``tensor``."""
+
+    def batch_key(self, tensor: torch.Tensor) -> Hashable | None:
+        """Parameters whose reductions give equal keys (not None) are reduced together, once all their gradients
+        of the step are ready, by one ``reduce_batch(tensors, states, contexts)`` generator that returns their sums
+        in the order given (the optimizer's: by name, the same on every rank). None (the default): alone."""
+        return None
 
     # The costs the performance model prices this reduction with (hvdcomp.perfmodel.timeline), from a method's
     # measured costs on one gradient (hvdcomp profile): a new reduction states them here, nowhere else.

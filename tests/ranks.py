@@ -480,9 +480,10 @@ def scenario_stock() -> None:
 
 def scenario_powersgd_reference() -> None:
     """On the same gradients, hvdcomp's PowerSGD gives the averaged gradient of PyTorch's own powerSGD_hook
-    (DDP over gloo, one bucket, the per-layer hook) within 1e-5 relative, step after step: dense warm-up,
-    then warm start and error feedback. PyTorch's hook draws its first Q from its own generator; it is
-    given hvdcomp's (drawn from the shared seed) before its first compressed step."""
+    (DDP over gloo, one bucket) within 1e-5 relative, step after step: dense warm-up, then warm start and error
+    feedback; per layer, and with ``batch_tensors_with_same_shape`` (two of the model's four matrices share a shape)
+    on both sides. PyTorch's hook draws its first Q from its own generator; it is given hvdcomp's (drawn from the
+    shared seed) before its first compressed step. The replicas stay identical."""
     import socket
 
     import torch.distributed as dist
@@ -496,48 +497,66 @@ def scenario_powersgd_reference() -> None:
     port = hvd.broadcast_object(port, name="powersgd.port")
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=hvd.rank(), world_size=hvd.size())
     rank_r, start_iter, steps = 2, 2, 7
-    theirs, ours = mlp(), mlp()
-    ddp = nn.parallel.DistributedDataParallel(theirs, bucket_cap_mb=1000)  # one bucket holds every gradient
-    state = powersgd.PowerSGDState(process_group=None, matrix_approximation_rank=rank_r,
-                                   start_powerSGD_iter=start_iter, min_compression_rate=2, use_error_feedback=True,
-                                   warm_start=True, orthogonalization_epsilon=0.0)
-    optimizer = hvdcomp.DistributedOptimizer(
-        torch.optim.SGD(ours.parameters(), lr=0.1), named_parameters=ours.named_parameters(),
-        compression={"method": "powersgd", "options": {"rank": rank_r, "start_iter": start_iter}, "min_numel": 0})
-    initial_q = {name: entry["state"]["q"].clone() for name, entry in optimizer.state_dict()["hvdcomp"].items()}
-    assert sorted(initial_q) == ["0.weight", "2.weight", "4.weight"], sorted(initial_q)
-    names = {id(p): name for name, p in theirs.named_parameters()}
 
-    def hook(hook_state, bucket):  # no annotations: DDP checks them, and this module's are strings
-        index = bucket.index()
-        if hook_state.iter == hook_state.start_powerSGD_iter and index not in hook_state.p_memory_dict:
-            compressed = [p for p in bucket.parameters() if names[id(p)] in initial_q]
-            hook_state.p_memory_dict[index] = torch.empty(sum(p.shape[0] * rank_r for p in compressed))
-            hook_state.q_memory_dict[index] = torch.cat([initial_q[names[id(p)]].reshape(-1) for p in compressed])
-        return powersgd.powerSGD_hook(hook_state, bucket)
+    def model() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(32, 48), nn.ReLU(), nn.Linear(48, 48), nn.ReLU(), nn.Linear(48, 48), nn.ReLU(),
+                             nn.Linear(48, 10))
 
-    ddp.register_comm_hook(state, hook)
-    reference = torch.optim.SGD(theirs.parameters(), lr=0.1)
-    worst = 0.0
-    for x, y in batches(steps, seed=hvd.rank()):
-        with torch.no_grad():  # the same parameters, so the same local gradients
-            for a, b in zip(ours.parameters(), theirs.parameters(), strict=True):
-                a.copy_(b)
-        optimizer.zero_grad()
-        reference.zero_grad()
-        nn.functional.cross_entropy(ddp(x), y).backward()
-        nn.functional.cross_entropy(ours(x), y).backward()
-        optimizer.synchronize()
-        for (name, a), b in zip(ours.named_parameters(), theirs.parameters(), strict=True):
-            error = ((a.grad - b.grad).norm() / b.grad.norm()).item()
-            assert error < 1e-5, f"{name}: relative difference {error:.2e} from PyTorch's powerSGD_hook"
-            worst = max(worst, error)
-        with optimizer.skip_synchronize():
-            optimizer.step()
-        reference.step()
-    assert state.iter == steps, state.iter
-    print(f"powersgd_reference: worst relative difference {worst:.2e} over {steps} steps rank {hvd.rank()}",
-          flush=True)
+    for batched in (False, True):
+        theirs, ours = model(), model()
+        ddp = nn.parallel.DistributedDataParallel(theirs, bucket_cap_mb=1000)  # one bucket holds every gradient
+        state = powersgd.PowerSGDState(process_group=None, matrix_approximation_rank=rank_r,
+                                       start_powerSGD_iter=start_iter, min_compression_rate=2, use_error_feedback=True,
+                                       warm_start=True, orthogonalization_epsilon=0.0,
+                                       batch_tensors_with_same_shape=batched)
+        options = {"rank": rank_r, "start_iter": start_iter, "batch_tensors_with_same_shape": batched}
+        optimizer = hvdcomp.DistributedOptimizer(
+            torch.optim.SGD(ours.parameters(), lr=0.1), named_parameters=ours.named_parameters(),
+            compression={"method": "powersgd", "options": options, "min_numel": 0})
+        initial_q = {name: entry["state"]["q"].clone() for name, entry in optimizer.state_dict()["hvdcomp"].items()}
+        assert sorted(initial_q) == ["0.weight", "2.weight", "4.weight", "6.weight"], sorted(initial_q)
+        formed = {tuple(members) for members in optimizer._batches.values()}  # the optimizer's, by slot index
+        assert formed == ({(3, 5)} if batched else set()), formed  # slots by name: 0.bias, 0.weight, 2.bias, ...
+        names = {id(p): name for name, p in theirs.named_parameters()}
+
+        def hook(hook_state, bucket, names=names, initial_q=initial_q):  # no annotations: DDP checks them, and
+            index = bucket.index()  # this module's are strings
+            if hook_state.iter == hook_state.start_powerSGD_iter and index not in hook_state.p_memory_dict:
+                compressed = [p for p in bucket.parameters() if names[id(p)] in initial_q]
+                hook_state.p_memory_dict[index] = torch.empty(sum(p.shape[0] * rank_r for p in compressed))
+                # the hook's Qs lie in its order: batched, by shape in the order shapes first appear in the bucket
+                order: dict[object, list[torch.Tensor]] = {}
+                for p in compressed:
+                    order.setdefault(p.shape if hook_state.batch_tensors_with_same_shape else id(p), []).append(p)
+                hook_state.q_memory_dict[index] = torch.cat([initial_q[names[id(p)]].reshape(-1)
+                                                             for same in order.values() for p in same])
+            return powersgd.powerSGD_hook(hook_state, bucket)
+
+        ddp.register_comm_hook(state, hook)
+        reference = torch.optim.SGD(theirs.parameters(), lr=0.1)
+        worst = 0.0
+        for x, y in batches(steps, seed=hvd.rank()):
+            with torch.no_grad():  # the same parameters, so the same local gradients
+                for a, b in zip(ours.parameters(), theirs.parameters(), strict=True):
+                    a.copy_(b)
+            optimizer.zero_grad()
+            reference.zero_grad()
+            nn.functional.cross_entropy(ddp(x), y).backward()
+            nn.functional.cross_entropy(ours(x), y).backward()
+            optimizer.synchronize()
+            for (name, a), b in zip(ours.named_parameters(), theirs.parameters(), strict=True):
+                error = ((a.grad - b.grad).norm() / b.grad.norm()).item()
+                assert error < 1e-5, (f"{name} (batched {batched}): relative difference {error:.2e} from PyTorch's "
+                                      "powerSGD_hook")
+                worst = max(worst, error)
+            with optimizer.skip_synchronize():
+                optimizer.step()
+            reference.step()
+        assert state.iter == steps, state.iter
+        assert_identical_across_ranks(ours, f"powersgd_reference batched {batched}")
+        print(f"powersgd_reference: batched {batched}: worst relative difference {worst:.2e} over {steps} steps "
+              f"rank {hvd.rank()}", flush=True)
     dist.destroy_process_group()
 
 

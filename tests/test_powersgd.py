@@ -3,6 +3,10 @@ memory, options. The comparison with PyTorch's own hook on real ranks is tests/r
 
 from __future__ import annotations
 
+from collections.abc import Generator
+from dataclasses import replace
+from typing import Any
+
 import pytest
 import torch
 
@@ -73,3 +77,47 @@ def test_own_memory_takes_no_generic_error_feedback() -> None:
 def test_bad_options_are_rejected(options: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         PowerSGD(**options)
+
+
+def _one_rank(steps: Generator) -> Any:
+    """A reduction's result on a job of one rank (each allreduce returns its tensors)."""
+    request = next(steps)
+    try:
+        while True:
+            request = steps.send(request.tensors)
+    except StopIteration as done:
+        return done.value
+
+
+@pytest.mark.parametrize("warm_start", [True, False])
+def test_a_batch_of_one_shape_gives_each_matrix_what_it_gets_alone(warm_start: bool) -> None:
+    """``batch_tensors_with_same_shape``: the stacked products and orthogonalizations give each matrix its own sum,
+    residual and next Q, as if reduced alone (to float rounding), step after step; during the warm-up the batch is
+    summed densely."""
+    from hvdcomp.methods.powersgd import PowerSGDReduction
+
+    generator = torch.Generator().manual_seed(1)
+    shape = (40, 6, 5)  # viewed as 40 x 30
+    alone = PowerSGDReduction(PowerSGD(start_iter=1, warm_start=warm_start))
+    batched = PowerSGDReduction(PowerSGD(start_iter=1, warm_start=warm_start, batch_tensors_with_same_shape=True))
+    assert alone.batch_key(torch.zeros(shape)) is None
+    assert batched.batch_key(torch.zeros(shape)) == batched.batch_key(torch.zeros(shape)) \
+        != batched.batch_key(torch.zeros(40, 30))
+    contexts = [Context.local(torch.zeros(shape), seed=3, name=f"w{i}") for i in range(3)]
+    states_alone = [alone.init_state(torch.zeros(shape), ctx) for ctx in contexts]
+    states_batched = [batched.init_state(torch.zeros(shape), ctx) for ctx in contexts]
+    for step in range(4):
+        grads = [torch.randn(shape, generator=generator) for _ in contexts]
+        steps = [replace(ctx, step=step) for ctx in contexts]
+        expected = [_one_rank(alone.reduce(grad.clone(), state, ctx))
+                    for grad, state, ctx in zip(grads, states_alone, steps, strict=True)]
+        got = _one_rank(batched.reduce_batch([grad.clone() for grad in grads], states_batched, steps))
+        for mine, theirs in zip(got, expected, strict=True):
+            torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)
+        for mine, theirs in zip(states_batched, states_alone, strict=True):
+            torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)
+
+
+def test_batch_option_is_checked() -> None:
+    with pytest.raises(ValueError, match="batch_tensors_with_same_shape must be true or false"):
+        PowerSGD(batch_tensors_with_same_shape=1)

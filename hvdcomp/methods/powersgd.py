@@ -31,6 +31,12 @@ Knobs, as PyTorch's ``PowerSGDState`` names them where they exist:
 * ``warm_start``: reuse last step's Q (default on); off draws a new Q every step from the shared seed.
 * ``orthogonalization_epsilon``: added to each column's norm in Gram-Schmidt (PyTorch's default 0); with 0
   an all-zero column (a layer no rank used) stays zero instead of becoming NaN.
+* ``batch_tensors_with_same_shape``: the matrices of one shape are compressed together, as one batch (PyTorch's
+  option of that name): each step's products, orthogonalizations and error-feedback updates run once per shape, not
+  once per layer, and each of the two allreduces carries one tensor per shape. On a GPU that cuts the launches per
+  layer (a ResNet-50 has up to 6 weights of each shape in a stage); the price is overlap: a batch starts when the last
+  of its gradients is ready in backward, so the first ones wait for it. Off by default, as in PyTorch. The optimizer
+  forms the batches (:meth:`PowerSGDReduction.batch_key`), the same on every rank.
 
 Orthogonalization is Gram-Schmidt for r <= 2 and QR above (as PyTorch). The first Q is drawn from the
 parameter's rank-independent seed, so every rank starts from the same Q with no broadcast.
@@ -39,7 +45,7 @@ parameter's rank-independent seed, so every rank starts from the same Q with no 
 from __future__ import annotations
 
 import math
-from collections.abc import Generator
+from collections.abc import Generator, Hashable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -57,21 +63,22 @@ if TYPE_CHECKING:
 
 
 def orthogonalize(matrix: torch.Tensor, epsilon: float = 0.0) -> torch.Tensor:
-    """Orthonormalizes the columns of ``matrix`` (n x r) in place: Gram-Schmidt for r <= 2, QR above."""
-    rank = matrix.shape[1]
+    """Orthonormalizes the columns of ``matrix`` (n x r, or each matrix of a batch b x n x r) in place: Gram-Schmidt
+    for r <= 2, QR above."""
+    rank = matrix.shape[-1]
     if rank > 2 and matrix.dtype not in (torch.float16, torch.bfloat16):
         matrix.copy_(torch.linalg.qr(matrix).Q)
         return matrix
     for i in range(rank):
-        column = matrix[:, i:i + 1]
-        norm = torch.linalg.vector_norm(column, dim=0, keepdim=True)
+        column = matrix[..., i:i + 1]
+        norm = torch.linalg.vector_norm(column, dim=-2, keepdim=True)
         if epsilon == 0:
             column /= torch.where(norm > 0, norm, torch.ones_like(norm))  # no sync; a zero column stays zero
         else:
             column /= norm + epsilon
         if i + 1 < rank:
-            rest = matrix[:, i + 1:]
-            rest -= torch.sum(column * rest, dim=0, keepdim=True) * column
+            rest = matrix[..., i + 1:]
+            rest -= torch.sum(column * rest, dim=-2, keepdim=True) * column
     return matrix
 
 
@@ -84,11 +91,13 @@ class PowerSGD(Compressor):
     reduction = "powersgd"
 
     def __init__(self, rank: int = 2, start_iter: int = 10, min_compression_rate: float = 2.0,
-                 error_feedback: bool = True, warm_start: bool = True, orthogonalization_epsilon: float = 0.0) -> None:
+                 error_feedback: bool = True, warm_start: bool = True, orthogonalization_epsilon: float = 0.0,
+                 batch_tensors_with_same_shape: bool = False) -> None:
         check.integer(self.name, "rank", rank, ge=1)
         check.integer(self.name, "start_iter", start_iter, ge=0)
         check.number(self.name, "min_compression_rate", min_compression_rate, gt=0)
-        for key, value in (("error_feedback", error_feedback), ("warm_start", warm_start)):
+        for key, value in (("error_feedback", error_feedback), ("warm_start", warm_start),
+                           ("batch_tensors_with_same_shape", batch_tensors_with_same_shape)):
             check.boolean(self.name, key, value)
         check.number(self.name, "orthogonalization_epsilon", orthogonalization_epsilon, ge=0)
         self.rank = rank
@@ -97,6 +106,7 @@ class PowerSGD(Compressor):
         self.error_feedback = error_feedback
         self.warm_start = warm_start
         self.orthogonalization_epsilon = float(orthogonalization_epsilon)
+        self.batch_tensors_with_same_shape = batch_tensors_with_same_shape
 
     def steady_from(self) -> int:
         return self.start_iter
@@ -136,37 +146,55 @@ class PowerSGD(Compressor):
             state["residual"] = torch.zeros(tensor.shape, dtype=torch.float32, device=tensor.device)
         return state
 
-    def matrix(self, tensor: torch.Tensor, state: State) -> torch.Tensor:
-        """M (n x m, float32): the gradient plus the residual, built in the residual's buffer."""
+    def start(self, tensors: Sequence[torch.Tensor], states: Sequence[State],
+              contexts: Sequence[Context]) -> tuple[torch.Tensor, torch.Tensor]:
+        """This step's M (float32, n x m; a batch b x n x m for several tensors of one shape) and starting Q
+        (m x r, or b x m x r), orthonormalized. M is the gradient plus the residual, built in the residual's
+        buffer (a batch: in each residual, then stacked); Q is last step's (warm start) or a new draw."""
+        shape = tensors[0].shape
+        n = shape[0]
         if self.error_feedback:
-            return state["residual"].add_(tensor).view(tensor.shape[0], -1)
-        return tensor.detach().float().reshape(tensor.shape[0], -1)
+            residuals = [state["residual"] for state in states]
+            torch._foreach_add_(residuals, list(tensors))
+            matrices = [residual.view(n, -1) for residual in residuals]
+        else:
+            matrices = [tensor.detach().float().reshape(n, -1) for tensor in tensors]
+        if self.warm_start:
+            qs = [state["q"] for state in states]
+        else:
+            qs = [self._q(shape, ctx.device, derive_seed(ctx.shared_seed, ctx.step)) for ctx in contexts]
+        if len(tensors) == 1:
+            return matrices[0], orthogonalize(qs[0], self.orthogonalization_epsilon)
+        return torch.stack(matrices), orthogonalize(torch.stack(qs), self.orthogonalization_epsilon)
 
-    def start_q(self, tensor: torch.Tensor, state: State, ctx: Context) -> torch.Tensor:
-        """This step's starting Q, orthonormalized: last step's (warm start), or a new draw."""
-        q = state["q"] if self.warm_start else self._q(tensor.shape, ctx.device, derive_seed(ctx.shared_seed, ctx.step))
-        return orthogonalize(q, self.orthogonalization_epsilon)
-
-    def power_step(self, tensor: torch.Tensor, state: State, ctx: Context, ranks: int) -> Generator[
-            Allreduce, Payload, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """Algorithm 1 (module docstring) on one tensor, the one place its equations are written: a generator that
-        yields the two sums over ``ranks`` ranks (P, then Q) and returns (P, Q averaged over the ranks, M_hat summed
-        over them). :class:`PowerSGDReduction` runs it across ranks; :meth:`compress` on one rank."""
-        matrix = self.matrix(tensor, state)
-        (p,) = yield Allreduce([matrix @ self.start_q(tensor, state, ctx)])  # P = M Q, summed: its scale is lost next
+    def power_step(self, tensors: Sequence[torch.Tensor], states: Sequence[State], contexts: Sequence[Context],
+                   ranks: int) -> Generator[Allreduce, Payload, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Algorithm 1 (module docstring) on one tensor or a batch of one shape, the one place its equations are
+        written: a generator that yields the two sums over ``ranks`` ranks (P, then Q) and returns (P, Q averaged
+        over the ranks, M_hat summed over them), each stacked for a batch. :class:`PowerSGDReduction` runs it across
+        ranks; :meth:`compress` on one rank."""
+        matrix, q = self.start(tensors, states, contexts)
+        (p,) = yield Allreduce([matrix @ q])  # P = M Q, summed: its scale is lost next
         orthogonalize(p, self.orthogonalization_epsilon)
-        (q,) = yield Allreduce([matrix.t() @ p])  # Q = M^T P, summed
-        total = p @ q.t()  # M_hat summed over ranks: what a reduction returns
-        if self.error_feedback:  # E <- M - M_hat, in the residual's buffer
-            matrix.sub_(total, alpha=1 / ranks)
-        state["q"] = q.div_(ranks)  # Q averaged, as PyTorch's hook keeps it, for the next step's warm start
+        (q,) = yield Allreduce([matrix.transpose(-2, -1) @ p])  # Q = M^T P, summed
+        total = p @ q.transpose(-2, -1)  # M_hat summed over ranks: what a reduction returns
+        q.div_(ranks)  # Q averaged, as PyTorch's hook keeps it, for the next step's warm start
+        if len(tensors) == 1:
+            if self.error_feedback:  # E <- M - M_hat, in the residual's buffer
+                matrix.sub_(total, alpha=1 / ranks)
+            states[0]["q"] = q
+            return p, q, total
+        if self.error_feedback:  # E <- M - M_hat, in the stacked copy, then back into each residual
+            torch._foreach_copy_([state["residual"].view(matrix.shape[1:]) for state in states],
+                                 list(matrix.sub_(total, alpha=1 / ranks).unbind(0)))
+        torch._foreach_copy_([state["q"] for state in states], list(q.unbind(0)))
         return p, q, total
 
     def compress(self, tensor: torch.Tensor, state: State, ctx: Context,
                  agreed: torch.Tensor | None = None) -> tuple[Payload, Any]:
         """One rank's PowerSGD on its own (:meth:`power_step`, each sum over this rank alone): the payload is
         (P, Q) with M_hat = P Q^T. This serves benchmarks and profiles; training runs the reduction."""
-        steps = self.power_step(tensor, state, ctx, ranks=1)
+        steps = self.power_step([tensor], [state], [ctx], ranks=1)
         try:
             request = next(steps)
             while True:
@@ -182,7 +210,8 @@ class PowerSGD(Compressor):
 
 class PowerSGDReduction(ReductionMethod):
     """PowerSGD across ranks: :meth:`PowerSGD.power_step` with its two sums as allreduces; dense before
-    ``start_iter``. Returns the sum over ranks (the optimizer averages)."""
+    ``start_iter``. Returns the sum over ranks (the optimizer averages). With ``batch_tensors_with_same_shape`` the
+    optimizer hands it the matrices of one shape together (:meth:`batch_key`, :meth:`reduce_batch`)."""
 
     name = "powersgd"
     compressor: PowerSGD  # never wrapped: its memory is its own (own_memory)
@@ -191,12 +220,27 @@ class PowerSGDReduction(ReductionMethod):
     def rejects(cls, traits: Any) -> str | None:
         return None if traits.reduction == cls.name else f"{traits!r} is not PowerSGD"
 
+    def batch_key(self, tensor: torch.Tensor) -> Hashable | None:
+        if not self.compressor.batch_tensors_with_same_shape:
+            return None
+        return repr(self), tuple(tensor.shape), tensor.dtype, tensor.device
+
     def reduce(self, tensor: torch.Tensor, state: State, ctx: Context) -> Reduction:
-        if ctx.step < self.compressor.start_iter:  # dense warm-up: the gradient itself, summed in place
-            (summed,) = yield Allreduce([tensor.float()])
-            return summed
-        *_, total = yield from self.compressor.power_step(tensor, state, ctx, ctx.size)
-        return total.view(tensor.shape)
+        (total,) = yield from self.reduce_batch([tensor], [state], [ctx])
+        return total
+
+    def reduce_batch(self, tensors: Sequence[torch.Tensor], states: Sequence[State],
+                     contexts: Sequence[Context]) -> Generator[Allreduce, Payload, list[torch.Tensor]]:
+        """The sums over ranks of tensors of one shape (the batch's steps are the same on every rank, as are its
+        members): one allreduce of the stacked gradients during the dense warm-up, then :meth:`PowerSGD.power_step`
+        on the batch."""
+        shape = tensors[0].shape
+        if contexts[0].step < self.compressor.start_iter:  # dense warm-up: the gradients themselves, summed
+            (summed,) = yield Allreduce([tensors[0].float() if len(tensors) == 1 else
+                                         torch.stack([tensor.float() for tensor in tensors])])
+            return [summed] if len(tensors) == 1 else list(summed.unbind(0))
+        *_, total = yield from self.compressor.power_step(tensors, states, contexts, contexts[0].size)
+        return [total.view(shape)] if len(tensors) == 1 else [matrix.view(shape) for matrix in total.unbind(0)]
 
     # Costs for the performance model: the compressor's measured encode (M Q, orthogonalizations, M^T P) is
     # split evenly around the first allreduce; P and Q travel in their own allreduces (fused across layers).
