@@ -14,6 +14,7 @@ compiled and run on CUDA tensors, and every method compresses and decodes under
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from collections.abc import Iterator
@@ -274,6 +275,52 @@ def test_sparsifiers_on_the_triton_selection_decode_as_on_the_cpu(method: str,
         results = _through_method(method, [grad.to(DEVICE) for grad in grads], options)[-2:]
     for expected, got in zip(reference, results, strict=True):
         same(expected, got, method)
+
+
+@pytest.mark.parametrize(("shape", "epsilon"), [((50, 1), 0.0), ((1500, 2), 0.0), ((3, 70, 2), 0.0),
+                                              ((70, 2), 1e-8), ((0, 2), 0.0)])
+def test_orthogonalization_equals_pytorch_gram_schmidt(shape: tuple[int, ...], epsilon: float) -> None:
+    """PowerSGD's orthogonalization in one launch (n over a block of rows too, batches) gives PyTorch's Gram-Schmidt to
+    float rounding; a zero column stays zero."""
+    from hvdcomp.methods.powersgd import gram_schmidt
+
+    matrix = gaussian(math.prod(shape), seed=len(shape)).view(shape)
+    if shape[0] == 3:
+        matrix[1, :, 0] = 0  # a zero first column: the second still normalized
+        matrix[2, :, 1] = 0
+    expected = gram_schmidt(matrix.clone(), epsilon)
+    got = gpu.orthogonalize(matrix.clone().to(DEVICE), epsilon)
+    torch.testing.assert_close(got.cpu(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_powersgd_on_the_triton_kernels_equals_its_cpu_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """PowerSGD's step on CUDA (or with ``HVDCOMP_KERNELS=triton``), per matrix and in a batch of one shape, gives
+    its CPU path's sums and next Q to float rounding."""
+    from hvdcomp.methods.powersgd import PowerSGD, PowerSGDReduction
+
+    def step(device: torch.device) -> list[torch.Tensor]:
+        reduction = PowerSGDReduction(PowerSGD(start_iter=0, batch_tensors_with_same_shape=True))
+        grads = [gaussian(40 * 30, seed).view(40, 30).to(device) for seed in range(3)]
+        contexts = [Context.local(grads[0], seed=2, name=f"w{i}") for i in range(3)]
+        states = [reduction.init_state(grad, ctx) for grad, ctx in zip(grads, contexts, strict=True)]
+        results = []
+        for steps in (reduction.reduce(grads[0].clone(), states[0], contexts[0]),
+                      reduction.reduce_batch([grad.clone() for grad in grads[1:]], states[1:], contexts[1:])):
+            request = next(steps)
+            try:
+                while True:
+                    request = steps.send(request.tensors)
+            except StopIteration as done:
+                results += [done.value] if isinstance(done.value, torch.Tensor) else done.value
+        return [*results, *(state["q"] for state in states)]
+
+    reference = step(torch.device("cpu"))
+    if not CUDA:
+        monkeypatch.setenv("HVDCOMP_KERNELS", "triton")
+    with no_sync():
+        results = step(DEVICE)
+    for expected, got in zip(reference, results, strict=True):
+        torch.testing.assert_close(got.cpu(), expected, rtol=1e-4, atol=1e-5)
 
 
 def test_bad_arguments_are_refused_with_their_name() -> None:

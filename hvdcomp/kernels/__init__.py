@@ -2,7 +2,8 @@
 ``quant.cpp`` for the bucketed quantizers, ``sketch.cpp`` for the homomorphic sketch's decoding, ``threshold.cpp``
 for threshold's fit, bound in ``module.cpp``), on CUDA tensors Triton kernels
 (:mod:`hvdcomp.kernels.gpu`: TernGrad, the quantizers, random-k, the sparsifiers' selection and threshold's fit, the
-sketch's encoding and decoding) with the same functions, wire format and results. :func:`kernels_for` picks the one
+sketch's encoding and decoding) with the same functions, wire format and results; and, on CUDA only, PowerSGD's
+orthogonalization (one launch where PyTorch takes 14; CPU tensors keep PyTorch's). :func:`kernels_for` picks the one
 for a tensor's device.
 
 The C++ extension is compiled once with PyTorch's C++ extension builder and cached.

@@ -52,6 +52,7 @@ import torch
 
 from hvdcomp import check
 from hvdcomp.compressor import Compressor, Context, State, derive_seed
+from hvdcomp.kernels import is_triton, kernels_for
 from hvdcomp.reductions import Phase, ReductionMethod
 from hvdcomp.requests import Allreduce, Reduction
 from hvdcomp.wire import Payload
@@ -64,11 +65,21 @@ if TYPE_CHECKING:
 
 def orthogonalize(matrix: torch.Tensor, epsilon: float = 0.0) -> torch.Tensor:
     """Orthonormalizes the columns of ``matrix`` (n x r, or each matrix of a batch b x n x r) in place: Gram-Schmidt
-    for r <= 2, QR above."""
+    for r <= 2, QR above. On CUDA tensors Gram-Schmidt is one Triton launch (:mod:`hvdcomp.kernels.gpu.lowrank`)."""
     rank = matrix.shape[-1]
     if rank > 2 and matrix.dtype not in (torch.float16, torch.bfloat16):
         matrix.copy_(torch.linalg.qr(matrix).Q)
         return matrix
+    kernels = kernels_for(matrix.device)
+    if is_triton(kernels) and matrix.dtype == torch.float32 and matrix.is_contiguous():
+        return kernels.orthogonalize(matrix, epsilon)
+    return gram_schmidt(matrix, epsilon)
+
+
+def gram_schmidt(matrix: torch.Tensor, epsilon: float = 0.0) -> torch.Tensor:
+    """Gram-Schmidt on the columns of ``matrix`` (n x r or b x n x r) in place, in PyTorch operations: as PyTorch's
+    hook, with ``epsilon`` added to each column's norm (0: a zero column stays zero, where the hook's would be NaN)."""
+    rank = matrix.shape[-1]
     for i in range(rank):
         column = matrix[..., i:i + 1]
         norm = torch.linalg.vector_norm(column, dim=-2, keepdim=True)

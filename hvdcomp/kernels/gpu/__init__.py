@@ -1,8 +1,9 @@
 """Fused Triton kernels: the CUDA path of the quantizers and of random-k, with the same functions, arguments, wire
 format and draws as the CPU kernels of ``hvdcomp/kernels/*.cpp`` (``ternary.py`` for TernGrad and the tensor-wide
 moments, ``quant.py`` for the bucketed quantizers, ``randomk.py`` for random-k's selection, ``common.py`` for the
-generator and the bit packing), the sparsifiers' exact top-k selection on the device (``select.py``), and
-the homomorphic sketch's deterministic encoding and peeling (``sketch.py``).
+generator and the bit packing), the sparsifiers' exact top-k selection on the device (``select.py``),
+the homomorphic sketch's deterministic encoding and peeling (``sketch.py``), and PowerSGD's orthogonalization
+(``lowrank.py``).
 
 Scalars the CPU kernels take or return as host values (TernGrad's scaler and clip bound, the sign family's scale)
 stay on the device here, so nothing waits for the GPU. Sizes, seeds and counts are not specialized on
@@ -11,12 +12,13 @@ Triton's interpreter (``TRITON_INTERPRET=1`` in the environment before this pack
 kernels on CPU tensors: that is how they are tested without a GPU.
 """
 
+from hvdcomp.kernels.gpu.lowrank import orthogonalize
 from hvdcomp.kernels.gpu.quant import MAX_BUCKET, decode_sum, pack_signs, quantize_binary, quantize_levels
 from hvdcomp.kernels.gpu.randomk import randomk_select
 from hvdcomp.kernels.gpu.select import excess_moments, topk
 from hvdcomp.kernels.gpu.sketch import sketch_candidates, sketch_encode, sketch_peel
 from hvdcomp.kernels.gpu.ternary import abs_mean, ternarize_pack, ternary_statistics, unpack_sum
 
-__all__ = ["MAX_BUCKET", "abs_mean", "decode_sum", "excess_moments", "pack_signs", "quantize_binary", "quantize_levels",
-           "randomk_select", "sketch_candidates", "sketch_encode", "sketch_peel", "ternarize_pack",
+__all__ = ["MAX_BUCKET", "abs_mean", "decode_sum", "excess_moments", "orthogonalize", "pack_signs", "quantize_binary",
+           "quantize_levels", "randomk_select", "sketch_candidates", "sketch_encode", "sketch_peel", "ternarize_pack",
            "ternary_statistics", "topk", "unpack_sum"]
