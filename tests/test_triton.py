@@ -231,7 +231,7 @@ def test_topk_selects_exactly_the_largest_magnitudes(case: str) -> None:
     """The radix select's k entries are the k largest magnitudes (torch.topk's), each once with its value, the
     entries tied with the k-th taken from the lowest indices; with a threshold, those not above it come last as 0."""
     generator = torch.Generator().manual_seed(3)
-    for n, k in [(1, 1), (7, 3), (5000, 50), (20_000, 200), (9000, 9000), (9000, 1)]:
+    for n, k in [(1, 1), (7, 3), (3000, 30), (4096, 4096), (5000, 50), (20_000, 200), (9000, 9000), (9000, 1)]:
         x = torch.randint(-3, 4, (n,), generator=generator).float() if case == "ties" else gaussian(n, k)
         if case == "zeros":
             x[::2] = 0
@@ -248,6 +248,23 @@ def test_topk_selects_exactly_the_largest_magnitudes(case: str) -> None:
         kept = min(k, int(above.sum()))
         assert torch.equal(values[:kept].abs().sort().values, x.abs()[above].topk(kept).values.sort().values)
         assert not values[kept:].any() and indices.dtype == torch.int32
+
+
+@pytest.mark.parametrize("case", ["gaussian", "ties"])
+def test_topk_in_one_launch_equals_the_blocks(case: str) -> None:
+    """A tensor of one block's entries takes the one-launch selection: the same entries in the same order as the
+    selection across blocks, with and without a threshold."""
+    from hvdcomp.kernels.gpu import select
+
+    generator = torch.Generator().manual_seed(5)
+    for n, k in [(1, 1), (7, 3), (1000, 10), (4096, 1), (4096, 4096)]:
+        x = torch.randint(-3, 4, (n,), generator=generator).float() if case == "ties" else gaussian(n, k)
+        for threshold in (None, torch.tensor([0.5])):
+            x_dev, limit = on_device(x, threshold) if threshold is not None else (*on_device(x), None)
+            blocks = select._select_blocks(x_dev, k, torch.empty(k, device=DEVICE),
+                                           torch.empty(k, dtype=torch.int64, device=DEVICE), limit)
+            for expected, got in zip(blocks, select.topk(x_dev, k, threshold=limit), strict=True):
+                same(expected.cpu(), got, f"n {n}, k {k}, threshold {threshold}")
 
 
 def test_threshold_fit_passes_equal_the_cpu_kernels(cpu: object) -> None:

@@ -104,11 +104,44 @@ def _compact_kernel(x_ptr, threshold_ptr, state_ptr, above_ptr, equal_ptr, value
     tl.store(indices_ptr + slot, offsets.to(indices_ptr.dtype.element_ty), mask=keep)
 
 
+@triton.jit(do_not_specialize=["n", "k"])
+def _one_block_kernel(x_ptr, threshold_ptr, values_ptr, indices_ptr, n, k, THRESHOLD: tl.constexpr,
+                      BLOCK: tl.constexpr):
+    """The whole selection of a tensor of at most BLOCK entries in one program: the four digit passes on its keys in
+    registers, then the compaction, as the kernels above do across blocks (the same entries, in the same order)."""
+    offsets = tl.arange(0, BLOCK)
+    key, x, mask = _keys(x_ptr, threshold_ptr, offsets, n, THRESHOLD)
+    digits = tl.arange(0, 256)
+    prefix = tl.zeros([], dtype=tl.int32)
+    rank = k.to(tl.int64)
+    for i in tl.static_range(4):  # digits from the top: key bits 24-31, 16-23, 8-15, 0-7
+        selected = mask
+        if i > 0:
+            selected = mask & ((key >> (32 - 8 * i)) == prefix)
+        counts = tl.histogram((key >> (24 - 8 * i)) & 255, 256, mask=selected).to(tl.int64)
+        above = tl.cumsum(counts, axis=0, reverse=True) - counts
+        chosen = (above < rank) & (above + counts >= rank)
+        digit = tl.max(tl.where(chosen, digits, -1))
+        prefix = (prefix << 8) | digit
+        rank = rank - tl.sum(tl.where(digits == digit, above, 0))
+    is_above = key > prefix
+    is_equal = key == prefix
+    slot_above = tl.cumsum(is_above.to(tl.int64), axis=0) - 1
+    rank_equal = tl.cumsum(is_equal.to(tl.int64), axis=0) - 1
+    take_equal = is_equal & (rank_equal < rank)
+    slot = tl.where(is_above, slot_above, tl.sum(is_above.to(tl.int64)) + rank_equal)
+    keep = is_above | take_equal
+    value = x if not THRESHOLD else tl.where(key > 0, x, 0.0)
+    tl.store(values_ptr + slot, value.to(values_ptr.dtype.element_ty), mask=keep)
+    tl.store(indices_ptr + slot, offsets.to(indices_ptr.dtype.element_ty), mask=keep)
+
+
 def topk(x: torch.Tensor, k: int, index_dtype: torch.dtype = torch.int64,
          threshold: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(values, indices) of the ``k`` entries of the flat ``x`` with the largest magnitude: those above the k-th
     largest in index order, then the first of those equal to it. With ``threshold`` (a device scalar), entries not
-    above it rank lowest and their values are 0."""
+    above it rank lowest and their values are 0. A tensor of at most one block's entries takes one launch; a larger
+    one 10 (four digit passes of two, the counts, the compaction)."""
     n = x.numel()
     if not 0 <= k <= n:
         raise ValueError(f"topk: k must be in [0, n] = [0, {n}], got {k}")
@@ -117,6 +150,17 @@ def topk(x: torch.Tensor, k: int, index_dtype: torch.dtype = torch.int64,
     if k == 0:
         return values, indices
     x = x.contiguous()
+    limit = threshold if threshold is not None else values  # (any pointer when there is no threshold)
+    if n <= _BLOCK:
+        _one_block_kernel[(1,)](x, limit, values, indices, n, k, THRESHOLD=threshold is not None, BLOCK=_BLOCK)
+        return values, indices
+    return _select_blocks(x, k, values, indices, threshold)
+
+
+def _select_blocks(x: torch.Tensor, k: int, values: torch.Tensor, indices: torch.Tensor,
+                   threshold: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`topk` across blocks, into ``values`` and ``indices``."""
+    n = x.numel()
     blocks = triton.cdiv(n, _BLOCK)
     state = torch.empty(2, dtype=torch.int64, device=x.device)  # [prefix, rank], set by the first digit pass
     counts = torch.zeros(_DIGITS, dtype=torch.int32, device=x.device)
