@@ -55,7 +55,7 @@ import torch
 
 from hvdcomp import check
 from hvdcomp.compressor import MEASURED, Context, State
-from hvdcomp.methods.topk import Sparse, index_dtype, largest
+from hvdcomp.methods.topk import Sparse, top_entries
 from hvdcomp.wire import Payload
 
 #: the paper's warm-up: sparsity 75%, 93.75%, 98.4375%, 99.6% over the first four epochs
@@ -132,10 +132,9 @@ class DGC(Sparse):
         v = self.accumulate(tensor, state, ctx)
         n = v.numel()
         k = min(n, max(1, math.ceil(self.density_at(ctx.step) * n)))
-        indices = largest(v, k)
-        values = v[indices]  # a copy: v is zeroed next
+        values, indices = top_entries(v, k)  # values a copy: v is zeroed next
         self.release(state, indices)  # every selected entry, as on CUDA, also those not sent for being zero
         if v.device.type == "cpu":  # as top-k: entries that are exactly zero are not sent (on CPU)
             nonzero = values != 0
             values, indices = values[nonzero], indices[nonzero]
-        return [values, indices.to(index_dtype(n))], (tensor.shape, n, torch.float32)
+        return [values, indices], (tensor.shape, n, torch.float32)

@@ -95,6 +95,17 @@ def largest(x: torch.Tensor, k: int) -> torch.Tensor:
     return candidates[x[candidates].abs().topk(k, sorted=False).indices]
 
 
+def top_entries(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values, indices) of the ``k`` entries of the 1-D ``x`` with the largest magnitude, the indices of
+    :func:`index_dtype`: on CUDA as the Triton selection writes them (in index order, ties by index), elsewhere
+    :func:`largest`'s indices and the values gathered at them."""
+    kernels = kernels_for(x.device)
+    if is_triton(kernels):
+        return kernels.topk(x, k, index_dtype(x.numel()))
+    indices = largest(x, k)
+    return x[indices], indices.to(index_dtype(x.numel()))
+
+
 class Sparse(Compressor):
     """Payloads of (values, indices) with indices unique within a payload: top-k's decoding, shared by the
     sparsifiers (top-k, threshold, DGC) and the homomorphic sketch. Decoding adds each rank's payload in rank
@@ -115,14 +126,14 @@ class Sparse(Compressor):
         values, indices = payload
         shape, items, _ = meta
         width = block(shape, items)
-        residual.view(items, width).index_add_(0, indices.long(), values.to(residual.dtype).view(-1, width), alpha=-1)
+        residual.view(items, width).index_add_(0, indices, values.to(residual.dtype).view(-1, width), alpha=-1)
 
     def aggregate(self, payloads: list[Payload], meta: Any) -> torch.Tensor:
         shape, items, dtype = meta
         width = block(shape, items)
         total = torch.zeros(items, width, dtype=dtype, device=payloads[0][0].device)
         for values, indices in payloads:  # rank order; indices unique within a payload: deterministic
-            total.index_add_(0, indices.long(), values.to(dtype).view(-1, width))
+            total.index_add_(0, indices, values.to(dtype).view(-1, width))
         return total.view(shape)
 
 
@@ -163,9 +174,8 @@ class TopK(Sparse):
         x = tensor.detach().reshape(-1)
         n = x.numel()
         k = min(n, max(1, math.ceil(self.ratio * n)))
-        indices = largest(x, k)
-        values = x[indices]
+        values, indices = top_entries(x, k)
         if x.device.type == "cpu":
             nonzero = values != 0
             values, indices = values[nonzero], indices[nonzero]
-        return [values, indices.to(index_dtype(n))], (tensor.shape, n, x.dtype)
+        return [values, indices], (tensor.shape, n, x.dtype)
