@@ -49,6 +49,7 @@ else:
     raise AssertionError("Allreduce accepted op 'mean'")
 
 assert hvdcomp.Deadline is Deadline and DEFAULT_DEADLINE.seconds(None) == 120 and Deadline().seconds(4.0) == 40
+assert DEFAULT_DEADLINE.seconds(0.05) == 30  # its floor: a lost link in fast steps ends the job 30 s later
 
 out = io.StringIO()
 with contextlib.redirect_stdout(out):

@@ -267,6 +267,19 @@ def test_topk_in_one_launch_equals_the_blocks(case: str) -> None:
                 same(expected.cpu(), got, f"n {n}, k {k}, threshold {threshold}")
 
 
+def test_threshold_fit_on_the_device_equals_the_cpu_fit(cpu: object) -> None:
+    """Threshold's whole fit on the device (two launches a stage) gives the fit of the CPU kernels to float rounding,
+    from one block to several."""
+    from hvdcomp.methods.threshold import fitted_threshold
+
+    for n in (1, 1000, 20_000):
+        x = gaussian(n, n)
+        for density in (0.1, 0.01):
+            stages = math.ceil(math.log10(1 / density)) + 1  # the method's (hvdcomp.methods.threshold)
+            got = gpu.threshold_fit(*on_device(x), stages, math.log(1 / density) / stages)
+            torch.testing.assert_close(got.cpu(), fitted_threshold(x, density), rtol=1e-5, atol=0)
+
+
 def test_threshold_fit_passes_equal_the_cpu_kernels(cpu: object) -> None:
     """One stage of threshold's fit: the excess of |x| over t and the count above t, as the CPU kernel sums them
     (exactly, on dyadic values)."""

@@ -41,11 +41,14 @@ from hvdcomp.wire import Payload
 def fitted_threshold(x: torch.Tensor, density: float) -> torch.Tensor:
     """The multi-stage exponential fit of t for ``density`` (module docstring) from the flat ``x``: a float32 tensor
     of one element on x's device (no host sync). Each stage's mean excess is one pass of the fused kernels
-    (``excess_moments``: C++ on CPU, Triton on CUDA), else of PyTorch ops on |x|."""
+    (``excess_moments`` in C++ on CPU; on CUDA ``threshold_fit``, which also moves t on the device), else of PyTorch
+    ops on |x|."""
     stages = math.ceil(math.log10(1 / density)) + 1
     step = math.log(1 / density) / stages
-    t = torch.zeros(1, dtype=torch.float32, device=x.device)
     kernels = kernels_for(x.device)
+    if is_triton(kernels):  # every stage on the device, two launches each
+        return kernels.threshold_fit(x.float().contiguous(), stages, step)
+    t = torch.zeros(1, dtype=torch.float32, device=x.device)
     if kernels is not None:
         x = x.float().contiguous()
         for _ in range(stages):

@@ -1,6 +1,6 @@
 """Triton kernels for the sparsifiers' selection on CUDA tensors: the exact k entries of largest magnitude, by radix
 select and compaction, deterministic and without a host sync (top-k, and DGC, GraVAC and LGC through it; threshold's
-capped selection), and one pass of threshold's fit (:func:`excess_moments`).
+capped selection), and threshold's fit (:func:`excess_moments`, one pass; :func:`threshold_fit`, every stage).
 
 A float's magnitude orders as its bit pattern read as an integer, so the k-th largest magnitude is found digit by
 digit, 8 bits at a time from the top: each pass histograms the digit of the entries whose higher digits match the
@@ -185,6 +185,39 @@ def _excess_kernel(x_ptr, threshold_ptr, partial_ptr, n, BLOCK: tl.constexpr):
     over = tl.abs(x) - tl.load(threshold_ptr)
     tl.store(partial_ptr + 2 * pid, tl.sum(tl.where(over > 0, over, 0.0)))
     tl.store(partial_ptr + 2 * pid + 1, tl.sum((over > 0).to(tl.float32)))
+
+
+@triton.jit(do_not_specialize=["blocks", "step"])
+def _fit_step_kernel(partial_ptr, t_ptr, blocks, step, CHUNK: tl.constexpr):
+    """One program: the blocks' sums of one stage of the fit added in float64 (in chunks of the block order), and
+    t moved by the stage's mean excess times ``step``: t + float32(excess / max(count, 1) * step)."""
+    offsets = tl.arange(0, CHUNK)
+    excess = tl.zeros([CHUNK], dtype=tl.float64)
+    count = tl.zeros([CHUNK], dtype=tl.float64)
+    start = 0
+    while start < blocks:  # (while, not range: Triton 3.6's interpreter fails on range(runtime value))
+        mask = start + offsets < blocks
+        excess += tl.load(partial_ptr + 2 * (start + offsets), mask=mask, other=0.0).to(tl.float64)
+        count += tl.load(partial_ptr + 2 * (start + offsets) + 1, mask=mask, other=0.0).to(tl.float64)
+        start += CHUNK
+    mean = tl.sum(excess, axis=0) / tl.maximum(tl.sum(count, axis=0), 1.0)
+    tl.store(t_ptr, tl.load(t_ptr) + (mean * step).to(tl.float32))
+
+
+def threshold_fit(x: torch.Tensor, stages: int, step: float) -> torch.Tensor:
+    """Threshold's multi-stage fit (:func:`hvdcomp.methods.threshold.fitted_threshold`) of the flat float32 ``x``
+    on the device, from t = 0: per stage one pass over x (:func:`excess_moments`' blocks) and one program that moves
+    t, 2 launches a stage, where :func:`excess_moments` and PyTorch's arithmetic on its sums take 7. Returns t, float32
+    [1]. The
+    blocks' sums are added in another order than :func:`excess_moments`' ``sum``: t agrees to float rounding."""
+    n = x.numel()
+    blocks = max(1, triton.cdiv(n, _BLOCK))
+    t = torch.zeros(1, dtype=torch.float32, device=x.device)
+    partial = torch.empty(blocks, 2, dtype=torch.float32, device=x.device)
+    for _ in range(stages):
+        _excess_kernel[(blocks,)](x, t, partial, n, BLOCK=_BLOCK)
+        _fit_step_kernel[(1,)](partial, t, blocks, float(step), CHUNK=1024)
+    return t
 
 
 def excess_moments(x: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
