@@ -10,6 +10,7 @@ Needs root and iproute2; skipped, with the reason, where network namespaces cann
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -72,7 +73,8 @@ def elastic_run(folder: Path, label: str, fault_after_s: float | None, epochs: i
                 while_recovering()
             process.wait(timeout=400)
         except BaseException:
-            os.killpg(process.pid, 9)
+            with contextlib.suppress(ProcessLookupError):  # (await_fault may have ended it already)
+                os.killpg(process.pid, 9)
             raise
         reader.join(10)
         output = "".join(lines)
