@@ -8,13 +8,12 @@ for a tensor's device.
 
 The C++ extension is compiled once with PyTorch's C++ extension builder and cached.
 
-The build lands in the Python environment (``<sys.prefix>/hvdcomp-kernels/<hash of the sources>``; PyTorch's
-extension cache where that is not writable) and is rebuilt only when the source or the compiler flags change: once
-per virtual environment and version of the sources, and ``launch/setup.sh`` does it ahead of time (``python -m
-hvdcomp.kernels --build``). A shared cache would make every checkout rebuild the others' copy, as the build command
-names the environment. Where no compiler is available the methods fall back to their pure-PyTorch path, with one
-warning saying why.
-"""
+The build lands in the Python environment (``<sys.prefix>/hvdcomp-kernels/<hash of the sources and their folder>``;
+PyTorch's extension cache where that is not writable) and is rebuilt only when the source or the compiler flags
+change: once per virtual environment, checkout and version of the sources, and ``launch/setup.sh`` does it ahead of
+time (``python -m hvdcomp.kernels --build``). A shared cache would make every checkout rebuild the others' copy, as
+the build command names the environment. Where no compiler is available the methods fall back to their pure-PyTorch
+path, with one warning saying why. """
 
 from __future__ import annotations
 
@@ -38,9 +37,11 @@ def build() -> ModuleType:
     """Compiles (or loads from the cache) the extension; raises if the build fails."""
     from torch.utils.cpp_extension import load
 
-    # One folder per version of the sources: two checkouts sharing an environment (a benchmark of a base
-    # commit against the working tree) would otherwise rebuild each other's copy on every switch.
-    digest = hashlib.sha256(b"".join(path.read_bytes() for path in _SOURCES + _HEADERS)).hexdigest()[:12]
+    # One folder per checkout and version of the sources: two checkouts sharing an environment (a benchmark of a
+    # base commit against the working tree) would otherwise rebuild each other's copy on every switch, even with the
+    # same sources (the build names their paths).
+    digest = hashlib.sha256(str(_SOURCES[0].parent).encode()
+                            + b"".join(path.read_bytes() for path in _SOURCES + _HEADERS)).hexdigest()[:12]
     directory = pathlib.Path(sys.prefix) / "hvdcomp-kernels" / digest
     try:
         directory.mkdir(parents=True, exist_ok=True)

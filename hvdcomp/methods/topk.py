@@ -126,14 +126,14 @@ class Sparse(Compressor):
         values, indices = payload
         shape, items, _ = meta
         width = block(shape, items)
-        residual.view(items, width).index_add_(0, indices, values.to(residual.dtype).view(-1, width), alpha=-1)
+        residual.view(items, width).index_add_(0, indices.long(), values.to(residual.dtype).view(-1, width), alpha=-1)
 
     def aggregate(self, payloads: list[Payload], meta: Any) -> torch.Tensor:
         shape, items, dtype = meta
         width = block(shape, items)
         total = torch.zeros(items, width, dtype=dtype, device=payloads[0][0].device)
         for values, indices in payloads:  # rank order; indices unique within a payload: deterministic
-            total.index_add_(0, indices, values.to(dtype).view(-1, width))
+            total.index_add_(0, indices.long(), values.to(dtype).view(-1, width))  # int32 indices: 4x slower on CPU
         return total.view(shape)
 
 
