@@ -48,6 +48,17 @@ def _histogram_kernel(x_ptr, threshold_ptr, state_ptr, counts_ptr, n, SHIFT: tl.
     tl.atomic_add(counts_ptr + tl.arange(0, 256), counts, mask=counts > 0)
 
 
+@triton.jit
+def _next_digit(counts, rank):
+    """The digit (of 256 ``counts``, int64) in which the ``rank``-th largest falls, counted from the top, and the rank
+    left within that digit's entries."""
+    digits = tl.arange(0, 256)
+    above = tl.cumsum(counts, axis=0, reverse=True) - counts  # entries of higher digits
+    chosen = (above < rank) & (above + counts >= rank)
+    digit = tl.max(tl.where(chosen, digits, -1))
+    return digit, rank - tl.sum(tl.where(digits == digit, above, 0))
+
+
 @triton.jit(do_not_specialize=["k"])
 def _digit_kernel(state_ptr, counts_ptr, k, FIRST: tl.constexpr):
     """One program: the digit in which the remaining rank falls, counted from the top; appends it to the prefix,
@@ -60,11 +71,9 @@ def _digit_kernel(state_ptr, counts_ptr, k, FIRST: tl.constexpr):
         rank = k.to(tl.int64)
     else:
         rank = tl.load(state_ptr + 1)
-    above = tl.cumsum(counts.to(tl.int64), axis=0, reverse=True) - counts  # entries of higher digits
-    chosen = (above < rank) & (above + counts >= rank)
-    digit = tl.max(tl.where(chosen, digits, -1))
+    digit, rank = _next_digit(counts.to(tl.int64), rank)
     tl.store(state_ptr, (tl.load(state_ptr) << 8) | digit)
-    tl.store(state_ptr + 1, rank - tl.sum(tl.where(digits == digit, above, 0)))
+    tl.store(state_ptr + 1, rank)
     tl.store(counts_ptr + digits, tl.zeros([256], dtype=tl.int32))
 
 
@@ -111,7 +120,6 @@ def _one_block_kernel(x_ptr, threshold_ptr, values_ptr, indices_ptr, n, k, THRES
     registers, then the compaction, as the kernels above do across blocks (the same entries, in the same order)."""
     offsets = tl.arange(0, BLOCK)
     key, x, mask = _keys(x_ptr, threshold_ptr, offsets, n, THRESHOLD)
-    digits = tl.arange(0, 256)
     prefix = tl.zeros([], dtype=tl.int32)
     rank = k.to(tl.int64)
     for i in tl.static_range(4):  # digits from the top: key bits 24-31, 16-23, 8-15, 0-7
@@ -119,11 +127,8 @@ def _one_block_kernel(x_ptr, threshold_ptr, values_ptr, indices_ptr, n, k, THRES
         if i > 0:
             selected = mask & ((key >> (32 - 8 * i)) == prefix)
         counts = tl.histogram((key >> (24 - 8 * i)) & 255, 256, mask=selected).to(tl.int64)
-        above = tl.cumsum(counts, axis=0, reverse=True) - counts
-        chosen = (above < rank) & (above + counts >= rank)
-        digit = tl.max(tl.where(chosen, digits, -1))
+        digit, rank = _next_digit(counts, rank)
         prefix = (prefix << 8) | digit
-        rank = rank - tl.sum(tl.where(digits == digit, above, 0))
     is_above = key > prefix
     is_equal = key == prefix
     slot_above = tl.cumsum(is_above.to(tl.int64), axis=0) - 1
