@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The kernel stage and the multi-rank stage in one call of at most 10 minutes, as a lent GPU machine allows:
+#
+#   perf/gpu/gpu_stages.sh OUT_DIR          # DEADLINE_S (default 540): everything ends within it
+#
+# Horovod's staged build (HVDCOMP_HOROVOD_GPU_OPS=none, about 3 minutes) is what makes the multi-rank stage long, and
+# it needs only the CPU: it runs on the upper half of the cores, at the lowest priority, while perf/gpu/gpu_kernels.sh
+# runs on the lower half (its timings are the GPU's own, by CUDA events; the host only issues the launches). Once
+# both are done, perf/gpu/gpu_multirank.sh finds the build made and runs the scenarios in the time left.
+# OUT_DIR receives kernels-summary.txt, multirank-summary.txt and results.tgz (every file of both stages and the
+# build's log, staged-setup.log): three files, as a lent machine sends back at most eight.
+set -uo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+out=${1:?usage: perf/gpu/gpu_stages.sh OUT_DIR}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+cd "$repo"
+DEADLINE_S=${DEADLINE_S:-540}
+KERNELS_S=${KERNELS_S:-330}  # the kernel stage's share of DEADLINE_S; the multi-rank stage has the rest
+work=$(mktemp -d)
+say() { echo "gpu_stages: $*"; }
+
+if [[ -d .whl ]]; then
+    export PIP_NO_INDEX=1 PIP_FIND_LINKS="$PWD/.whl"  # offline: the wheelhouse (perf/gpu/gpu_wheelhouse.sh)
+fi
+cores=$(nproc)
+half=$((cores / 2))
+build_cpus="$half-$((cores - 1))"
+kernel_cpus="0-$((half - 1))"
+((half >= 1)) || { build_cpus=0; kernel_cpus=0; }
+
+say "staged Horovod build on CPUs $build_cpus, kernel stage on CPUs $kernel_cpus"
+HVDCOMP_HOROVOD_GPU_OPS=none HVDCOMP_VENV=.venv-staged HVDCOMP_EXTRAS='' \
+    taskset -c "$build_cpus" nice -n 19 timeout -k 10 "$((DEADLINE_S - 120))" bash launch/setup.sh \
+    >"$work/staged-setup.log" 2>&1 &
+build=$!
+
+STAGE_TIMEOUT_TESTS=${STAGE_TIMEOUT_TESTS:-120} STAGE_TIMEOUT_BENCH=${STAGE_TIMEOUT_BENCH:-25} \
+    STAGE_TIMEOUT_PROFILE=${STAGE_TIMEOUT_PROFILE:-110} \
+    taskset -c "$kernel_cpus" timeout -k 10 "$KERNELS_S" perf/gpu/gpu_kernels.sh "$work/kernels"
+kernels=$?
+cp "$work/kernels/summary.txt" "$out/kernels-summary.txt" 2>/dev/null ||
+    echo "the kernel stage wrote no summary (exit status $kernels)" >"$out/kernels-summary.txt"
+
+if wait "$build"; then
+    say "staged build done at ${SECONDS} s"
+    left=$((DEADLINE_S - SECONDS - 15))  # 15 s for the archive
+    BUDGET_S=$left SETUP_TIMEOUT=60 perf/gpu/gpu_multirank.sh "$work/multirank"
+    multirank=$?
+else
+    multirank=$?
+    tail -n 20 "$work/staged-setup.log"
+    say "FAILED: the staged build (exit status $multirank; staged-setup.log)"
+fi
+cp "$work/multirank/summary.txt" "$out/multirank-summary.txt" 2>/dev/null ||
+    echo "the multi-rank stage wrote no summary (exit status $multirank)" >"$out/multirank-summary.txt"
+
+tar -czf "$out/results.tgz" -C "$work" .
+say "kernel stage exit status $kernels, multi-rank stage $multirank; results in $out (${SECONDS} s)"
+((kernels == 0 && multirank == 0))
