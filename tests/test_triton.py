@@ -33,6 +33,8 @@ if not CUDA:
 
 triton = pytest.importorskip("triton")
 
+from triton_compile import compile_for, covering, recording  # noqa: E402
+
 from hvdcomp import Context, make_compressor  # noqa: E402
 from hvdcomp.kernels import cpu_kernels, gpu  # noqa: E402
 from hvdcomp.packing import pack_bits  # noqa: E402
@@ -43,6 +45,19 @@ DEVICE = torch.device("cuda" if CUDA else "cpu")
 #: the methods whose CUDA path runs on these kernels
 METHODS = ("terngrad", "qsgd", "signsgd", "efsignsgd", "onebit", "bingrad", "orq", "randomk")
 SIZES = (0, 1, 7, 100, 1037)  # empty, one element, a ragged group, ragged buckets
+
+
+#: the interpreted launches of this module's tests (tests/triton_compile.py), compiled by its last test
+LAUNCHES: set[str] = set()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _note_launches() -> Iterator[None]:
+    if CUDA:  # compiled anyway
+        yield
+        return
+    with recording(LAUNCHES):
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -571,3 +586,14 @@ def test_sketch_method_on_the_triton_kernels_decodes_as_on_the_cpu(monkeypatch: 
     results = _sketch_step([grad.to(DEVICE) for grad in grads])
     for index, (expected, got) in enumerate(zip(reference, results, strict=True)):
         same(expected, got, f"sketch step, output {index}")
+
+
+@pytest.mark.skipif(CUDA, reason="on a GPU every test above compiled its kernels")
+def test_every_interpreted_launch_compiles_for_hopper(request: pytest.FixtureRequest) -> None:
+    """Each kernel launch the tests above made in the interpreter also compiles, to a cubin for sm_90 (the H100 and
+    H200), without a GPU: what the interpreter accepts and the compiler refuses fails here, not on a GPU machine."""
+    if not LAUNCHES:
+        pytest.skip("no kernel was launched before this test (it runs last in the file, after the others)")
+    launches = covering(LAUNCHES)
+    failures = compile_for(launches)
+    assert not failures, f"{len(failures)} of {len(launches)} launches do not compile:\n" + "\n".join(failures)

@@ -3,6 +3,7 @@
 #
 #   perf/gpu/gpu_kernels.sh [OUT_DIR]          # default OUT_DIR: perf/results/gpu-kernels
 #   PYTHON=.venv/bin/python perf/gpu/gpu_kernels.sh OUT_DIR    # another interpreter (default: python3)
+#   BENCH_METHODS="orq topk" perf/gpu/gpu_kernels.sh OUT_DIR      # stage 2 for these methods only
 #
 # It needs torch with CUDA, triton, pytest, numpy and pyyaml in PYTHON's environment (the lent GPU machines'
 # image has them), neither Horovod nor an installed hvdcomp: hvdcomp runs from this checkout (PYTHONPATH).
@@ -53,15 +54,19 @@ fi
 
 # 1. the Triton kernels' tests, compiled, no host synchronization allowed
 say "1/3 tests/test_triton.py, tests/test_devices.py"
-timeout -k 10 "$STAGE_TIMEOUT_TESTS" "$py" -m pytest -p no:cacheprovider -rfEs tests/test_triton.py \
-    tests/test_devices.py -k "not test_reductions_on_one_rank" 2>&1 | tee "$out/test_triton.log" ||
+# in parallel where pytest-xdist is installed: compiling the kernels' variants takes most of the time
+parallel=()
+"$py" -c 'import xdist' 2>/dev/null && parallel=(-n "$(( $(nproc) < 8 ? $(nproc) : 8 ))")
+timeout -k 10 "$STAGE_TIMEOUT_TESTS" "$py" -m pytest -p no:cacheprovider -rfEs --tb=short "${parallel[@]}" \
+    tests/test_triton.py tests/test_devices.py -k "not test_reductions_on_one_rank" 2>&1 | tee "$out/test_triton.log" ||
     { status=1; say "FAILED: the Triton tests or the device tests" >&2; }
 
 # 2. compression speed: 25 M elements against a copy, and 1,024 elements in microseconds
-say "2/3 bench compress --device cuda: ${methods[*]}"
+read -r -a bench_methods <<<"${BENCH_METHODS:-${methods[*]}}"  # BENCH_METHODS: some of them alone
+say "2/3 bench compress --device cuda: ${bench_methods[*]}"
 : >"$out/bench-cuda.jsonl"
 : >"$out/bench.log"
-for method in "${methods[@]}"; do
+for method in "${bench_methods[@]}"; do
     if ! timeout -k 10 "$STAGE_TIMEOUT_BENCH" "$py" -m hvdcomp.tools.bench compress --method "$method" --device cuda \
         --numel 25000000 --numel 1024 --repeats 30 --json >>"$out/bench-cuda.jsonl" 2>>"$out/bench.log"; then
         status=1

@@ -8,8 +8,14 @@ the homomorphic sketch's deterministic encoding and peeling (``sketch.py``), and
 Scalars the CPU kernels take or return as host values (TernGrad's scaler and clip bound, the sign family's scale)
 stay on the device here, so nothing waits for the GPU. Sizes, seeds and counts are not specialized on
 (``do_not_specialize``): a kernel compiles once per bit width and kind, not once per tensor size or step.
+Arithmetic rounds as the CPU kernels' does, so that codes and levels are the same bits on both: every launch that
+computes in floating point passes ``enable_fp_fusion=False`` (the compiler would otherwise fuse a multiply and an
+add into one FMA, rounded once), and float32 divisions and square roots are the correctly rounded ``tl.div_rn``
+and ``tl.sqrt_rn`` (Triton's ``/`` and ``tl.sqrt`` on float32 compile to approximations, ``div.full.f32`` and
+``sqrt.approx.f32``; on float64 they round correctly).
 Triton's interpreter (``TRITON_INTERPRET=1`` in the environment before this package is imported) runs the same
-kernels on CPU tensors: that is how they are tested without a GPU.
+kernels on CPU tensors: that is how they are tested without a GPU, and tests/test_triton.py compiles each launch
+they made for a Hopper GPU (sm_90) too, which needs no GPU either.
 """
 
 from hvdcomp.kernels.gpu.lowrank import orthogonalize

@@ -41,8 +41,8 @@ def _gram_schmidt_kernel(x_ptr, n, epsilon, R: tl.constexpr, ZERO_EPSILON: tl.co
         if R == 2:
             dots += c0 * tl.load(base + rows * R + 1, mask=mask, other=0.0)
         start += BLOCK
-    norm0 = _guarded(tl.sqrt(tl.sum(squares0, axis=0)), epsilon, ZERO_EPSILON)
-    projection = tl.sum(dots, axis=0) / norm0  # c1 . q0
+    norm0 = _guarded(tl.sqrt_rn(tl.sum(squares0, axis=0)), epsilon, ZERO_EPSILON)
+    projection = tl.div_rn(tl.sum(dots, axis=0), norm0)  # c1 . q0
     norm1 = 1.0
     if R == 2:
         squares1 = tl.zeros([BLOCK], dtype=tl.float32)
@@ -51,19 +51,19 @@ def _gram_schmidt_kernel(x_ptr, n, epsilon, R: tl.constexpr, ZERO_EPSILON: tl.co
             rows = start + offsets
             mask = rows < n
             c0 = tl.load(base + rows * R, mask=mask, other=0.0)
-            c1 = tl.load(base + rows * R + 1, mask=mask, other=0.0) - projection * (c0 / norm0)
+            c1 = tl.load(base + rows * R + 1, mask=mask, other=0.0) - projection * tl.div_rn(c0, norm0)
             squares1 += c1 * c1
             start += BLOCK
-        norm1 = _guarded(tl.sqrt(tl.sum(squares1, axis=0)), epsilon, ZERO_EPSILON)
+        norm1 = _guarded(tl.sqrt_rn(tl.sum(squares1, axis=0)), epsilon, ZERO_EPSILON)
     start = 0
     while start < n:
         rows = start + offsets
         mask = rows < n
-        q0 = tl.load(base + rows * R, mask=mask, other=0.0) / norm0
+        q0 = tl.div_rn(tl.load(base + rows * R, mask=mask, other=0.0), norm0)
         tl.store(base + rows * R, q0, mask=mask)
         if R == 2:
             c1 = tl.load(base + rows * R + 1, mask=mask, other=0.0) - projection * q0
-            tl.store(base + rows * R + 1, c1 / norm1, mask=mask)
+            tl.store(base + rows * R + 1, tl.div_rn(c1, norm1), mask=mask)
         start += BLOCK
 
 
@@ -79,5 +79,6 @@ def orthogonalize(matrix: torch.Tensor, epsilon: float = 0.0) -> torch.Tensor:
     n, rank = matrix.shape[-2], matrix.shape[-1]
     batch = matrix.shape[0] if matrix.dim() == 3 else 1
     if batch and n:
-        _gram_schmidt_kernel[(batch,)](matrix, n, float(epsilon), R=rank, ZERO_EPSILON=epsilon == 0, BLOCK=_BLOCK)
+        _gram_schmidt_kernel[(batch,)](matrix, n, float(epsilon), R=rank, ZERO_EPSILON=epsilon == 0, BLOCK=_BLOCK,
+                                       enable_fp_fusion=False)
     return matrix

@@ -73,7 +73,8 @@ def _below(bins, x, bound):
 @triton.jit
 def _bin_mean(bins, x, b):
     inside = bins == b[:, None]
-    return tl.sum(tl.where(inside, x, 0.0), axis=1) / tl.maximum(tl.sum(inside.to(tl.int32), axis=1), 1).to(tl.float32)
+    return tl.div_rn(tl.sum(tl.where(inside, x, 0.0), axis=1),
+                     tl.maximum(tl.sum(inside.to(tl.int32), axis=1), 1).to(tl.float32))
 
 
 @triton.jit
@@ -85,11 +86,11 @@ def _orq_levels(x, valid, count, low, high, iterations, NBINS: tl.constexpr, SEA
     bin; ``index`` holds its bin and ``weight``/``mass`` the count and sum of the values in lower bins."""
     TOP: tl.constexpr = LEVELS - 1
     lcol = tl.arange(0, LEVELS)
-    levels = low[:, None] + (high - low)[:, None] * lcol[None, :].to(tl.float32) / TOP
+    levels = low[:, None] + tl.div_rn((high - low)[:, None] * lcol[None, :].to(tl.float32), TOP * 1.0)
     levels = tl.where(lcol[None, :] == 0, low[:, None], tl.where(lcol[None, :] == TOP, high[:, None], levels))
     spread = high > low
     if LEVELS > 2:
-        scale = NBINS / (high - low)
+        scale = tl.div_rn(tl.full([ROWS], NBINS, tl.float32), high - low)
         position = (x - low[:, None]) * scale[:, None]
         bins = tl.where(position >= 0, tl.where(position < NBINS, position.to(tl.int32), NBINS - 1), 0)
         bins = tl.where(valid, bins, NBINS)  # padding: past every bin
@@ -116,13 +117,13 @@ def _orq_levels(x, valid, count, low, high, iterations, NBINS: tl.constexpr, SEA
             for j in tl.static_range(1, TOP):
                 first = _column(index, lcol, j - 1)
                 end = _column(index, lcol, j + 1)
-                a = _column(levels, lcol, j - 1)
-                b = _column(levels, lcol, j + 1)
+                lower = _column(levels, lcol, j - 1)
+                upper = _column(levels, lcol, j + 1)
                 w_first = _column(weight, lcol, j - 1)
                 w_end = _column(weight, lcol, j + 1)
                 between = w_end - w_first
-                k = (_column(mass, lcol, j + 1) - _column(mass, lcol, j - 1) - a * between.to(tl.float32)) \
-                    / tl.where(b > a, b - a, 1.0)
+                k = tl.div_rn(_column(mass, lcol, j + 1) - _column(mass, lcol, j - 1) - lower * between.to(tl.float32),
+                              tl.where(upper > lower, upper - lower, 1.0))
                 # the largest non-empty bin i in [first, end) with weight(i) < w_end - k is the bin of the value
                 # of rank r = ceil(w_end - k) - 1 (0-based; at most w_end - 1), or ``first`` when r < w_first
                 r = tl.minimum(tl.ceil(w_end.to(tl.float32) - k).to(tl.int32) - 1, w_end - 1)
@@ -134,7 +135,7 @@ def _orq_levels(x, valid, count, low, high, iterations, NBINS: tl.constexpr, SEA
                     hi = tl.where(above, middle, hi)
                     lo = tl.where(above, lo, middle + 1)
                 i = tl.where(r >= w_first, lo, first)
-                move = searching & (between > 0) & (b > a) & (i != _column(index, lcol, j))
+                move = searching & (between > 0) & (upper > lower) & (i != _column(index, lcol, j))
                 w, m = _below(bins, x, i)
                 levels = _set_column(levels, lcol, j, _bin_mean(bins, x, i), move)
                 index = _set_column(index, lcol, j, i, move)
@@ -172,9 +173,9 @@ def _levels_kernel(x_ptr, tables_ptr, packed_ptr, n, nbytes, bucket, buckets, ke
         codes = i + (u * gap < x - below).to(tl.int32)
     else:  # QSGD: one norm per bucket scales the grid of levels l / s, l in [-s, s] (code s + l)
         S: tl.constexpr = (LEVELS >> 1) - 1
-        norm = tl.sqrt(tl.sum(x * x, axis=1)) if KIND == 1 else tl.max(tl.abs(x), axis=1)
+        norm = tl.sqrt_rn(tl.sum(x * x, axis=1)) if KIND == 1 else tl.max(tl.abs(x), axis=1)
         tl.store(tables_ptr + rows, norm, mask=live)
-        inverse = tl.where(norm == 0, 0.0, S / norm)
+        inverse = tl.where(norm == 0, 0.0, tl.div_rn(tl.full([ROWS], S, tl.float32), norm))
         ratio = tl.abs(x) * inverse[:, None]  # in [0, s]
         floor = tl.minimum(ratio.to(tl.int32), S - 1)
         level = floor + (u < ratio - floor.to(tl.float32)).to(tl.int32)
@@ -200,7 +201,8 @@ def quantize_levels(x: torch.Tensor, bucket: int, bits: int, kind: int, iteratio
     if n:
         _levels_kernel[(triton.cdiv(buckets, rows),)](
             x, tables, packed, n, nbytes, bucket, buckets, seed_key(seed), iterations, KIND=kind, BITS=bits,
-            NBINS=bins, SEARCH_STEPS=max(1, (bins - 1).bit_length()), ROWS=rows, BLOCK=block)
+            NBINS=bins, SEARCH_STEPS=max(1, (bins - 1).bit_length()), ROWS=rows, BLOCK=block,
+            enable_fp_fusion=False)
     return tables, packed
 
 
@@ -209,7 +211,7 @@ def _binary_kernel(x_ptr, tables_ptr, packed_ptr, n, nbytes, bucket, buckets, it
                    ROWS: tl.constexpr, BLOCK: tl.constexpr):
     first, rows, x, valid, count = _bucket_block(x_ptr, n, bucket, buckets, ROWS, BLOCK)
     if KIND == 0:  # BinGrad: the 2-level Lloyd-Max fixed point from the mean, at most ``iterations`` partitions
-        threshold = tl.sum(x, axis=1) / tl.maximum(count, 1).to(tl.float32)
+        threshold = tl.div_rn(tl.sum(x, axis=1), tl.maximum(count, 1).to(tl.float32))
     else:  # 1-bit SGD: the sign, levels the means of the negative and the non-negative values
         threshold = tl.zeros([ROWS], dtype=tl.float32)
     low = tl.zeros([ROWS], dtype=tl.float32)
@@ -223,10 +225,10 @@ def _binary_kernel(x_ptr, tables_ptr, packed_ptr, n, nbytes, bucket, buckets, it
         below = tl.sum(under.to(tl.int32), axis=1)
         above = count - below
         empty = threshold if KIND == 0 else tl.zeros([ROWS], dtype=tl.float32)  # an empty side's level
-        low = tl.where(active, tl.where(below > 0, tl.sum(tl.where(under, x, 0.0), axis=1)
-                                        / tl.maximum(below, 1).to(tl.float32), empty), low)
-        high = tl.where(active, tl.where(above > 0, tl.sum(tl.where(over, x, 0.0), axis=1)
-                                         / tl.maximum(above, 1).to(tl.float32), empty), high)
+        low = tl.where(active, tl.where(below > 0, tl.div_rn(tl.sum(tl.where(under, x, 0.0), axis=1),
+                                                             tl.maximum(below, 1).to(tl.float32)), empty), low)
+        high = tl.where(active, tl.where(above > 0, tl.div_rn(tl.sum(tl.where(over, x, 0.0), axis=1),
+                                                              tl.maximum(above, 1).to(tl.float32)), empty), high)
         # the sets {g < t} are nested, so an unchanged count is an unchanged partition: a fixed point
         go_on = active & (below != previous) & (sweep + 1 < iterations)
         previous = below
@@ -256,7 +258,7 @@ def quantize_binary(x: torch.Tensor, bucket: int, kind: int, iterations: int) ->
     if n:
         _binary_kernel[(triton.cdiv(buckets, rows),)](x, tables, packed, n, nbytes, bucket, buckets,
                                                       1 if kind == _KIND_ONEBIT else iterations, KIND=kind,
-                                                      ROWS=rows, BLOCK=block)
+                                                      ROWS=rows, BLOCK=block, enable_fp_fusion=False)
     return tables, packed
 
 
@@ -329,5 +331,5 @@ def decode_sum(packed: torch.Tensor, tables: torch.Tensor, grid: torch.Tensor, b
         steps = grid if grid.numel() else tables  # (not read without a grid: any valid pointer)
         _decode_kernel[(triton.cdiv(n, block),)](packed, tables, steps, out, ranks, n, nbytes, packed.stride(0),
                                                  tables.stride(0), bucket, BITS=bits, GRID=grid.numel() > 0,
-                                                 BLOCK=block)
+                                                 BLOCK=block, enable_fp_fusion=False)
     return out

@@ -220,8 +220,8 @@ def threshold_fit(x: torch.Tensor, stages: int, step: float) -> torch.Tensor:
     t = torch.zeros(1, dtype=torch.float32, device=x.device)
     partial = torch.empty(blocks, 2, dtype=torch.float32, device=x.device)
     for _ in range(stages):
-        _excess_kernel[(blocks,)](x, t, partial, n, BLOCK=_BLOCK)
-        _fit_step_kernel[(1,)](partial, t, blocks, float(step), CHUNK=1024)
+        _excess_kernel[(blocks,)](x, t, partial, n, BLOCK=_BLOCK, enable_fp_fusion=False)
+        _fit_step_kernel[(1,)](partial, t, blocks, float(step), CHUNK=1024, enable_fp_fusion=False)
     return t
 
 
@@ -231,5 +231,5 @@ def excess_moments(x: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
     n = x.numel()
     blocks = max(1, triton.cdiv(n, _BLOCK))
     partial = torch.empty(blocks, 2, dtype=torch.float32, device=x.device)
-    _excess_kernel[(blocks,)](x.contiguous(), threshold, partial, n, BLOCK=_BLOCK)
+    _excess_kernel[(blocks,)](x.contiguous(), threshold, partial, n, BLOCK=_BLOCK, enable_fp_fusion=False)
     return partial.double().sum(0)

@@ -257,7 +257,8 @@ def sketch_encode(values: torch.Tensor, items: torch.Tensor, seed: int, c3: int,
     order, starts = _by_cell(cells, 3 * c3)
     rows, cols = _tile(width)
     _encode_kernel[(triton.cdiv(3 * c3, rows), triton.cdiv(width, cols))](
-        values.contiguous(), signs, order, starts, table, 3 * c3, width, CELLS=rows, COLS=cols)
+        values.contiguous(), signs, order, starts, table, 3 * c3, width, CELLS=rows, COLS=cols,
+        enable_fp_fusion=False)
     return table
 
 
@@ -291,7 +292,7 @@ def sketch_peel(candidates: torch.Tensor, table: torch.Tensor, seed: int) -> tup
             # (one column block even for empty rows: its programs assign the positions)
             _read_kernel[(triton.cdiv(count, rows), max(1, triton.cdiv(width, cols)))](
                 table, order, starts, signs, position, least, pick, flags, rank, bases, values, count, width, c3, step,
-                ROWS=rows, COLS=cols)
+                ROWS=rows, COLS=cols, enable_fp_fusion=False)
             _recount_kernel[(triton.cdiv(cells, _BLOCK),)](order, starts, position, covered, key, rank, bases, cells,
                                                            c3, keys, step, BLOCK=_BLOCK)
         before, resolved = bases[-2:].tolist()  # the batch's one host sync

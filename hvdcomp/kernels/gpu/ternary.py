@@ -81,8 +81,8 @@ def _moments(x: torch.Tensor, mode: int, clip: float, results: int) -> torch.Ten
     blocks = triton.cdiv(n, _STATS_BLOCK)
     buffer = torch.empty(results + 4 * blocks, dtype=torch.float32, device=x.device)
     partial = buffer[results:]
-    _moments_kernel[(blocks,)](x, partial, n, BLOCK=_STATS_BLOCK)
-    _finish_kernel[(1,)](partial, buffer, blocks, n, clip, MODE=mode, BLOCK=_FINAL_BLOCK)
+    _moments_kernel[(blocks,)](x, partial, n, BLOCK=_STATS_BLOCK, enable_fp_fusion=False)
+    _finish_kernel[(1,)](partial, buffer, blocks, n, clip, MODE=mode, BLOCK=_FINAL_BLOCK, enable_fp_fusion=False)
     return buffer[:results]
 
 
@@ -122,7 +122,7 @@ def ternarize_pack(x: torch.Tensor, scaler: torch.Tensor, bound: torch.Tensor, s
     out = torch.empty(nbytes, dtype=torch.uint8, device=x.device)
     if n:
         _ternarize_kernel[(triton.cdiv(n, _PACK_BLOCK),)](x, scaler, bound, out, n, nbytes, seed_key(seed),
-                                                         BLOCK=_PACK_BLOCK)
+                                                         BLOCK=_PACK_BLOCK, enable_fp_fusion=False)
     return out
 
 
@@ -152,5 +152,5 @@ def unpack_sum(packed: torch.Tensor, scales: torch.Tensor, n: int) -> torch.Tens
     if n:
         block = min(_PACK_BLOCK, max(triton.next_power_of_2(n), 16))
         _unpack_sum_kernel[(math.ceil(n / block),)](packed, scales.to(torch.float32), out, ranks, n,
-                                                    packed.stride(0), BLOCK=block)
+                                                    packed.stride(0), BLOCK=block, enable_fp_fusion=False)
     return out

@@ -1,0 +1,161 @@
+"""Compile for a GPU, without one, every Triton kernel launch that the interpreter tests made.
+
+Triton's interpreter runs a kernel's Python, not its compiled form: a kernel the interpreter runs can still be
+refused by the compiler (a loop-carried variable that changes type, say), which only a GPU run would show. Triton's
+compiler itself needs no GPU: its front end, its MLIR passes and ``ptxas`` (shipped in the wheel) run on the CPU for
+any target. So :func:`recording` notes each launch's kernel, argument types and compile-time constants while the
+interpreter tests run, :func:`covering` keeps enough of them to show each kernel with every constant and type it was
+given, and :func:`compile_for` compiles those to cubins for a Hopper GPU (sm_90, the H100 and H200) in subprocesses
+without ``TRITON_INTERPRET``, where ``@triton.jit`` makes compilable kernels.
+
+A launch's signature is built as Triton's launcher builds it: a tensor is a pointer to its dtype, an int an i32 or
+i64 by its value (1 a constant unless the kernel names the argument in ``do_not_specialize``), a float an fp32, a
+bool an i1, None and the ``tl.constexpr`` arguments constants.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+#: torch's dtypes as Triton's pointer signatures name their elements
+_ELEMENTS = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64",
+             torch.int8: "i8", torch.int16: "i16", torch.int32: "i32", torch.int64: "i64", torch.uint8: "u8",
+             torch.uint16: "u16", torch.uint32: "u32", torch.uint64: "u64", torch.bool: "i1"}
+#: a launch's options, not the kernel's arguments
+_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "enable_fp_fusion")
+
+
+def _describe(value: Any, constexpr: bool) -> list[Any]:
+    """An argument as [kind, detail]: what its signature, or its value where it is or may be a constant, needs."""
+    if constexpr:
+        return ["constant", value.value if hasattr(value, "value") else value]
+    if isinstance(value, torch.Tensor):
+        return ["pointer", _ELEMENTS[value.dtype]]
+    if isinstance(value, bool):
+        return ["bool", value]
+    if isinstance(value, int):
+        return ["int", value if value == 1 else ("i32" if -2**31 <= value < 2**31 else "i64")]
+    if isinstance(value, float):
+        return ["float", None]
+    if value is None:
+        return ["none", None]
+    return ["constant", value.value if hasattr(value, "value") else value]
+
+
+@contextmanager
+def recording(launches: set[str]) -> Iterator[None]:
+    """Within, every launch of an interpreted kernel is noted in ``launches`` (as a JSON string)."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    run = InterpretedFunction.run
+
+    def noted(self: InterpretedFunction, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
+        options = {name: kwargs[name] for name in _OPTIONS if name in kwargs}
+        arguments = dict(zip(self.arg_names, args, strict=False))
+        arguments.update({k: v for k, v in kwargs.items() if k not in _OPTIONS})
+        parameters = inspect.signature(self.fn).parameters
+        described = {name: _describe(value, "constexpr" in str(parameters[name].annotation))
+                     for name, value in arguments.items()}
+        launches.add(json.dumps({"module": self.fn.__module__, "kernel": self.fn.__name__, "options": options,
+                                 "arguments": described},
+                                sort_keys=True))
+        return run(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    InterpretedFunction.run = noted  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        InterpretedFunction.run = run  # type: ignore[method-assign]
+
+
+def _compile_all(launches: list[dict[str, Any]], capability: int) -> list[str]:
+    """In the subprocess: compile each launch for ``capability`` (90: sm_90); one line per failure."""
+    import importlib
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    target = GPUTarget("cuda", capability, 32)
+    failures = []
+    for launch in launches:
+        kernel = getattr(importlib.import_module(launch["module"]), launch["kernel"])
+        signature: dict[str, str] = {}
+        constants: dict[str, Any] = {}
+        for parameter in kernel.params:
+            kind, detail = launch["arguments"].get(parameter.name, ["default", None])
+            if kind == "default":
+                continue  # not passed: the kernel's default applies
+            if parameter.is_constexpr or kind in ("none", "constant"):
+                signature[parameter.name], constants[parameter.name] = "constexpr", detail
+            elif kind == "int" and detail == 1 and not parameter.do_not_specialize:
+                signature[parameter.name], constants[parameter.name] = "constexpr", 1
+            elif kind == "int":
+                signature[parameter.name] = "i32" if detail == 1 else detail
+            else:
+                signature[parameter.name] = {"pointer": f"*{detail}", "bool": "i1", "float": "fp32"}[kind]
+        try:
+            triton.compile(ASTSource(kernel, signature, constants), target=target, options=launch["options"])
+        except Exception as error:  # every failure is reported, with its kernel and constants
+            message = " ".join(str(error).split())
+            failures.append(f"{launch['module']}.{launch['kernel']} {constants}: {message[-600:]}")
+    return failures
+
+
+def covering(launches: set[str]) -> list[str]:
+    """Fewer launches that still show every kernel with each value of each of its arguments' descriptions (each
+    constant, pointer type, int width) and each set of options at least once: a greedy set cover, in a fixed order.
+    Compiling takes about a second a launch on a CI core, and the tests make hundreds that differ in one constant."""
+    def features(launch: str) -> set[tuple[str, str, str]]:
+        noted = json.loads(launch)
+        return ({(noted["kernel"], "", json.dumps(noted["options"], sort_keys=True))}
+                | {(noted["kernel"], name, json.dumps(value)) for name, value in noted["arguments"].items()})
+
+    every = {launch: features(launch) for launch in sorted(launches)}
+    left = set().union(*every.values()) if every else set()
+    chosen = []
+    while left:
+        best = max(every, key=lambda launch: len(every[launch] & left))
+        chosen.append(best)
+        left -= every[best]
+    return chosen
+
+
+def compile_for(launches: list[str], capability: int = 90, timeout: float = 600) -> list[str]:
+    """Compile the noted launches for ``sm_<capability>``, each core taking its share in a subprocess without the
+    interpreter; the failures."""
+    environment = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); from triton_compile import _compile_all; "
+            "print(json.dumps(_compile_all([json.loads(line) for line in sys.stdin.read().splitlines()], "
+            "int(sys.argv[2]))))")
+    workers = max(1, min(len(launches), len(os.sched_getaffinity(0))))
+    processes = [subprocess.Popen([sys.executable, "-c", code, os.path.dirname(__file__), str(capability)],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  env=environment) for _ in range(workers)]
+    failures = []
+    for worker, process in enumerate(processes):
+        process.stdin.write("\n".join(launches[worker::workers]))
+        process.stdin.close()
+    for process in processes:
+        try:
+            stdout = process.stdout.read()
+            stderr = process.stderr.read()
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            failures.append(f"the compiling subprocess took more than {timeout} s")
+            continue
+        if process.returncode != 0:
+            failures.append(f"the compiling subprocess failed (exit status {process.returncode}): {stderr[-2000:]}")
+        else:
+            failures += json.loads(stdout.splitlines()[-1])
+    return failures
