@@ -1,12 +1,14 @@
 """Compile for a GPU, without one, every Triton kernel launch that the interpreter tests made.
 
 Triton's interpreter runs a kernel's Python, not its compiled form: a kernel the interpreter runs can still be
-refused by the compiler (a loop-carried variable that changes type, say), which only a GPU run would show. Triton's
-compiler itself needs no GPU: its front end, its MLIR passes and ``ptxas`` (shipped in the wheel) run on the CPU for
-any target. So :func:`recording` notes each launch's kernel, argument types and compile-time constants while the
-interpreter tests run, :func:`covering` keeps enough of them to show each kernel with every constant and type it was
-given, and :func:`compile_for` compiles those to cubins for a Hopper GPU (sm_90, the H100 and H200) in subprocesses
-without ``TRITON_INTERPRET``, where ``@triton.jit`` makes compilable kernels.
+refused by the compiler (a loop-carried variable that changes type, say: ORQ's level search was, and only a GPU run
+showed it). Triton's compiler needs no GPU. So :func:`recording` notes each launch's kernel, argument types and
+compile-time constants while the interpreter tests run, :func:`covering` keeps enough of them to show each kernel with
+every constant and type it was given, and :func:`compile_for` runs the compiler's front end on those (the kernel's
+Python to Triton's IR, for a Hopper GPU: sm_90, the H100 and H200) in subprocesses without ``TRITON_INTERPRET``, where
+``@triton.jit`` makes compilable kernels. The front end is where type and constexpr errors show. The later stages
+(LLVM, ``ptxas``, also runnable without a GPU) are left to the GPU runs: ORQ's widest level search takes minutes there
+on these cores, seconds in the front end.
 
 A launch's signature is built as Triton's launcher builds it: a tensor is a pointer to its dtype, an int an i32 or
 i64 by its value (1 a constant unless the kernel names the argument in ``do_not_specialize``), a float an fp32, a
@@ -78,14 +80,16 @@ def recording(launches: set[str]) -> Iterator[None]:
 
 
 def _compile_all(launches: list[dict[str, Any]], capability: int) -> list[str]:
-    """In the subprocess: compile each launch for ``capability`` (90: sm_90); one line per failure."""
+    """In the subprocess: each launch through the front end for ``capability`` (90: sm_90); one line per failure."""
     import importlib
 
-    import triton
+    from triton._C.libtriton import ir
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+    from triton.compiler.compiler import make_backend
 
     target = GPUTarget("cuda", capability, 32)
+    backend = make_backend(target)
     failures = []
     for launch in launches:
         kernel = getattr(importlib.import_module(launch["module"]), launch["kernel"])
@@ -104,7 +108,12 @@ def _compile_all(launches: list[dict[str, Any]], capability: int) -> list[str]:
             else:
                 signature[parameter.name] = {"pointer": f"*{detail}", "bool": "i1", "float": "fp32"}[kind]
         try:
-            triton.compile(ASTSource(kernel, signature, constants), target=target, options=launch["options"])
+            options = backend.parse_options(launch["options"])
+            context = ir.context()
+            ir.load_dialects(context)
+            backend.load_dialects(context)
+            codegen = backend.get_codegen_implementation(options)
+            ASTSource(kernel, signature, constants).make_ir(target, options, codegen, backend.get_module_map(), context)
         except Exception as error:  # every failure is reported, with its kernel and constants
             message = " ".join(str(error).split())
             failures.append(f"{launch['module']}.{launch['kernel']} {constants}: {message[-600:]}")
@@ -114,7 +123,7 @@ def _compile_all(launches: list[dict[str, Any]], capability: int) -> list[str]:
 def covering(launches: set[str]) -> list[str]:
     """Fewer launches that still show every kernel with each value of each of its arguments' descriptions (each
     constant, pointer type, int width) and each set of options at least once: a greedy set cover, in a fixed order.
-    Compiling takes about a second a launch on a CI core, and the tests make hundreds that differ in one constant."""
+    The tests make hundreds of launches that differ in one constant."""
     def features(launch: str) -> set[tuple[str, str, str]]:
         noted = json.loads(launch)
         return ({(noted["kernel"], "", json.dumps(noted["options"], sort_keys=True))}
@@ -131,8 +140,8 @@ def covering(launches: set[str]) -> list[str]:
 
 
 def compile_for(launches: list[str], capability: int = 90, timeout: float = 600) -> list[str]:
-    """Compile the noted launches for ``sm_<capability>``, each core taking its share in a subprocess without the
-    interpreter; the failures."""
+    """The noted launches through the compiler's front end for ``sm_<capability>``, each core taking its share in a
+    subprocess without the interpreter; the failures."""
     environment = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     code = ("import json, sys; sys.path.insert(0, sys.argv[1]); from triton_compile import _compile_all; "
             "print(json.dumps(_compile_all([json.loads(line) for line in sys.stdin.read().splitlines()], "

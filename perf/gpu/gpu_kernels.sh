@@ -57,7 +57,8 @@ say "1/3 tests/test_triton.py, tests/test_devices.py"
 # in parallel where pytest-xdist is installed: compiling the kernels' variants takes most of the time
 parallel=()
 "$py" -c 'import xdist' 2>/dev/null && parallel=(-n "$(( $(nproc) < 8 ? $(nproc) : 8 ))")
-timeout -k 10 "$STAGE_TIMEOUT_TESTS" "$py" -m pytest -p no:cacheprovider -rfEs --tb=short "${parallel[@]}" \
+# SIGINT at the limit: pytest then still prints why each test failed (a kill would lose it)
+timeout -s INT -k 20 "$STAGE_TIMEOUT_TESTS" "$py" -m pytest -p no:cacheprovider -rfEs --tb=short "${parallel[@]}" \
     tests/test_triton.py tests/test_devices.py -k "not test_reductions_on_one_rank" 2>&1 | tee "$out/test_triton.log" ||
     { status=1; say "FAILED: the Triton tests or the device tests" >&2; }
 
