@@ -14,8 +14,8 @@ add into one FMA, rounded once), and float32 divisions and square roots are the 
 and ``tl.sqrt_rn`` (Triton's ``/`` and ``tl.sqrt`` on float32 compile to approximations, ``div.full.f32`` and
 ``sqrt.approx.f32``; on float64 they round correctly).
 Triton's interpreter (``TRITON_INTERPRET=1`` in the environment before this package is imported) runs the same
-kernels on CPU tensors: that is how they are tested without a GPU, and tests/test_triton.py compiles each launch
-they made for a Hopper GPU (sm_90) too, which needs no GPU either.
+kernels on CPU tensors: that is how they are tested without a GPU, and tests/test_triton.py puts a covering set of
+the launches those tests made through Triton's compiler front end for a Hopper GPU (sm_90), which needs no GPU either.
 """
 
 from hvdcomp.kernels.gpu.lowrank import orthogonalize
