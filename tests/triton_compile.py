@@ -1,14 +1,14 @@
 """Compile for a GPU, without one, every Triton kernel launch that the interpreter tests made.
 
-Triton's interpreter runs a kernel's Python, not its compiled form: a kernel the interpreter runs can still be
-refused by the compiler (a loop-carried variable that changes type, say: ORQ's level search was, and only a GPU run
-showed it). Triton's compiler needs no GPU. So :func:`recording` notes each launch's kernel, argument types and
+Triton's interpreter runs a kernel's Python, not its compiled form, so it accepts kernels the compiler refuses: a
+variable whose type changes across a loop, a non-constexpr value where a constexpr is needed, an operation without a
+lowering. Triton's compiler needs no GPU. So :func:`recording` notes each launch's kernel, argument types and
 compile-time constants while the interpreter tests run, :func:`covering` keeps enough of them to show each kernel with
-every constant and type it was given, and :func:`compile_for` runs the compiler's front end on those (the kernel's
-Python to Triton's IR, for a Hopper GPU: sm_90, the H100 and H200) in subprocesses without ``TRITON_INTERPRET``, where
-``@triton.jit`` makes compilable kernels. The front end is where type and constexpr errors show. The later stages
-(LLVM, ``ptxas``, also runnable without a GPU) are left to the GPU runs: ORQ's widest level search takes minutes there
-on these cores, seconds in the front end.
+every constant and type it was given (each value at least once, not each combination of values), and
+:func:`compile_for` runs the compiler's front end on those (the kernel's Python to Triton's IR, for a Hopper GPU:
+sm_90, the H100 and H200) in subprocesses without ``TRITON_INTERPRET``, where ``@triton.jit`` makes compilable
+kernels. The front end is where those errors show. The later stages (LLVM, ``ptxas``, which run without a GPU too)
+are left to the GPU runs: for ORQ's widest level search they take minutes on a CI core, the front end seconds.
 
 A launch's signature is built as Triton's launcher builds it: a tensor is a pointer to its dtype, an int an i32 or
 i64 by its value (1 a constant unless the kernel names the argument in ``do_not_specialize``), a float an fp32, a
@@ -22,6 +22,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -147,20 +148,21 @@ def compile_for(launches: list[str], capability: int = 90, timeout: float = 600)
             "print(json.dumps(_compile_all([json.loads(line) for line in sys.stdin.read().splitlines()], "
             "int(sys.argv[2]))))")
     workers = max(1, min(len(launches), len(os.sched_getaffinity(0))))
-    processes = [subprocess.Popen([sys.executable, "-c", code, os.path.dirname(__file__), str(capability)],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                  env=environment) for _ in range(workers)]
+    processes = []
+    for worker in range(workers):
+        with tempfile.TemporaryFile("w+") as shares:  # each worker's launches, one JSON line each, as its stdin
+            shares.write("\n".join(launches[worker::workers]))
+            shares.seek(0)
+            processes.append(subprocess.Popen([sys.executable, "-c", code, os.path.dirname(__file__), str(capability)],
+                                              stdin=shares, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                              env=environment))
     failures = []
-    for worker, process in enumerate(processes):
-        process.stdin.write("\n".join(launches[worker::workers]))
-        process.stdin.close()
     for process in processes:
         try:
-            stdout = process.stdout.read()
-            stderr = process.stderr.read()
-            process.wait(timeout=timeout)
+            stdout, stderr = process.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             process.kill()
+            process.communicate()
             failures.append(f"the compiling subprocess took more than {timeout} s")
             continue
         if process.returncode != 0:

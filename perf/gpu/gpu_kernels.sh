@@ -19,10 +19,10 @@
 #    decode time summed over a step's gradients beside forward + backward (profile-resnet50-cuda.yaml,
 #    profile.log); skipped, with the reason, where torchvision is missing or the profiler does not import here;
 # then summary.txt (printed too): per method fraction_of_copy against the issues' targets and the 1,024-element
-# times. environment.txt
-# records the GPU and the versions. At most 7 files in OUT_DIR. A failing stage does not stop the next ones; the
-# exit status is then 1. It takes a few minutes on an H100 or H200; each stage has a time limit (STAGE_TIMEOUT_*
-# below, in seconds, to be set in the environment), so that it ends within 10 minutes even where every stage hangs.
+# times. environment.txt records the GPU and the versions. At most 7 files in OUT_DIR. A failing stage does not stop
+# the next ones; the exit status is then 1. It takes a few minutes on an H100 or H200. Each stage has a time limit
+# (STAGE_TIMEOUT_*, below, in seconds, to be set in the environment), cut to what is left of BUDGET_S (default 570 s)
+# less 20 s for the summary, so that the script ends within BUDGET_S even where every stage hangs.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -33,13 +33,17 @@ cd "$repo"
 py=${PYTHON:-python3}
 export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
 unset TRITON_INTERPRET  # the kernels compiled for the GPU, not interpreted
-# the sparsifiers, the sketch and PowerSGD first, then the quantizers and fp16: where time runs short, what ran
+# the sparsifiers, the sketch and PowerSGD first, then the quantizers and fp16: where time runs short, the first ones
+# will have run
 methods=(randomk topk threshold dgc gravac sketch powersgd lgc terngrad qsgd signsgd efsignsgd onebit bingrad orq fp16)
 STAGE_TIMEOUT_TESTS=${STAGE_TIMEOUT_TESTS:-180}
 STAGE_TIMEOUT_BENCH=${STAGE_TIMEOUT_BENCH:-30}  # per method: 16 of them
 STAGE_TIMEOUT_PROFILE=${STAGE_TIMEOUT_PROFILE:-150}
+BUDGET_S=${BUDGET_S:-570}
 status=0
 say() { echo "gpu_kernels: $*"; }
+# a stage's limit: its own, or what is left of BUDGET_S (20 s kept for the summary), whichever is less; at least 1
+limit() { local left=$((BUDGET_S - SECONDS - 20)); ((left < $1)) || left=$1; echo $((left > 1 ? left : 1)); }
 
 # 0. the GPU and the versions; nothing else can run without a CUDA device
 { nvidia-smi -L 2>&1 || true
@@ -58,7 +62,7 @@ say "1/3 tests/test_triton.py, tests/test_devices.py"
 parallel=()
 "$py" -c 'import xdist' 2>/dev/null && parallel=(-n "$(( $(nproc) < 8 ? $(nproc) : 8 ))")
 # SIGINT at the limit: pytest then still prints why each test failed (a kill would lose it)
-timeout -s INT -k 20 "$STAGE_TIMEOUT_TESTS" "$py" -m pytest -p no:cacheprovider -rfEs --tb=short "${parallel[@]}" \
+timeout -s INT -k 10 "$(limit "$STAGE_TIMEOUT_TESTS")" "$py" -m pytest -p no:cacheprovider -rfEs --tb=short "${parallel[@]}" \
     tests/test_triton.py tests/test_devices.py -k "not test_reductions_on_one_rank" 2>&1 | tee "$out/test_triton.log" ||
     { status=1; say "FAILED: the Triton tests or the device tests" >&2; }
 
@@ -68,7 +72,7 @@ say "2/3 bench compress --device cuda: ${bench_methods[*]}"
 : >"$out/bench-cuda.jsonl"
 : >"$out/bench.log"
 for method in "${bench_methods[@]}"; do
-    if ! timeout -k 10 "$STAGE_TIMEOUT_BENCH" "$py" -m hvdcomp.tools.bench compress --method "$method" --device cuda \
+    if ! timeout -k 5 "$(limit "$STAGE_TIMEOUT_BENCH")" "$py" -m hvdcomp.tools.bench compress --method "$method" --device cuda \
         --numel 25000000 --numel 1024 --repeats 30 --json >>"$out/bench-cuda.jsonl" 2>>"$out/bench.log"; then
         status=1
         say "FAILED: bench compress --method $method (bench.log)" | tee -a "$out/bench.log" >&2
@@ -81,7 +85,7 @@ if ! "$py" -c 'import torchvision' 2>/dev/null; then
     echo "skipped: torchvision is not installed" | tee "$out/profile.log"
 elif ! why=$("$py" -c 'import hvdcomp.perfmodel.profile' 2>&1); then
     echo "skipped: hvdcomp.perfmodel.profile does not import here: ${why##*$'\n'}" | tee "$out/profile.log"
-elif ! timeout -k 10 "$STAGE_TIMEOUT_PROFILE" "$py" -m hvdcomp.perfmodel.profile \
+elif ! timeout -k 5 "$(limit "$STAGE_TIMEOUT_PROFILE")" "$py" -m hvdcomp.perfmodel.profile \
     --model torchvision.models:resnet50 --input-shape 3,224,224 --classes 1000 --batch-size 64 --autocast bf16 \
     --device cuda --methods "$(IFS=,; echo "${methods[*]}")" --out "$out/profile-resnet50-cuda.yaml" \
     2>&1 | tee "$out/profile.log"; then
@@ -90,7 +94,7 @@ elif ! timeout -k 10 "$STAGE_TIMEOUT_PROFILE" "$py" -m hvdcomp.perfmodel.profile
 fi
 
 # the summary: per method, speed against a copy (25 M) and time per call (1,024), from the JSON lines
-"$py" - "$out/bench-cuda.jsonl" "${methods[@]}" <<'EOF' 2>&1 | tee "$out/summary.txt" || status=1
+"$py" - "$out/bench-cuda.jsonl" "${bench_methods[@]}" <<'EOF' 2>&1 | tee "$out/summary.txt" || status=1
 import json
 import sys
 

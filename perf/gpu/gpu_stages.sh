@@ -7,8 +7,9 @@
 # it needs only the CPU: it runs on the upper half of the cores, at the lowest priority, while perf/gpu/gpu_kernels.sh
 # runs on the lower half (its timings are the GPU's own, by CUDA events; the host only issues the launches). Once
 # both are done, perf/gpu/gpu_multirank.sh finds the build made and runs the scenarios in the time left.
-# OUT_DIR receives kernels-summary.txt, multirank-summary.txt and results.tgz (every file of both stages and the
-# build's log, staged-setup.log): three files, as a lent machine sends back at most eight.
+# OUT_DIR receives kernels-summary.txt, multirank-summary.txt and results.tgz (every file of both stages, the
+# build's log staged-setup.log, and settings.txt: the limits it ran under): three files, as a lent machine
+# sends back at most eight. Its own output goes to the terminal: keep it with the results.
 set -uo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -37,16 +38,16 @@ HVDCOMP_HOROVOD_GPU_OPS=none HVDCOMP_VENV=.venv-staged HVDCOMP_EXTRAS='' \
 build=$!
 
 STAGE_TIMEOUT_TESTS=${STAGE_TIMEOUT_TESTS:-120} STAGE_TIMEOUT_BENCH=${STAGE_TIMEOUT_BENCH:-25} \
-    STAGE_TIMEOUT_PROFILE=${STAGE_TIMEOUT_PROFILE:-110} \
-    taskset -c "$kernel_cpus" timeout -k 10 "$KERNELS_S" perf/gpu/gpu_kernels.sh "$work/kernels"
+    STAGE_TIMEOUT_PROFILE=${STAGE_TIMEOUT_PROFILE:-110} BUDGET_S=$KERNELS_S \
+    taskset -c "$kernel_cpus" perf/gpu/gpu_kernels.sh "$work/kernels"
 kernels=$?
 cp "$work/kernels/summary.txt" "$out/kernels-summary.txt" 2>/dev/null ||
     echo "the kernel stage wrote no summary (exit status $kernels)" >"$out/kernels-summary.txt"
 
 if wait "$build"; then
-    say "staged build done at ${SECONDS} s"
+    say "the kernel stage and the staged build done at ${SECONDS} s (the build's own time: staged-setup.log)"
     left=$((DEADLINE_S - SECONDS - 15))  # 15 s for the archive
-    BUDGET_S=$left SETUP_TIMEOUT=60 perf/gpu/gpu_multirank.sh "$work/multirank"
+    BUDGET_S=$left SETUP_TIMEOUT=$((left < 60 ? left : 60)) perf/gpu/gpu_multirank.sh "$work/multirank"
     multirank=$?
 else
     multirank=$?
@@ -56,6 +57,9 @@ fi
 cp "$work/multirank/summary.txt" "$out/multirank-summary.txt" 2>/dev/null ||
     echo "the multi-rank stage wrote no summary (exit status $multirank)" >"$out/multirank-summary.txt"
 
+echo "DEADLINE_S=$DEADLINE_S KERNELS_S=$KERNELS_S STAGE_TIMEOUT_TESTS=${STAGE_TIMEOUT_TESTS:-120}" \
+    "STAGE_TIMEOUT_BENCH=${STAGE_TIMEOUT_BENCH:-25} STAGE_TIMEOUT_PROFILE=${STAGE_TIMEOUT_PROFILE:-110}" \
+    "BENCH_METHODS='${BENCH_METHODS:-}'" >"$work/settings.txt"
 tar -czf "$out/results.tgz" -C "$work" .
 say "kernel stage exit status $kernels, multi-rank stage $multirank; results in $out (${SECONDS} s)"
 ((kernels == 0 && multirank == 0))
