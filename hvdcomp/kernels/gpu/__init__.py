@@ -10,10 +10,11 @@ stay on the device here, so nothing waits for the GPU. Sizes, seeds and counts a
 (``do_not_specialize``): a kernel compiles once per bit width and kind, not once per tensor size or step.
 Each floating-point operation rounds as the CPU kernels' does: every launch where a multiply feeds an add passes
 ``enable_fp_fusion=False`` (the compiler would otherwise fuse the two into one FMA, rounded once), and float32
-divisions and square roots are the correctly rounded ``tl.div_rn`` and ``tl.sqrt_rn`` (Triton's ``/`` and ``tl.sqrt`` on float32 compile to approximations, ``div.full.f32`` and
-``sqrt.approx.f32``; on float64 they round correctly). Sums are another matter: the GPU adds in a tree, the CPU in
-its own order (or in float64), so codes and levels are the same bits on both where the sums are exact (the tests'
-dyadic inputs), and differ by rounding elsewhere.
+divisions and square roots are the correctly rounded ``tl.div_rn`` and ``tl.sqrt_rn`` (Triton's ``/`` and
+``tl.sqrt`` on float32 compile to approximations, ``div.full.f32`` and ``sqrt.approx.f32``; on float64 they round
+correctly). Sums are another matter: the GPU adds in a tree, the CPU in its own order (or in float64), so codes and
+levels are the same bits on both where the sums are exact (the tests' dyadic inputs), and differ by rounding
+elsewhere.
 Triton's interpreter (``TRITON_INTERPRET=1`` in the environment before this package is imported) runs the same
 kernels on CPU tensors: that is how they are tested without a GPU, and tests/test_triton.py puts a covering set of
 the launches those tests made through Triton's compiler front end for a Hopper GPU (sm_90), which needs no GPU either.
