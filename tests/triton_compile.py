@@ -10,9 +10,8 @@ sm_90, the H100 and H200) in subprocesses without ``TRITON_INTERPRET``, where ``
 kernels. The front end is where those errors show. The later stages (LLVM, ``ptxas``, which run without a GPU too)
 are left to the GPU runs: for ORQ's widest level search they take minutes on a CI core, the front end seconds.
 
-A launch's signature is built as Triton's launcher builds it: a tensor is a pointer to its dtype, an int an i32 or
-i64 by its value (1 a constant unless the kernel names the argument in ``do_not_specialize``), a float an fp32, a
-bool an i1, None and the ``tl.constexpr`` arguments constants.
+A launch's signature is typed by Triton's own ``mangle_type``, as its launcher types it (an int of 1 and None are
+constants, unless the kernel names the argument in ``do_not_specialize``), the ``tl.constexpr`` arguments constants.
 """
 
 from __future__ import annotations
@@ -27,31 +26,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import torch
-
-#: torch's dtypes as Triton's pointer signatures name their elements
-_ELEMENTS = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64",
-             torch.int8: "i8", torch.int16: "i16", torch.int32: "i32", torch.int64: "i64", torch.uint8: "u8",
-             torch.uint16: "u16", torch.uint32: "u32", torch.uint64: "u64", torch.bool: "i1"}
 #: a launch's options, not the kernel's arguments
 _OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "enable_fp_fusion")
 
 
-def _describe(value: Any, constexpr: bool) -> list[Any]:
-    """An argument as [kind, detail]: what its signature, or its value where it is or may be a constant, needs."""
-    if constexpr:
-        return ["constant", value.value if hasattr(value, "value") else value]
-    if isinstance(value, torch.Tensor):
-        return ["pointer", _ELEMENTS[value.dtype]]
-    if isinstance(value, bool):
-        return ["bool", value]
-    if isinstance(value, int):
-        return ["int", value if value == 1 else ("i32" if -2**31 <= value < 2**31 else "i64")]
-    if isinstance(value, float):
-        return ["float", None]
-    if value is None:
-        return ["none", None]
-    return ["constant", value.value if hasattr(value, "value") else value]
+def _describe(value: Any, constexpr: bool, specialize: bool) -> list[Any]:
+    """An argument as [its type in the kernel's signature, its value where that type is a constant]: Triton's own
+    ``mangle_type``, as its launcher types arguments (``specialize``: unless named in ``do_not_specialize``)."""
+    from triton.runtime.jit import mangle_type
+
+    kind = "constexpr" if constexpr else mangle_type(value, specialize)
+    return [kind, getattr(value, "value", value) if kind == "constexpr" else None]
 
 
 @contextmanager
@@ -66,7 +51,8 @@ def recording(launches: set[str]) -> Iterator[None]:
         arguments = dict(zip(self.arg_names, args, strict=False))
         arguments.update({k: v for k, v in kwargs.items() if k not in _OPTIONS})
         parameters = inspect.signature(self.fn).parameters
-        described = {name: _describe(value, "constexpr" in str(parameters[name].annotation))
+        fixed = self.kwargs.get("do_not_specialize") or ()
+        described = {name: _describe(value, "constexpr" in str(parameters[name].annotation), name not in fixed)
                      for name, value in arguments.items()}
         launches.add(json.dumps({"module": self.fn.__module__, "kernel": self.fn.__name__, "options": options,
                                  "arguments": described},
@@ -97,17 +83,11 @@ def _compile_all(launches: list[dict[str, Any]], capability: int) -> list[str]:
         signature: dict[str, str] = {}
         constants: dict[str, Any] = {}
         for parameter in kernel.params:
-            kind, detail = launch["arguments"].get(parameter.name, ["default", None])
-            if kind == "default":
-                continue  # not passed: the kernel's default applies
-            if parameter.is_constexpr or kind in ("none", "constant"):
-                signature[parameter.name], constants[parameter.name] = "constexpr", detail
-            elif kind == "int" and detail == 1 and not parameter.do_not_specialize:
-                signature[parameter.name], constants[parameter.name] = "constexpr", 1
-            elif kind == "int":
-                signature[parameter.name] = "i32" if detail == 1 else detail
-            else:
-                signature[parameter.name] = {"pointer": f"*{detail}", "bool": "i1", "float": "fp32"}[kind]
+            if parameter.name in launch["arguments"]:  # else not passed: the kernel's default applies
+                kind, value = launch["arguments"][parameter.name]
+                signature[parameter.name] = kind
+                if kind == "constexpr":
+                    constants[parameter.name] = value
         try:
             options = backend.parse_options(launch["options"])
             context = ir.context()

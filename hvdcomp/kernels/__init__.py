@@ -13,7 +13,8 @@ PyTorch's extension cache where that is not writable) and is rebuilt only when t
 change: once per virtual environment, checkout and version of the sources, and ``launch/setup.sh`` does it ahead of
 time (``python -m hvdcomp.kernels --build``). A shared cache would make every checkout rebuild the others' copy, as
 the build command names the environment. Where no compiler is available the methods fall back to their pure-PyTorch
-path, with one warning saying why. """
+path, with one warning saying why.
+"""
 
 from __future__ import annotations
 

@@ -133,7 +133,7 @@ class Sparse(Compressor):
         width = block(shape, items)
         total = torch.zeros(items, width, dtype=dtype, device=payloads[0][0].device)
         for values, indices in payloads:  # rank order; indices unique within a payload: deterministic
-            total.index_add_(0, indices.long(), values.to(dtype).view(-1, width))  # int32 indices: 4x slower on CPU
+            total.index_add_(0, indices.long(), values.to(dtype).view(-1, width))  # int64: int32 is slower on CPU
         return total.view(shape)
 
 

@@ -212,9 +212,8 @@ def _fit_step_kernel(partial_ptr, t_ptr, blocks, step, CHUNK: tl.constexpr):
 def threshold_fit(x: torch.Tensor, stages: int, step: float) -> torch.Tensor:
     """Threshold's multi-stage fit (:func:`hvdcomp.methods.threshold.fitted_threshold`) of the flat float32 ``x``
     on the device, from t = 0: per stage one pass over x (:func:`excess_moments`' blocks) and one program that moves
-    t, 2 launches a stage, where :func:`excess_moments` and PyTorch's arithmetic on its sums take 7. Returns t, float32
-    [1]. The
-    blocks' sums are added in another order than :func:`excess_moments`' ``sum``: t agrees to float rounding."""
+    t, two launches a stage. Returns t, float32 [1]. The blocks' sums are added in another order than
+    :func:`excess_moments`' ``sum``: t agrees with it to float rounding."""
     n = x.numel()
     blocks = max(1, triton.cdiv(n, _BLOCK))
     t = torch.zeros(1, dtype=torch.float32, device=x.device)
