@@ -6,7 +6,7 @@ if it beat dense clearly on the running job.
     compression:                      # in a config (hvdcomp.config)
       method: auto
       options: {allow: [randomk], candidates: {topk: {ratio: 0.01}, terngrad: {}}, plans: 3, budget_s: 5}
-      dense: ["embedding.*"]          # min_numel, dense, seed and nonfinite apply as with any method
+      dense: ["embedding.*"]          # min_numel, bucket_cap_mb, dense, seed and nonfinite apply as with any method
 
 Espresso (Wang et al., EuroSys 2023) chooses a compression per tensor offline, in a simulator; here the job measures
 and chooses while it trains, by one rule:
@@ -404,8 +404,9 @@ class Tuner:
                               "collective": choice.collective if selectable else "auto"})
         self.report["plan"] = [asdict(c) for c in plan.choices]
         optimizer.apply_config(CompressionConfig.parse({
-            "method": "none", "min_numel": self.base.min_numel, "dense": list(self.base.dense),
-            "seed": self.base.seed, "nonfinite": self.base.nonfinite, "overrides": overrides}))
+            "method": "none", "min_numel": self.base.min_numel, "bucket_cap_mb": self.base.bucket_cap_mb,
+            "dense": list(self.base.dense), "seed": self.base.seed, "nonfinite": self.base.nonfinite,
+            "overrides": overrides}))
 
 
 def table(report: Mapping[str, Any]) -> str:

@@ -162,6 +162,10 @@ class Compressor(ABC):
     #: Options the method's paper counts in epochs (DGC's warm-up stage, GraVAC's exploration interval), in
     #: steps here: ``hvdcomp train`` sets them to the job's steps per epoch unless the config does.
     epoch_options: ClassVar[tuple[str, ...]] = ()
+    #: compress() reads its input as a flat vector (its shape plays no part), so the optimizer may compress several
+    #: gradients of one step concatenated, as one tensor (the config's ``bucket_cap_mb``); False for methods that use a
+    #: tensor's shape or reduce in a way of their own (PowerSGD's matrices, LGC's autoencoder, the sketch).
+    bucketable: ClassVar[bool] = True
     #: The model's first and last layers stay dense (LGC, as its paper keeps them): the optimizer tells
     #: :meth:`hvdcomp.config.CompressionConfig.choose` which parameters those are.
     dense_edges: bool = False

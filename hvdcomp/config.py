@@ -11,6 +11,7 @@
                                 # the sparsifiers' payloads, hvdcomp.methods.sketch)
     collective_options: {}      # keyword arguments of the reduction (two_phase: owner_error_feedback)
     min_numel: 1024             # smaller tensors go uncompressed through Horovod's fused allreduce
+    bucket_cap_mb: 0            # > 0: compress gradients of one method in buckets of about this many MiB (below)
     dense: ["fc3.*"]            # parameter-name patterns (fnmatch) that stay uncompressed
     overrides:                  # first matching pattern wins; any key above except dense/min_numel/seed
       - match: "*.embedding.weight"
@@ -19,9 +20,18 @@
     seed: 0                     # base seed of the stochastic methods' draws
     nonfinite: raise            # raise | skip: what a NaN/Inf gradient does (see DistributedOptimizer)
 
+``bucket_cap_mb`` (0: off) compresses the gradients that share a method, its options and collective, dtype and
+device in buckets, as PyTorch's DDP buckets them for its communication hooks: in reverse model order (the order
+backward makes them ready), each bucket closed once it holds ``bucket_cap_mb`` MiB. A bucket is concatenated and
+compressed as one tensor once its last gradient is ready: one encoding and one collective per bucket, where a GPU
+spends most of a small gradient's compression issuing its kernels (docs/gpu.md). The method then sees the bucket, not
+the layer: TernGrad's scaler, top-k's k and QSGD's norms are the bucket's. Methods that use a tensor's shape
+(PowerSGD, LGC, the sketch: ``Compressor.bucketable``) compress each gradient alone still.
+
 ``method: auto`` (or ``compression="auto"``) chooses each parameter's method and collective from measurements on the
-running job (:mod:`hvdcomp.auto`; its ``options`` are :class:`AutoSettings`); ``min_numel``, ``dense``, ``seed`` and
-``nonfinite`` apply as above, and the keys that choose a method or collective are not taken with it.
+running job (:mod:`hvdcomp.auto`; its ``options`` are :class:`AutoSettings`); ``min_numel``, ``bucket_cap_mb``,
+``dense``, ``seed`` and ``nonfinite`` apply as above, and the keys that choose a method or collective are not taken
+with it.
 
 Every key and value is checked: unknown names are rejected with the list of valid ones.
 """
@@ -44,7 +54,7 @@ from hvdcomp.methods import ACCURACY_GUARD, METHODS
 NONFINITE_CHOICES = ("raise", "skip")
 
 _METHOD_KEYS = ("method", "options", "error_feedback", "collective", "collective_options")
-_TOP_KEYS = (*_METHOD_KEYS, "min_numel", "dense", "overrides", "seed", "nonfinite")
+_TOP_KEYS = (*_METHOD_KEYS, "min_numel", "bucket_cap_mb", "dense", "overrides", "seed", "nonfinite")
 _OVERRIDE_KEYS = ("match", *_METHOD_KEYS)
 #: what auto chooses itself
 _NOT_WITH_AUTO = ("error_feedback", "collective", "collective_options", "overrides")
@@ -199,6 +209,7 @@ class CompressionConfig:
     overrides: tuple[_Rule, ...] = ()
     dense: tuple[str, ...] = ()
     min_numel: int = 1024
+    bucket_cap_mb: float = 0.0
     seed: int = 0
     nonfinite: str = "raise"
     source: Mapping[str, Any] = field(default_factory=dict)
@@ -238,11 +249,14 @@ class CompressionConfig:
         if isinstance(dense, str) or not all(isinstance(p, str) for p in dense):
             raise ValueError(f"dense must be a list of parameter-name patterns; got {dense!r}")
         min_numel = check.integer("", "min_numel", compression.get("min_numel", 1024), ge=0)
+        bucket_cap_mb = check.number("", "bucket_cap_mb", compression.get("bucket_cap_mb", 0), ge=0, finite=True,
+                                     noun="number of MiB")
         seed = check.integer("", "seed", compression.get("seed", 0))
         nonfinite = compression.get("nonfinite", "raise")
         if nonfinite not in NONFINITE_CHOICES:
             raise _unknown("nonfinite policy", nonfinite, NONFINITE_CHOICES)
-        return cls(default, tuple(overrides), tuple(dense), min_numel, seed, nonfinite, dict(compression))
+        return cls(default, tuple(overrides), tuple(dense), min_numel, float(bucket_cap_mb), seed, nonfinite,
+                   dict(compression))
 
     def choose(self, name: str, shape: torch.Size | tuple[int, ...], world_size: int, edge: bool = False) -> Choice:
         """The compressor and reduction for parameter ``name`` of ``shape`` (see :func:`reductions.choose`);

@@ -11,8 +11,9 @@ Each step:
    stock Horovod does. Compressed ones start their reduction (:mod:`hvdcomp.reductions`), a generator of
    typed requests (:mod:`hvdcomp.requests`) run as Horovod collectives (:mod:`hvdcomp.collectives`): what it
    asks for is started at once, so compression and communication overlap the rest of backward, until it asks
-   for agreed values. Parameters that a reduction batches (PowerSGD's ``batch_tensors_with_same_shape``) start
-   together, in one reduction, once the last of them has its gradient.
+   for agreed values. Parameters that a reduction batches (PowerSGD's ``batch_tensors_with_same_shape``), and
+   the config's buckets (``bucket_cap_mb``: gradients of one method compressed concatenated), start together, in
+   one reduction, once the last of them has its gradient.
 2. When every compressed parameter has started, one small collective (the *vote*) carries each parameter's
    non-finite flag, a fingerprint of every parameter's plan, and every value methods asked to agree on
    (TernGrad's scalers): one collective per step, not one per layer. Reductions waiting on it (gated
@@ -102,9 +103,16 @@ class _Slot:
     state: State
     step: int
     delay: int
+    bucket: str = ""  # in a bucket (bucket_cap_mb): its first member's name; the members share one state
 
     def __post_init__(self) -> None:
-        self.fixed = [self.name, list(self.param.shape), self.param.device.type, self.choice.describe()]
+        self.join("")
+
+    def join(self, bucket: str) -> None:
+        """Puts this parameter in the bucket named ``bucket`` ("": alone), which its plan shows."""
+        self.bucket = bucket
+        self.fixed = [self.name, list(self.param.shape), self.param.device.type, self.choice.describe(),
+                      *([f"bucket {bucket}"] if bucket else [])]
         self.fixed_text = json.dumps(self.fixed)  # rendered once: only the method's part changes
 
     def plan(self) -> list[Any]:
@@ -314,6 +322,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise ValueError(f"named_parameters was given, but {len(unnamed)} optimized parameter(s) are not named")
         size = self.process_set.size() or 1
         rank = self.process_set.rank() or 0
+        self._model_order = {name: position for position, (name, _) in enumerate(named)}  # buckets follow it
         trained = [name for name, p in named if id(p) in optimized and p.requires_grad]
         # the model's first and last layers, by name; without names, its first two and last two parameters (a first
         # and a last layer's weight and bias)
@@ -335,13 +344,62 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _batch_members(self) -> dict[int, list[int]]:
         """Slot index -> the indices of the slots reduced together with it (in name order, as the slots are: the
         same on every rank), for the batches of two or more that reductions ask for
-        (:meth:`hvdcomp.reductions.ReductionMethod.batch_key`: PowerSGD's matrices of one shape)."""
+        (:meth:`hvdcomp.reductions.ReductionMethod.batch_key`: PowerSGD's matrices of one shape) and the config's
+        buckets (:meth:`_buckets`). A bucket's members get one state, made for their concatenation."""
         keyed: dict[Hashable, list[int]] = {}
         for index, slot in enumerate(self._slots):
             key = None if slot.choice.reduction is None else slot.choice.reduction.batch_key(slot.param)
             if key is not None:
                 keyed.setdefault(key, []).append(index)
-        return {index: members for members in keyed.values() if len(members) > 1 for index in members}
+        batches = {index: members for members in keyed.values() if len(members) > 1 for index in members}
+        for members in self._buckets():
+            first = self._slots[members[0]]
+            for index in members:
+                batches[index] = members
+                self._slots[index].join(first.name)
+        self._fresh_bucket_states()
+        return batches
+
+    def _buckets(self) -> list[list[int]]:
+        """The config's buckets (``bucket_cap_mb``) of two or more slots, each in name order. Gradients whose method
+        may be bucketed (``Compressor.bucketable``, and no batch of its reduction's own) are taken in reverse model
+        order, the order backward readies them in (as DDP's buckets), and put in the open bucket of their method's
+        (its options and collective), dtype and device, which closes once it holds ``bucket_cap_mb`` MiB."""
+        cap = self.config.bucket_cap_mb * 2**20
+        if not cap:
+            return []
+        open_buckets: dict[Hashable, tuple[list[int], int]] = {}
+        closed = []
+        for index in sorted(range(len(self._slots)), key=lambda i: -self._model_order[self._slots[i].name]):
+            slot = self._slots[index]
+            reduction = slot.choice.reduction
+            if (reduction is None or not slot.choice.compressor.bucketable
+                    or reduction.batch_key(slot.param) is not None):
+                continue
+            key = slot.choice.describe(), slot.param.dtype, slot.param.device
+            members, nbytes = open_buckets.pop(key, ([], 0))
+            members.append(index)
+            nbytes += slot.param.numel() * slot.param.element_size()
+            if nbytes >= cap:
+                closed.append(members)
+            else:
+                open_buckets[key] = members, nbytes
+        closed += [members for members, _ in open_buckets.values()]
+        return [sorted(members) for members in closed if len(members) > 1]
+
+    def _fresh_bucket_states(self) -> None:
+        """Every bucket's state made afresh, for the concatenation of its members, with its first member's context;
+        the members share it."""
+        buckets: dict[str, list[_Slot]] = {}
+        for slot in self._slots:
+            if slot.bucket:
+                buckets.setdefault(slot.bucket, []).append(slot)
+        for first, *rest in buckets.values():  # name order: the first is the one the bucket is named after
+            numel = first.param.numel() + sum(slot.param.numel() for slot in rest)
+            template = torch.empty(numel, dtype=first.param.dtype, device=first.param.device)
+            first.state = first.choice.reduction.init_state(template, first.ctx)
+            for slot in rest:
+                slot.state = first.state
 
     def _check_momentum(self) -> None:
         """A method that applies momentum itself (DGC) must not get it a second time from the optimizer: its
@@ -466,9 +524,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 first = works[0]
                 assert isinstance(first, _Compressed)
                 first.members = [work.slot for work in works]
-                first.reduction = slot.choice.reduction.reduce_batch(
-                    [work.slot.param.grad for work in works], [work.slot.state for work in works],
-                    [work.ctx for work in works])
+                grads = [work.slot.param.grad for work in works]
+                if slot.bucket:  # concatenated, as one tensor, with the bucket's state and first member's context
+                    first.reduction = slot.choice.reduction.reduce_bucket(grads, first.slot.state, first.ctx)
+                else:
+                    first.reduction = slot.choice.reduction.reduce_batch(
+                        grads, [work.slot.state for work in works], [work.ctx for work in works])
                 self._advance(first, None)
         self._compressed_started += 1
         if self._compressed_started == self._compressed_total:
@@ -614,6 +675,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                      "nonfinite: skip in the compression config to skip such steps")
         for slot in compressed:  # residuals may hold NaN now: start them afresh
             slot.state = slot.choice.reduction.init_state(slot.param.detach(), slot.ctx)
+        self._fresh_bucket_states()
         warnings.warn(f"hvdcomp: skipping this optimizer step: {message}", RuntimeWarning, stacklevel=3)
         self._skip_step = True
 
@@ -671,10 +733,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """The wrapped optimizer's state plus this rank's compressor state under ``"hvdcomp"``.
 
         Per parameter: the step counter and the method's state (error-feedback residuals, PowerSGD's Q, ratios,
-        phases). It differs per rank: save one file per rank to resume exactly.
+        phases), and the bucket it is in (``bucket_cap_mb``; its members share one state, saved once). It differs per
+        rank: save one file per rank to resume exactly.
         """
         state = super().state_dict()
-        state["hvdcomp"] = {slot.name: {"step": slot.step, "state": slot.state}
+        state["hvdcomp"] = {slot.name: {"step": slot.step, "state": slot.state, "bucket": slot.bucket}
                             for slot in self._slots if slot.choice.reduction is not None}
         return state
 
@@ -688,8 +751,19 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if saved is not None and slot.choice.reduction is not None:
                 if slot.name not in saved:
                     raise ValueError(f"checkpoint has no hvdcomp state for parameter {slot.name!r}")
+                bucket = saved[slot.name].get("bucket", "")
+                if bucket != slot.bucket:
+                    raise ValueError(f"checkpoint's parameter {slot.name!r} was compressed "
+                                     f"{_bucket_text(bucket)}, here {_bucket_text(slot.bucket)}: the bucket_cap_mb "
+                                     "of the compression config must be the checkpoint's")
                 slot.step = int(saved[slot.name]["step"])
                 slot.state = _to_device(saved[slot.name]["state"], slot.param.device)
+                if slot.bucket and slot.bucket != slot.name:  # the bucket's state: its first member's (loaded first)
+                    slot.state = next(s for s in self._slots if s.name == slot.bucket).state
+
+
+def _bucket_text(bucket: str) -> str:
+    return f"in the bucket of {bucket!r}" if bucket else "alone"
 
 
 def _to_device(value: Any, device: torch.device) -> Any:

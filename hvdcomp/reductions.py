@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import inspect
 from abc import ABC, abstractmethod
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -113,6 +113,14 @@ class ReductionMethod(ABC):
         of the step are ready, by one ``reduce_batch(tensors, states, contexts)`` generator that returns their sums
         in the order given (the optimizer's: by name, the same on every rank). None (the default): alone."""
         return None
+
+    def reduce_bucket(self, tensors: Sequence[torch.Tensor], state: State, ctx: Context) -> Reduction:
+        """Generator returning the sums over ranks of ``tensors`` (a bucket: the config's ``bucket_cap_mb``, in the
+        same order on every rank), reduced as one tensor: their concatenation, with the bucket's ``state`` (made by
+        :meth:`init_state` for the concatenation) and ``ctx``. Each sum is a flat view of the bucket's."""
+        flat = torch.cat([tensor.reshape(-1) for tensor in tensors])
+        total = yield from self.reduce(flat, state, ctx)
+        return list(total.reshape(-1).split([tensor.numel() for tensor in tensors]))
 
     # The costs the performance model prices this reduction with (hvdcomp.perfmodel.timeline), from a method's
     # measured costs on one gradient (hvdcomp profile): a new reduction states them here, nowhere else.

@@ -34,11 +34,16 @@ TRAIN_CONFIGS: dict[str, object] = {
     "mixed": {"method": "terngrad", "min_numel": 0, "dense": ["4.*"],
               "overrides": [{"match": "2.*", "method": "topk", "options": {"ratio": 0.1}},
                             {"match": "*.bias", "method": "fp16"}]},
+    # buckets of about 20 KiB: layers 4 and 2 in one (topk-buckets), layer 0 in another
+    "topk-buckets": {"method": "topk", "options": {"ratio": 0.05}, "min_numel": 0, "bucket_cap_mb": 0.02},
+    "mixed-buckets": {"method": "terngrad", "min_numel": 0, "bucket_cap_mb": 0.02,
+                      "overrides": [{"match": "4.*", "method": "qsgd"}, {"match": "0.*", "method": "powersgd"}]},
 }
 
 #: scenario ``resume``: the labels of TRAIN_CONFIGS resumed from a checkpoint
 RESUME_LABELS = ("terngrad", "topk", "terngrad-two-phase", "randomk", "powersgd", "bingrad", "orq-two-phase", "qsgd",
-                 "signsgd", "efsignsgd", "onebit", "threshold", "dgc", "gravac", "gravac-dgc", "topk-sketch")
+                 "signsgd", "efsignsgd", "onebit", "threshold", "dgc", "gravac", "gravac-dgc", "topk-sketch",
+                 "topk-buckets")
 #: scenario ``collectives``: each default reduction against its reference, then the two-phase reduction
 COLLECTIVE_LABELS = ("fp16", "terngrad", "terngrad-noshare", "terngrad-noclip", "topk", "topk-ef", "randomk",
                      "randomk-ef", "bingrad", "onebit", "orq", "orq-3bit", "qsgd", "qsgd-max-8bit", "efsignsgd",
@@ -49,8 +54,10 @@ DIGITS_METHODS = ("none", "bingrad", "orq", "qsgd", "signsgd", "efsignsgd", "one
 #: scenario ``digits``: the methods that train it above 90% (one seed), compressed more than 3x
 DIGITS_TRAIN = ("powersgd", "randomk")
 #: the scenarios that report a result per case (``SCENARIO CASE OK rank R``), and their cases
-CASES = {"train": tuple(TRAIN_CONFIGS), "resume": RESUME_LABELS, "collectives": COLLECTIVE_LABELS,
-         "digits": (*DIGITS_METHODS, *DIGITS_TRAIN)}
+#: scenario ``buckets``: the TRAIN_CONFIGS labels whose buckets are checked against their reduction run alone
+BUCKET_LABELS = ("mixed-buckets", "topk-buckets")
+CASES = {"train": tuple(TRAIN_CONFIGS), "resume": RESUME_LABELS, "buckets": BUCKET_LABELS,
+         "collectives": COLLECTIVE_LABELS, "digits": (*DIGITS_METHODS, *DIGITS_TRAIN)}
 
 #: The device of the scenarios' tensors: "cpu" (the default) or "cuda" (``HVDCOMP_TEST_DEVICE=cuda``: tests/ranks.py
 #: puts each rank's models, data and gradients on its GPU; several ranks can share one GPU only through a Horovod built

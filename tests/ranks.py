@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 import horovod.torch as hvd
 import torch
 from cases import (  # tests/ (the script's folder)
+    BUCKET_LABELS,
     COLLECTIVE_LABELS,
     CPU_ONLY_SCENARIOS,
     DIGITS_METHODS,
@@ -412,6 +413,55 @@ def scenario_train() -> None:
             decided = optimizer.decisions()  # what hvdcomp train's trace records each step
             assert bool(decided) == ("gravac" in label), (label, decided)
             assert_identical_across_ranks(model, label)
+
+
+def scenario_buckets() -> None:
+    """bucket_cap_mb: the buckets are formed in reverse model order, by method, closed at the cap; a bucket's averaged
+    gradients are exactly those of its reduction run alone on the concatenation of its members' gradients (with a
+    fresh state made for the concatenation and its first member's context), for a method with agreed values and
+    draws (TernGrad) and one with error feedback (top-k); a checkpoint made with other buckets is refused."""
+    for label in BUCKET_LABELS:
+        config = TRAIN_CONFIGS[label]
+        model = mlp()
+        optimizer = hvdcomp.DistributedOptimizer(sgd(model, label), named_parameters=model.named_parameters(),
+                                                 compression=config)
+        slots = optimizer._slots  # by name: 0.bias, 0.weight, 2.bias, 2.weight, 4.bias, 4.weight
+        buckets: dict[str, list[int]] = {}
+        for index, slot in enumerate(slots):
+            if slot.bucket:
+                buckets.setdefault(slot.bucket, []).append(index)
+        # fresh states for the reference, made before the optimizer's step changes the bucket's own
+        references = {first: slots[members[0]].choice.reduction.init_state(
+            torch.cat([slots[m].param.detach().reshape(-1) for m in members]), slots[members[0]].ctx)
+            for first, members in buckets.items()}
+        x, y = batches(1, seed=hvd.rank())[0]
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        grads = [slot.param.grad.clone() for slot in slots]
+        optimizer.synchronize()
+        with case("buckets", label):
+            expected = ({"2.bias": [2, 3], "4.bias": [4, 5]} if label == "mixed-buckets" else
+                        {"0.bias": [0, 1], "2.bias": [2, 3, 4, 5]})  # powersgd's 0.weight: alone (not bucketable)
+            assert buckets == expected, buckets
+            for first, members in buckets.items():
+                reduction = slots[members[0]].choice.reduction
+                sums = run_alone(reduction.reduce_bucket([grads[m] for m in members], references[first],
+                                                         slots[members[0]].ctx), f"buckets.{label}.{first}")
+                for member, total in zip(members, sums, strict=True):
+                    averaged = torch.div(total.view_as(grads[member]), hvd.size())
+                    assert torch.equal(slots[member].param.grad, averaged), f"{slots[member].name} differs"
+            saved = optimizer.state_dict()
+            other = mlp()
+            alone = hvdcomp.DistributedOptimizer(sgd(other, label), named_parameters=other.named_parameters(),
+                                                 compression={**config, "bucket_cap_mb": 0})
+            try:
+                alone.load_state_dict(saved)
+            except ValueError as error:
+                assert "bucket_cap_mb of the compression config must be the checkpoint's" in str(error), error
+            else:
+                raise AssertionError("a checkpoint made with buckets loaded into an optimizer without them")
+        with optimizer.skip_synchronize():
+            optimizer.step()
 
 
 def scenario_resume() -> None:

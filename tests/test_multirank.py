@@ -46,7 +46,7 @@ TRAIN_RUNS = "hvdcomp train's runs, minutes each; the CUDA runs are tests/ranks.
 SCENARIOS = ["requests", "plans", "stock", "nograd", "majority", "gravac", "sketch", "lgc", "auto_local"]
 #: the scenarios that share a launch per controller and rank count, in turn: those that compare runs bit for bit run
 #: without tensor fusion (tests/ranks.py's RUN_TO_RUN_EXACT), apart from the others
-LAUNCHES = (("requests", "plans", "nograd", "majority", "gravac", "auto_local", "train", "collectives"),
+LAUNCHES = (("requests", "plans", "nograd", "majority", "gravac", "auto_local", "buckets", "train", "collectives"),
             ("stock", "sketch", "lgc", "resume"),
             ("nonfinite_raise", "mismatch", "nonfinite_skip", "powersgd_reference"))
 _launches: dict[tuple[tuple[str, ...], str, int], Ranks] = {}

@@ -231,6 +231,8 @@ def test_memory_policy_is_the_same_for_names_configs_and_objects() -> None:
     ({"method": "topk", "collective_options": {"owner_error_feedback": False}},
      "unknown option 'owner_error_feedback' for the allgather collective; valid: \\(none\\)"),
     ({"method": "topk", "min_numel": -1}, "min_numel must be a non-negative integer"),
+    ({"method": "topk", "bucket_cap_mb": -1}, "bucket_cap_mb must be a non-negative finite number of MiB; got -1"),
+    ({"method": "topk", "bucket_cap_mb": "25MB"}, "bucket_cap_mb must be a non-negative finite number of MiB"),
     ({"method": "topk", "dense": "fc.*"}, "dense must be a list"),
     ({"method": "topk", "nonfinite": "ignore"}, "unknown nonfinite policy 'ignore'; valid: raise, skip"),
     ({"method": "topk", "error_feedback": "yes"}, "error_feedback must be true, false or null"),

@@ -127,6 +127,7 @@ class LGC(Compressor):
     unbiased = False
     own_memory = True  # its error feedback spans the stages and holds the autoencoder's error
     reduction = "lgc"
+    bucketable = False  # its autoencoder codes one layer's top-k values at a time
     epoch_options = ("dense_steps", "train_steps")
 
     def __init__(self, variant: str = "ring", ratio: float = 0.01, innovation_ratio: float = 0.1,

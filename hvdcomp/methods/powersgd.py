@@ -100,6 +100,7 @@ class PowerSGD(Compressor):
     unbiased = False
     own_memory = True
     reduction = "powersgd"
+    bucketable = False  # it factors each gradient as a matrix (same shapes batch: batch_tensors_with_same_shape)
 
     def __init__(self, rank: int = 2, start_iter: int = 10, min_compression_rate: float = 2.0,
                  error_feedback: bool = True, warm_start: bool = True, orthogonalization_epsilon: float = 0.0,

@@ -244,6 +244,7 @@ class Sketch(Sparse):
     unbiased = True
     accepts_sparse = True
     reduction = "sketch"
+    bucketable = False  # it takes sparse gradients as they are
 
     @staticmethod
     def items(shape: torch.Size) -> int:
