@@ -258,6 +258,31 @@ class CompressionConfig:
         return cls(default, tuple(overrides), tuple(dense), min_numel, float(bucket_cap_mb), seed, nonfinite,
                    dict(compression))
 
+    def buckets(self, planned: Sequence[tuple[torch.Tensor, Choice]]) -> list[list[int]]:
+        """The buckets (``bucket_cap_mb``) of two or more of ``planned`` (each parameter and its choice, in the order
+        backward readies them: reverse model order), as positions in it. A gradient whose method may be bucketed
+        (``Compressor.bucketable``, and no batch of its reduction's own) goes into the open bucket of its method (its
+        options and collective), dtype and device, which closes once it holds ``bucket_cap_mb`` MiB."""
+        cap = self.bucket_cap_mb * 2**20
+        if not cap:
+            return []
+        open_buckets: dict[Any, tuple[list[int], int]] = {}
+        closed = []
+        for position, (param, choice) in enumerate(planned):
+            if (choice.reduction is None or not choice.compressor.bucketable
+                    or choice.reduction.batch_key(param) is not None):
+                continue
+            key = choice.describe(), param.dtype, param.device
+            members, nbytes = open_buckets.pop(key, ([], 0))
+            members.append(position)
+            nbytes += param.numel() * param.element_size()
+            if nbytes >= cap:
+                closed.append(members)
+            else:
+                open_buckets[key] = members, nbytes
+        closed += [members for members, _ in open_buckets.values()]
+        return [members for members in closed if len(members) > 1]
+
     def choose(self, name: str, shape: torch.Size | tuple[int, ...], world_size: int, edge: bool = False) -> Choice:
         """The compressor and reduction for parameter ``name`` of ``shape`` (see :func:`reductions.choose`);
         ``edge``: it belongs to the model's first or last layer, which methods with ``dense_edges`` leave dense.

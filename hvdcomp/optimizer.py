@@ -361,31 +361,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return batches
 
     def _buckets(self) -> list[list[int]]:
-        """The config's buckets (``bucket_cap_mb``) of two or more slots, each in name order. Gradients whose method
-        may be bucketed (``Compressor.bucketable``, and no batch of its reduction's own) are taken in reverse model
-        order, the order backward readies them in (as DDP's buckets), and put in the open bucket of their method's
-        (its options and collective), dtype and device, which closes once it holds ``bucket_cap_mb`` MiB."""
-        cap = self.config.bucket_cap_mb * 2**20
-        if not cap:
-            return []
-        open_buckets: dict[Hashable, tuple[list[int], int]] = {}
-        closed = []
-        for index in sorted(range(len(self._slots)), key=lambda i: -self._model_order[self._slots[i].name]):
-            slot = self._slots[index]
-            reduction = slot.choice.reduction
-            if (reduction is None or not slot.choice.compressor.bucketable
-                    or reduction.batch_key(slot.param) is not None):
-                continue
-            key = slot.choice.describe(), slot.param.dtype, slot.param.device
-            members, nbytes = open_buckets.pop(key, ([], 0))
-            members.append(index)
-            nbytes += slot.param.numel() * slot.param.element_size()
-            if nbytes >= cap:
-                closed.append(members)
-            else:
-                open_buckets[key] = members, nbytes
-        closed += [members for members, _ in open_buckets.values()]
-        return [sorted(members) for members in closed if len(members) > 1]
+        """The config's buckets (:meth:`CompressionConfig.buckets`) as slot indices, each in name order: the slots
+        given in reverse model order, the order backward readies them in."""
+        order = sorted(range(len(self._slots)), key=lambda i: -self._model_order[self._slots[i].name])
+        found = self.config.buckets([(self._slots[i].param, self._slots[i].choice) for i in order])
+        return [sorted(order[position] for position in bucket) for bucket in found]
 
     def _fresh_bucket_states(self) -> None:
         """Every bucket's state made afresh, for the concatenation of its members, with its first member's context;

@@ -359,3 +359,21 @@ def test_a_beacon_listens_only_on_the_addresses_it_advertises() -> None:
         closed.bind(("127.0.0.1", 0))
         closed_port = closed.getsockname()[1]
     assert answering({1: (addresses, port), 2: (["127.0.0.1"], closed_port)}, timeout_s=1) == ([1], [2])
+
+
+def test_buckets_close_at_the_cap_per_method_and_dtype() -> None:
+    """bucket_cap_mb: in the order given, a bucket per method (with its options and collective), dtype and device,
+    closed once it holds the cap; methods that may not be bucketed (PowerSGD) and dense parameters stay out, and a
+    bucket of one is no bucket."""
+    config = CompressionConfig.parse({"method": "topk", "min_numel": 100, "bucket_cap_mb": 1,
+                                      "overrides": [{"match": "q*", "method": "qsgd"},
+                                                    {"match": "p*", "method": "powersgd"}]})
+    quarter = 2**16  # float32 entries in a quarter of a MiB
+    shapes = {"t1": (quarter,), "q1": (quarter,), "t2": (2 * quarter,), "small": (10,), "p1": (512, 512),
+              "p2": (512, 512), "t3": (quarter,), "t4": (quarter,), "h": (quarter,), "q2": (quarter,), "t5": (8,)}
+    planned = []
+    for name, shape in shapes.items():
+        dtype = torch.float16 if name == "h" else torch.float32
+        planned.append((torch.empty(shape, dtype=dtype), config.choose(name, shape, 2)))
+    assert config.buckets(planned) == [[0, 2, 6], [1, 9]]  # t1 t2 t3 reach 1 MiB; t4 and h alone; q1 q2 open
+    assert CompressionConfig.parse({"method": "topk"}).buckets(planned) == []
