@@ -18,8 +18,10 @@
 # 3. `profile --device cuda` of torchvision's ResNet-50, batch 64, bf16 autocast: per compressor the encode and
 #    decode time summed over a step's gradients beside forward + backward (profile-resnet50-cuda.yaml,
 #    profile.log); skipped, with the reason, where torchvision is missing or the profiler does not import here;
+# 4. perf/gpu/buckets.py --device cuda: the same gradients' compression per step, each alone against in buckets of
+#    25 MiB (bucket_cap_mb), per bucketable method (buckets.jsonl, buckets.log);
 # then summary.txt (printed too): per method fraction_of_copy against the issues' targets and the 1,024-element
-# times. environment.txt records the GPU and the versions. At most 7 files in OUT_DIR. A failing stage does not stop
+# times. environment.txt records the GPU and the versions. At most 9 files in OUT_DIR. A failing stage does not stop
 # the next ones; the exit status is then 1. It takes a few minutes on an H100 or H200. Each stage has a time limit
 # (STAGE_TIMEOUT_*, below, in seconds, to be set in the environment), cut to what is left of BUDGET_S (default 570 s)
 # less 20 s for the summary, so that the script ends within BUDGET_S even where every stage hangs.
@@ -39,6 +41,7 @@ methods=(randomk topk threshold dgc gravac sketch powersgd lgc terngrad qsgd sig
 STAGE_TIMEOUT_TESTS=${STAGE_TIMEOUT_TESTS:-180}
 STAGE_TIMEOUT_BENCH=${STAGE_TIMEOUT_BENCH:-30}  # per method: 16 of them
 STAGE_TIMEOUT_PROFILE=${STAGE_TIMEOUT_PROFILE:-150}
+STAGE_TIMEOUT_BUCKETS=${STAGE_TIMEOUT_BUCKETS:-60}
 BUDGET_S=${BUDGET_S:-570}
 status=0
 say() { echo "gpu_kernels: $*"; }
@@ -57,7 +60,7 @@ if ! "$py" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1
 fi
 
 # 1. the Triton kernels' tests, compiled, no host synchronization allowed
-say "1/3 tests/test_triton.py, tests/test_devices.py"
+say "1/4 tests/test_triton.py, tests/test_devices.py"
 # in parallel where pytest-xdist is installed: compiling the kernels' variants takes most of the time
 parallel=()
 "$py" -c 'import xdist' 2>/dev/null && parallel=(-n "$(( $(nproc) < 8 ? $(nproc) : 8 ))")
@@ -68,7 +71,7 @@ timeout -s INT -k 10 "$(limit "$STAGE_TIMEOUT_TESTS")" "$py" -m pytest -p no:cac
 
 # 2. compression speed: 25 M elements against a copy, and 1,024 elements in microseconds
 read -r -a bench_methods <<<"${BENCH_METHODS:-${methods[*]}}"  # BENCH_METHODS: some of them alone
-say "2/3 bench compress --device cuda: ${bench_methods[*]}"
+say "2/4 bench compress --device cuda: ${bench_methods[*]}"
 : >"$out/bench-cuda.jsonl"
 : >"$out/bench.log"
 for method in "${bench_methods[@]}"; do
@@ -80,7 +83,7 @@ for method in "${bench_methods[@]}"; do
 done
 
 # 3. what the compressors add to a real model's step (optional: torchvision and the profiler's imports)
-say "3/3 profile --model torchvision.models:resnet50 --device cuda"
+say "3/4 profile --model torchvision.models:resnet50 --device cuda"
 if ! "$py" -c 'import torchvision' 2>/dev/null; then
     echo "skipped: torchvision is not installed" | tee "$out/profile.log"
 elif ! why=$("$py" -c 'import hvdcomp.perfmodel.profile' 2>&1); then
@@ -92,6 +95,11 @@ elif ! timeout -k 5 "$(limit "$STAGE_TIMEOUT_PROFILE")" "$py" -m hvdcomp.perfmod
     status=1
     say "FAILED: the ResNet-50 profile (profile.log)" >&2
 fi
+
+# 4. a step's compression, each gradient alone against in buckets
+say "4/4 perf/gpu/buckets.py --device cuda"
+timeout -k 5 "$(limit "$STAGE_TIMEOUT_BUCKETS")" "$py" perf/gpu/buckets.py --device cuda --repeats 20 \
+    --out "$out/buckets.jsonl" 2>&1 | tee "$out/buckets.log" || { status=1; say "FAILED: buckets (buckets.log)" >&2; }
 
 # the summary: per method, speed against a copy (25 M) and time per call (1,024), from the JSON lines
 "$py" - "$out/bench-cuda.jsonl" "${bench_methods[@]}" <<'EOF' 2>&1 | tee "$out/summary.txt" || status=1
@@ -125,5 +133,7 @@ EOF
 if [[ -f $out/profile-resnet50-cuda.yaml ]]; then
     grep -A "${#methods[@]}" '^per step' "$out/profile.log" | tee -a "$out/summary.txt" || true
 fi
+[[ -s $out/buckets.log ]] && { echo "per step, each gradient alone against in buckets:"; cat "$out/buckets.log"; } |
+    tee -a "$out/summary.txt"
 say "results in $out; exit status $status"
 exit "$status"

@@ -1,0 +1,164 @@
+"""A step's compression per gradient against in buckets (the config's ``bucket_cap_mb``), on ResNet-50's gradients.
+
+    .venv/bin/python perf/gpu/buckets.py [--device cuda] [--cap-mb 25] [--method topk ...] [--repeats 10]
+
+On a GPU a method spends most of a small gradient's compression issuing its kernels from the host (docs/gpu.md:
+ResNet-50's 76 compressed gradients cost 24% to 112% of forward + backward). ``bucket_cap_mb`` compresses the
+gradients of one method concatenated, a bucket at a time. This times both ways, per method, on the gradients of
+torchvision's ResNet-50 (its parameters' shapes, in its order; Gaussian values), as DistributedOptimizer runs them with
+the default ``min_numel``:
+
+* ``per_tensor``: each compressed gradient encoded (statistics, compression, the wire's packing for gathered
+  payloads) and decoded (the sum of one payload), one after another, as ``hvdcomp profile`` measures them;
+* ``buckets``: the same, each bucket (:meth:`hvdcomp.config.CompressionConfig.buckets`, in reverse model order) as one
+  tensor, its concatenation included; gradients left alone by the buckets as before.
+
+Both are one function per step, timed in interleaved rounds by ``hvdcomp.tools.bench.timed`` (CUDA events with L2
+flushed between calls on a GPU; the host clock on CPU). The methods' states are kept across calls (residuals grow), as
+in training. Rows go to perf/results/buckets.jsonl (one JSON line per method and device).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hvdcomp import wire
+from hvdcomp.compressor import STEADY_STEP, Compressor, Context
+from hvdcomp.config import CompressionConfig
+from hvdcomp.methods import METHODS
+from hvdcomp.tools.bench import timed
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = REPO / "perf" / "results" / "buckets.jsonl"
+#: ResNet-50's parameter count (torchvision.models.resnet50)
+RESNET50_PARAMETERS = 25_557_032
+
+
+def resnet50_shapes() -> list[tuple[str, tuple[int, ...]]]:
+    """torchvision's ``resnet50()`` parameters' names and shapes, in its order (bottlenecks of 3, 4, 6 and 3 blocks,
+    expansion 4, 1,000 classes); checked against torchvision where it is installed."""
+    shapes: list[tuple[str, tuple[int, ...]]] = [("conv1.weight", (64, 3, 7, 7)), ("bn1.weight", (64,)),
+                                                 ("bn1.bias", (64,))]
+    inplanes = 64
+    for layer, (planes, blocks) in enumerate(zip((64, 128, 256, 512), (3, 4, 6, 3), strict=True), start=1):
+        for block in range(blocks):
+            name = f"layer{layer}.{block}"
+            for conv, (out, into, kernel) in enumerate(((planes, inplanes, 1), (planes, planes, 3),
+                                                        (planes * 4, planes, 1)), start=1):
+                shapes += [(f"{name}.conv{conv}.weight", (out, into, kernel, kernel)),
+                           (f"{name}.bn{conv}.weight", (out,)), (f"{name}.bn{conv}.bias", (out,))]
+            if block == 0:
+                shapes += [(f"{name}.downsample.0.weight", (planes * 4, inplanes, 1, 1)),
+                           (f"{name}.downsample.1.weight", (planes * 4,)), (f"{name}.downsample.1.bias", (planes * 4,))]
+            inplanes = planes * 4
+    return [*shapes, ("fc.weight", (1000, 2048)), ("fc.bias", (1000,))]
+
+
+def _torchvision_shapes() -> list[tuple[str, tuple[int, ...]]] | None:
+    try:
+        import torchvision
+    except ImportError:
+        return None
+    return [(name, tuple(p.shape)) for name, p in torchvision.models.resnet50().named_parameters()]
+
+
+def _coder(compressor: Compressor, tensor: torch.Tensor, seed: str) -> Callable[[torch.Tensor], Any]:
+    """One gradient's (or bucket's) encode and decode, with its own state, as a function of the tensor."""
+    ctx = Context.local(tensor, name=seed, step=STEADY_STEP)
+    state = compressor.init_state(tensor, ctx)
+
+    def code(x: torch.Tensor) -> Any:
+        request = compressor.agree(x, state, ctx)
+        payload, meta = compressor.compress(x, state, ctx, None if request is None else request.values)
+        if compressor.summable:
+            return compressor.decompress(payload, meta)
+        wire.pack(payload)
+        return compressor.aggregate([payload], meta)
+    return code
+
+
+def measure(method: str, device: torch.device, cap_mb: float, repeats: int) -> dict[str, Any]:
+    config = CompressionConfig.parse({"method": method, "bucket_cap_mb": cap_mb})
+    generator = torch.Generator().manual_seed(0)
+    planned = []  # reverse model order: the order backward readies the gradients in
+    for name, shape in reversed(resnet50_shapes()):
+        grad = torch.randn(shape, generator=generator).to(device)
+        planned.append((name, grad, config.choose(name, grad.shape, 2)))
+    compressed = [(name, grad, choice) for name, grad, choice in planned if choice.compressor is not None]
+    buckets = config.buckets([(grad, choice) for _, grad, choice in compressed])
+    in_bucket = {position for bucket in buckets for position in bucket}
+    per_tensor = [(grad, _coder(choice.compressor, grad, name)) for name, grad, choice in compressed]
+    units = [(grad, coder) for position, (grad, coder) in enumerate(per_tensor) if position not in in_bucket]
+    for bucket in buckets:
+        members = [compressed[position][1] for position in bucket]
+        flat = torch.cat([grad.reshape(-1) for grad in members])
+        units.append((members, _coder(compressed[bucket[0]][2].compressor, flat, compressed[bucket[0]][0])))
+
+    def step_per_tensor() -> None:
+        for grad, code in per_tensor:
+            code(grad)
+
+    def step_buckets() -> None:
+        for grads, code in units:
+            if isinstance(grads, list):
+                total = code(torch.cat([grad.reshape(-1) for grad in grads]))
+                total.split([grad.numel() for grad in grads])
+            else:
+                code(grads)
+
+    timings = timed({"per_tensor": step_per_tensor, "buckets": step_buckets}, device, repeats)
+    row: dict[str, Any] = {
+        "method": method, "model": "resnet50", "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
+        or platform.machine(),
+        "threads": torch.get_num_threads(), "clock": "cuda events, L2 flushed" if device.type == "cuda" else "host",
+        "repeats": repeats, "bucket_cap_mb": cap_mb, "gradients": len(compressed),
+        "compressed_numel": sum(grad.numel() for _, grad, _ in compressed), "buckets": len(buckets),
+        "bucket_sizes": [len(bucket) for bucket in buckets], "alone": len(compressed) - len(in_bucket),
+    }
+    for name, timing in timings.items():
+        row[f"{name}_ms"] = round(1e3 * timing.median, 3)
+        row[f"{name}_spread_ms"] = [round(1e3 * min(timing.times), 3), round(1e3 * max(timing.times), 3)]
+        row[f"{name}_host_ms"] = round(1e3 * statistics.median(timing.host), 3)
+    row["buckets_over_per_tensor"] = round(row["buckets_ms"] / row["per_tensor_ms"], 3)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--cap-mb", type=float, default=25.0, help="bucket_cap_mb (default 25, DDP's)")
+    parser.add_argument("--method", action="append", help="a bucketable method (default: every one)")
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    known = _torchvision_shapes()
+    if known is not None and known != resnet50_shapes():
+        raise SystemExit("resnet50_shapes() differs from torchvision's resnet50(): fix it")
+    assert sum(torch.Size(shape).numel() for _, shape in resnet50_shapes()) == RESNET50_PARAMETERS
+    device = torch.device(args.device)
+    methods = args.method or [m for m, cls in METHODS.items() if m != "none" and cls.bucketable]
+    with args.out.open("a") as out:
+        for method in methods:
+            started = time.perf_counter()
+            row = measure(method, device, args.cap_mb, args.repeats)
+            row["date"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            print(f"{method:<10} {row['gradients']} gradients, {row['buckets']} buckets {row['bucket_sizes']} + "
+                  f"{row['alone']} alone: per tensor {row['per_tensor_ms']:.2f} ms {row['per_tensor_spread_ms']}, "
+                  f"buckets {row['buckets_ms']:.2f} ms {row['buckets_spread_ms']} "
+                  f"({row['buckets_over_per_tensor']:.3f}x; {time.perf_counter() - started:.0f} s)", flush=True)
+            out.write(json.dumps(row) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
