@@ -15,8 +15,9 @@ best of 0.02, 0.05, 0.07, 0.1, 0.14 and 0.2 (``--rows`` of the ``dense-lr`` grou
 Rows: ``defaults``, every registered method at its defaults; ``previous``, the defaults before issue #40 (top-k,
 threshold, random-k, signSGD and EF-signSGD under the optimizer's momentum, DGC with factor masking, QSGD with the
 L2 norm), which the same tree runs through their options; ``advice``, what random-k's warning suggests instead (a
-ratio of 10%, or half the learning rate); ``dense-lr``, dense at other learning rates. Each result is appended to
-the results file as a JSON line: the row, its setting, seed, learning rate, the test accuracy at the end of each
+ratio of 10%, or half the learning rate); ``buckets``, methods compressing in buckets of 25 MiB (``bucket_cap_mb``:
+the model's gradients of a method as one tensor); ``dense-lr``, dense at other learning rates. Each result is
+appended to the results file as a JSON line: the row, its setting, seed, learning rate, the test accuracy at the end of each
 epoch, the compression ratio, the mean step, the AccuracyWarning the run printed, the commit, UTC date and machine.
 ``--table`` gives the points against dense at the same seed (dense's row at lr 0.1 must be in the file).
 """
@@ -42,6 +43,8 @@ WORKLOAD = "glyphs"
 LR = 0.1
 METHODS = ("none", "fp16", "terngrad", "topk", "randomk", "powersgd", "bingrad", "orq", "qsgd", "signsgd", "efsignsgd",
            "onebit", "threshold", "dgc", "gravac", "sketch", "lgc")
+#: the ``buckets`` rows: methods whose statistics become the bucket's with ``bucket_cap_mb`` (a scaler, a norm, k)
+BUCKETED = ("terngrad", "topk", "qsgd", "efsignsgd", "dgc")
 #: label -> (group, compression setting, learning rate or None for the workload's)
 ROWS: dict[str, tuple[str, Any, float | None]] = {
     **{method: ("defaults", method, None) for method in METHODS},
@@ -55,6 +58,8 @@ ROWS: dict[str, tuple[str, Any, float | None]] = {
     "randomk (ratio 0.1)": ("advice", {"method": "randomk", "options": {"ratio": 0.1}}, None),
     "randomk (lr 0.05)": ("advice", "randomk", 0.05),
     **{f"none (lr {lr:g})": ("dense-lr", "none", lr) for lr in (0.02, 0.05, 0.07, 0.14, 0.2)},
+    **{f"{method} (buckets 25 MiB)": ("buckets", {"method": method, "bucket_cap_mb": 25}, None)
+       for method in BUCKETED},
 }
 
 
@@ -107,7 +112,7 @@ def table(path: Path) -> str:
     seed) after the last epoch; means over the seeds measured."""
     rows = latest(path)
     lines = []
-    for group in ("defaults", "previous", "advice", "dense-lr"):
+    for group in ("defaults", "previous", "advice", "buckets", "dense-lr"):
         labels = [label for label, (g, _, _) in ROWS.items() if g == group and any(r == label for r, _ in rows)]
         if not labels:
             continue
@@ -140,7 +145,7 @@ def main() -> int:
     if args.table:
         print(table(args.out))
         return 0
-    labels = args.rows or [label for label, (group, _, _) in ROWS.items() if group != "dense-lr"]
+    labels = args.rows or [label for label, (group, _, _) in ROWS.items() if group not in ("dense-lr", "buckets")]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for seed in args.seeds:
         for label in labels:
