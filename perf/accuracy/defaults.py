@@ -17,8 +17,9 @@ threshold, random-k, signSGD and EF-signSGD under the optimizer's momentum, DGC 
 L2 norm), which the same tree runs through their options; ``advice``, what random-k's warning suggests instead (a
 ratio of 10%, or half the learning rate); ``buckets``, methods compressing in buckets of 25 MiB (``bucket_cap_mb``:
 the model's gradients of a method as one tensor); ``dense-lr``, dense at other learning rates. Each result is
-appended to the results file as a JSON line: the row, its setting, seed, learning rate, the test accuracy at the end of each
-epoch, the compression ratio, the mean step, the AccuracyWarning the run printed, the commit, UTC date and machine.
+appended to the results file as a JSON line: the row, its setting, seed, learning rate, the test accuracy at the end of
+each epoch, the compression ratio, the mean step, the AccuracyWarning the run printed, the commit, UTC date and
+machine.
 ``--table`` gives the points against dense at the same seed (dense's row at lr 0.1 must be in the file).
 """
 
