@@ -65,9 +65,10 @@ ROWS: dict[str, tuple[str, Any, float | None]] = {
 
 
 def commit() -> str:
+    """HEAD, marked where tracked files differ from it (the results files aside: the runs append to them)."""
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
-                           text=True).stdout
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                            ":(exclude)perf/results"], cwd=REPO, capture_output=True, text=True).stdout
     return head.strip() + ("+uncommitted" if dirty.strip() else "")
 
 
