@@ -300,7 +300,7 @@ class Tuner:
             wire_size = 4 if grad.dtype == torch.bfloat16 else grad.element_size()  # bfloat16 travels as float32
             gradients.append({"name": name, "numel": grad.numel(), "bytes": grad.numel() * wire_size,
                               "ready_ms": 1e3 * statistics.median(samples.ready.get(name) or samples.backward),
-                              "check_ms": profile.median_ms(lambda g=grad: nonfinite(g), REPEATS, alone,
+                              "check_ms": profile.median_ms(lambda g=grad: nonfinite([g]), REPEATS, alone,
                                                             device=device)})
         momentum = any(group.get("momentum", 0) for group in optimizer.param_groups)
         methods = self.settings.methods()

@@ -488,7 +488,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             flag = grad.new_zeros(1, dtype=torch.float32)
         else:  # an encoding can hide them (TernGrad's draw, sparsifiers): check the input, and name this rank
             values = grad._values() if grad.is_sparse else grad
-            flag = nonfinite(values).to(torch.float32).mul_(self.process_set.rank() + 1).reshape(1)
+            flag = nonfinite([values], mark=self.process_set.rank() + 1)
         plan = slot.plan()  # as the step starts: the reduction may change it for the next step
         ctx = replace(slot.ctx, step=slot.step)
         slot.step += 1
@@ -640,7 +640,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _check_finite(self, input_flags: torch.Tensor | None, results: list[torch.Tensor]) -> None:
         """One host sync per step: every rank reaches the same verdict from the vote and identical results."""
-        output_bad = torch.stack([nonfinite(g) for g in results]).float()
+        output_bad = nonfinite(results)
         flags = output_bad if input_flags is None else torch.cat([input_flags.to(output_bad.device), output_bad])
         values = flags.tolist()
         if not any(values):

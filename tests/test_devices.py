@@ -264,3 +264,25 @@ def test_auto_clock_reads_when_the_device_finished(device: str) -> None:
     assert 0 < elapsed <= finished * 1.05, (elapsed, finished)
     if device == "cuda":  # 20 matrix products queue in well under a millisecond and take tens of milliseconds
         assert elapsed > 2 * queued, (elapsed, queued)
+
+
+#: a NaN, an Inf, a -Inf, finite values whose float32 sum would overflow, empty, half precision: the flags expected
+NONFINITE_CASES = [([1.0, -2.0], torch.float32, False), ([1.0, float("nan")], torch.float32, True),
+                   ([float("-inf"), 0.0], torch.float32, True), ([3e38] * 4, torch.float32, False),
+                   ([], torch.float32, False), ([1.0, float("inf")], torch.bfloat16, True),
+                   ([2.0, 65504.0], torch.float16, False)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_nonfinite_flags_each_tensor(device: str) -> None:
+    """The optimizer's check of its gradients (hvdcomp.compressor.nonfinite; on CUDA by norms, in one launch for all
+    of them): ``mark`` for each tensor with a NaN or an Inf, 0 for the others, the range of float32 no excuse; and on
+    CPU tensors its CUDA branch gives the same flags."""
+    from hvdcomp.compressor import _finite_by_norms, nonfinite
+
+    tensors = [torch.tensor(values, dtype=dtype, device=device) for values, dtype, _ in NONFINITE_CASES]
+    expected = [3.0 if bad else 0.0 for _, _, bad in NONFINITE_CASES]
+    flags = nonfinite(tensors, mark=3)
+    assert flags.dtype == torch.float32 and flags.device.type == device
+    assert flags.tolist() == expected
+    assert (~_finite_by_norms(tensors)).tolist() == [bad for _, _, bad in NONFINITE_CASES]

@@ -377,3 +377,28 @@ def test_buckets_close_at_the_cap_per_method_and_dtype() -> None:
         planned.append((torch.empty(shape, dtype=dtype), config.choose(name, shape, 2)))
     assert config.buckets(planned) == [[0, 2, 6], [1, 9]]  # t1 t2 t3 reach 1 MiB; t4 and h alone; q1 q2 open
     assert CompressionConfig.parse({"method": "topk"}).buckets(planned) == []
+
+
+def test_the_gradients_check_by_norms_takes_as_many_operators_for_any_number_of_tensors() -> None:
+    """On CUDA the optimizer checks a step's gradients with one multi-tensor norm and three small operators, however
+    many gradients there are (counted here on CPU tensors: the same operators)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from hvdcomp.compressor import _finite_by_norms
+
+    class Count(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.calls.append(str(func.overloadpacket))
+            return func(*args, **(kwargs or {}))
+
+    counts = []
+    for n in (3, 50):
+        tensors = [torch.ones(100) for _ in range(n)]
+        with Count() as count:
+            _finite_by_norms(tensors)
+        counts.append(count.calls)
+    assert counts[0] == counts[1] == ['aten._foreach_norm', 'aten.stack', 'aten.lt'], counts

@@ -269,7 +269,7 @@ def measure_steps(model: nn.Module, batch: Batch, loss_fn: LossFn, repeats: int,
               f"{', '.join(unused)}", file=sys.stderr)
     gradients = [{"name": name, "numel": p.numel(), "bytes": p.numel() * p.element_size(),
                   "ready_ms": round(ranks.slowest(statistics.median(step[name] for step in timed) * 1e3), 4),
-                  "check_ms": round(median_ms(lambda p=p: nonfinite(p.grad._values() if p.grad.is_sparse else p.grad),
+                  "check_ms": round(median_ms(lambda p=p: nonfinite([p.grad._values() if p.grad.is_sparse else p.grad]),
                                                repeats, ranks, device=device), 4)}
                  for name, p in used]
     gradients.sort(key=lambda g: g["ready_ms"])

@@ -19,9 +19,10 @@
 #    decode time summed over a step's gradients beside forward + backward (profile-resnet50-cuda.yaml,
 #    profile.log); skipped, with the reason, where torchvision is missing or the profiler does not import here;
 # 4. perf/gpu/buckets.py --device cuda: the same gradients' compression per step, each alone against in buckets of
-#    25 MiB (bucket_cap_mb), per bucketable method (buckets.jsonl, buckets.log);
+#    25 MiB (bucket_cap_mb), per bucketable method (buckets.jsonl, buckets.log); and perf/gpu/checks.py --device cuda,
+#    the optimizer's NaN/Inf check of the step's gradients both ways (checks.jsonl);
 # then summary.txt (printed too): per method fraction_of_copy against the issues' targets and the 1,024-element
-# times. environment.txt records the GPU and the versions. At most 9 files in OUT_DIR. A failing stage does not stop
+# times. environment.txt records the GPU and the versions. At most 10 files in OUT_DIR. A failing stage does not stop
 # the next ones; the exit status is then 1. It takes a few minutes on an H100 or H200. Each stage has a time limit
 # (STAGE_TIMEOUT_*, below, in seconds, to be set in the environment), cut to what is left of BUDGET_S (default 570 s)
 # less 20 s for the summary, so that the script ends within BUDGET_S even where every stage hangs.
@@ -97,9 +98,11 @@ elif ! timeout -k 5 "$(limit "$STAGE_TIMEOUT_PROFILE")" "$py" -m hvdcomp.perfmod
 fi
 
 # 4. a step's compression, each gradient alone against in buckets
-say "4/4 perf/gpu/buckets.py --device cuda"
+say "4/4 perf/gpu/buckets.py and checks.py --device cuda"
 timeout -k 5 "$(limit "$STAGE_TIMEOUT_BUCKETS")" "$py" perf/gpu/buckets.py --device cuda --repeats 20 \
     --out "$out/buckets.jsonl" 2>&1 | tee "$out/buckets.log" || { status=1; say "FAILED: buckets (buckets.log)" >&2; }
+timeout -k 5 "$(limit 30)" "$py" perf/gpu/checks.py --device cuda --out "$out/checks.jsonl" 2>&1 | tee -a "$out/buckets.log" ||
+    { status=1; say "FAILED: checks (buckets.log)" >&2; }
 
 # the summary: per method, speed against a copy (25 M) and time per call (1,024), from the JSON lines
 "$py" - "$out/bench-cuda.jsonl" "${bench_methods[@]}" <<'EOF' 2>&1 | tee "$out/summary.txt" || status=1
