@@ -1143,11 +1143,13 @@ def scenario_nonfinite_raise() -> None:
 
 
 def scenario_nonfinite_skip() -> None:
-    """With nonfinite: skip, every rank skips the step together and training continues."""
+    """With nonfinite: skip, every rank skips the step together and training continues; the method states start
+    afresh, a bucket's (the three weights, bucket_cap_mb) shared by its members still."""
     model = mlp()
     optimizer = hvdcomp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
                                              named_parameters=model.named_parameters(),
-                                             compression={"method": "topk", "min_numel": 100, "nonfinite": "skip"})
+                                             compression={"method": "topk", "min_numel": 100, "nonfinite": "skip",
+                                                          "bucket_cap_mb": 1})
     data = batches(3, seed=hvd.rank())
     train(model, optimizer, data[:1])
     before = flat_params(model).clone()
@@ -1159,6 +1161,9 @@ def scenario_nonfinite_skip() -> None:
         train(model, optimizer, data[1:2])
     assert any("skipping this optimizer step" in str(w.message) for w in caught), [str(w.message) for w in caught]
     assert torch.equal(before, flat_params(model)), "the skipped step changed the parameters"
+    states = optimizer.method_states()
+    assert states["0.weight"] is states["2.weight"] is states["4.weight"], "the bucket's members' states differ"
+    assert not states["0.weight"]["residual"].any(), "the residual did not start afresh"
     if handle is not None:
         handle.remove()
     train(model, optimizer, data[2:])
