@@ -4,9 +4,10 @@ capped selection), and threshold's fit (:func:`excess_moments`, one pass; :func:
 
 A float's magnitude orders as its bit pattern read as an integer, so the k-th largest magnitude is found digit by
 digit, 8 bits at a time from the top: each pass histograms the digit of the entries whose higher digits match the
-prefix found so far (one local histogram per program, added into 256 counters with integer atomics, whose sum does
-not depend on their order), and one small program picks the digit where the count from the top reaches k. After 4
-passes the k-th largest key T is exact, with r, how many entries equal to T belong to the top k. Compaction then
+prefix found so far (one local histogram per program, added into the pass's 256 counters with integer atomics, whose
+sum does not depend on their order). Every program finds that prefix itself from the earlier passes' counters (the
+digit where the count from the top reaches k, pass by pass: a few scans of 256 counters), so a pass is one launch.
+After 4 passes the k-th largest key T is exact, with r, how many entries equal to T belong to the top k. Compaction then
 writes the entries above T, in index order, then the first r equal to T: per-block counts, an exclusive scan, and
 each block's entries at its offset. Every step's result lives on the device: the count of entries is k by
 construction, so nothing waits for the host.
@@ -36,18 +37,6 @@ def _keys(x_ptr, threshold_ptr, offsets, n, THRESHOLD: tl.constexpr):
     return tl.where(mask, key, -1), x, mask
 
 
-@triton.jit(do_not_specialize=["n"])
-def _histogram_kernel(x_ptr, threshold_ptr, state_ptr, counts_ptr, n, SHIFT: tl.constexpr, THRESHOLD: tl.constexpr,
-                      BLOCK: tl.constexpr):
-    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    key, _, mask = _keys(x_ptr, threshold_ptr, offsets, n, THRESHOLD)
-    if SHIFT < 24:  # only the entries whose higher digits are the prefix found so far
-        mask = mask & ((key >> (SHIFT + 8)) == tl.load(state_ptr))
-    digit = (key >> SHIFT) & 255
-    counts = tl.histogram(digit, 256, mask=mask)
-    tl.atomic_add(counts_ptr + tl.arange(0, 256), counts, mask=counts > 0)
-
-
 @triton.jit
 def _next_digit(counts, rank):
     """The digit (of 256 ``counts``, int64) in which the ``rank``-th largest falls, counted from the top, and the rank
@@ -59,45 +48,54 @@ def _next_digit(counts, rank):
     return digit, rank - tl.sum(tl.where(digits == digit, above, 0))
 
 
-@triton.jit(do_not_specialize=["k"])
-def _digit_kernel(state_ptr, counts_ptr, k, FIRST: tl.constexpr):
-    """One program: the digit in which the remaining rank falls, counted from the top; appends it to the prefix,
-    keeps the rank within the digit's entries, and clears the counters for the next pass. state: [prefix, rank],
-    set here in the first pass (prefix empty, rank k)."""
+@triton.jit
+def _prefix(counts_ptr, k, PASSES: tl.constexpr):
+    """The top PASSES digits of the k-th largest key, from those passes' counters (256 each), and the rank of the k-th
+    largest among the entries that share them."""
     digits = tl.arange(0, 256)
-    counts = tl.load(counts_ptr + digits)
-    if FIRST:
-        tl.store(state_ptr, tl.zeros([], dtype=tl.int64))
-        rank = k.to(tl.int64)
-    else:
-        rank = tl.load(state_ptr + 1)
-    digit, rank = _next_digit(counts.to(tl.int64), rank)
-    tl.store(state_ptr, (tl.load(state_ptr) << 8) | digit)
-    tl.store(state_ptr + 1, rank)
-    tl.store(counts_ptr + digits, tl.zeros([256], dtype=tl.int32))
+    prefix = tl.zeros([], dtype=tl.int32)
+    rank = k.to(tl.int64)
+    for i in tl.static_range(PASSES):
+        digit, rank = _next_digit(tl.load(counts_ptr + i * 256 + digits).to(tl.int64), rank)
+        prefix = (prefix << 8) | digit
+    return prefix, rank
 
 
-@triton.jit(do_not_specialize=["n"])
-def _count_kernel(x_ptr, threshold_ptr, state_ptr, above_ptr, equal_ptr, n, THRESHOLD: tl.constexpr,
+@triton.jit(do_not_specialize=["n", "k"])
+def _histogram_kernel(x_ptr, threshold_ptr, counts_ptr, n, k, PASS: tl.constexpr, THRESHOLD: tl.constexpr,
+                      BLOCK: tl.constexpr):
+    """Pass PASS (0 to 3, from the top digit): the digit's histogram of the entries whose higher digits are the prefix
+    the earlier passes found, added into the pass's counters."""
+    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    key, _, mask = _keys(x_ptr, threshold_ptr, offsets, n, THRESHOLD)
+    shift: tl.constexpr = 24 - 8 * PASS
+    if PASS > 0:  # only the entries whose higher digits are the prefix found so far
+        prefix, _ = _prefix(counts_ptr, k, PASS)
+        mask = mask & ((key >> (shift + 8)) == prefix)
+    counts = tl.histogram((key >> shift) & 255, 256, mask=mask)
+    tl.atomic_add(counts_ptr + PASS * 256 + tl.arange(0, 256), counts, mask=counts > 0)
+
+
+@triton.jit(do_not_specialize=["n", "k"])
+def _count_kernel(x_ptr, threshold_ptr, counts_ptr, above_ptr, equal_ptr, n, k, THRESHOLD: tl.constexpr,
                   BLOCK: tl.constexpr):
     pid = tl.program_id(0)
     offsets = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     key, _, _ = _keys(x_ptr, threshold_ptr, offsets, n, THRESHOLD)
-    kth = tl.load(state_ptr).to(tl.int32)
+    kth, _ = _prefix(counts_ptr, k, 4)
     tl.store(above_ptr + pid, tl.sum((key > kth).to(tl.int32)))
     tl.store(equal_ptr + pid, tl.sum((key == kth).to(tl.int32)))
 
 
-@triton.jit(do_not_specialize=["n"])
-def _compact_kernel(x_ptr, threshold_ptr, state_ptr, above_ptr, equal_ptr, values_ptr, indices_ptr, n,
+@triton.jit(do_not_specialize=["n", "k"])
+def _compact_kernel(x_ptr, threshold_ptr, counts_ptr, above_ptr, equal_ptr, values_ptr, indices_ptr, n, k,
                     THRESHOLD: tl.constexpr, BLOCK: tl.constexpr):
     """Entries above the k-th key at their exclusive-scan offset (index order), then the first ``rank`` equal to it
     after all of those: ``above_ptr`` and ``equal_ptr`` hold each block's inclusive scan, the last element the total."""
     pid = tl.program_id(0)
     offsets = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     key, x, _ = _keys(x_ptr, threshold_ptr, offsets, n, THRESHOLD)
-    kth = tl.load(state_ptr).to(tl.int32)
-    wanted = tl.load(state_ptr + 1)
+    kth, wanted = _prefix(counts_ptr, k, 4)
     above_before = tl.load(above_ptr + pid - 1, mask=pid > 0, other=0).to(tl.int64)
     equal_before = tl.load(equal_ptr + pid - 1, mask=pid > 0, other=0).to(tl.int64)
     above_total = tl.load(above_ptr + tl.num_programs(0) - 1).to(tl.int64)
@@ -146,7 +144,7 @@ def topk(x: torch.Tensor, k: int, index_dtype: torch.dtype = torch.int64,
     """(values, indices) of the ``k`` entries of the flat ``x`` with the largest magnitude: those above the k-th
     largest in index order, then the first of those equal to it. With ``threshold`` (a device scalar), entries not
     above it rank lowest and their values are 0. A tensor of at most one block's entries takes one launch; a larger
-    one 10 (four digit passes of two, the counts, the compaction)."""
+    one 6 (four digit passes, the counts, the compaction)."""
     n = x.numel()
     if not 0 <= k <= n:
         raise ValueError(f"topk: k must be in [0, n] = [0, {n}], got {k}")
@@ -167,17 +165,15 @@ def _select_blocks(x: torch.Tensor, k: int, values: torch.Tensor, indices: torch
     """:func:`topk` across blocks, into ``values`` and ``indices``."""
     n = x.numel()
     blocks = triton.cdiv(n, _BLOCK)
-    state = torch.empty(2, dtype=torch.int64, device=x.device)  # [prefix, rank], set by the first digit pass
-    counts = torch.zeros(_DIGITS, dtype=torch.int32, device=x.device)
-    limit = threshold if threshold is not None else state  # (any pointer when there is no threshold)
-    for shift in (24, 16, 8, 0):
-        _histogram_kernel[(blocks,)](x, limit, state, counts, n, SHIFT=shift, THRESHOLD=threshold is not None,
+    counts = torch.zeros(4, _DIGITS, dtype=torch.int32, device=x.device)  # each digit pass's counters
+    limit = threshold if threshold is not None else counts  # (any pointer when there is no threshold)
+    for digit_pass in range(4):
+        _histogram_kernel[(blocks,)](x, limit, counts, n, k, PASS=digit_pass, THRESHOLD=threshold is not None,
                                      BLOCK=_BLOCK)
-        _digit_kernel[(1,)](state, counts, k, FIRST=shift == 24)
     above = torch.empty(blocks, dtype=torch.int32, device=x.device)
     equal = torch.empty(blocks, dtype=torch.int32, device=x.device)
-    _count_kernel[(blocks,)](x, limit, state, above, equal, n, THRESHOLD=threshold is not None, BLOCK=_BLOCK)
-    _compact_kernel[(blocks,)](x, limit, state, above.cumsum_(0), equal.cumsum_(0), values, indices, n,
+    _count_kernel[(blocks,)](x, limit, counts, above, equal, n, k, THRESHOLD=threshold is not None, BLOCK=_BLOCK)
+    _compact_kernel[(blocks,)](x, limit, counts, above.cumsum_(0), equal.cumsum_(0), values, indices, n, k,
                                THRESHOLD=threshold is not None, BLOCK=_BLOCK)
     return values, indices
 
