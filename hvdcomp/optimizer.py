@@ -60,7 +60,7 @@ import torch
 
 from hvdcomp import check
 from hvdcomp.collectives import Pending, start, start_vote
-from hvdcomp.compressor import AccuracyWarning, Context, State, derive_seed, nonfinite
+from hvdcomp.compressor import AccuracyWarning, Compressor, Context, State, derive_seed, nonfinite
 from hvdcomp.config import Choice, CompressionConfig, edges
 from hvdcomp.deadlines import DEFAULT_DEADLINE, Beacon, Deadline, answering, share_host, synchronize
 from hvdcomp.requests import Agree, Reduction
@@ -132,7 +132,8 @@ class _Dense:
 class _Compressed:
     slot: _Slot
     reduction: Reduction | None  # None: one of a batch's later members, reduced by its first member's work
-    flag: torch.Tensor  # [1] float32: rank + 1 if this rank's gradient is not finite, else 0
+    flag: torch.Tensor | None  # [1] float32: rank + 1 if this rank's gradient is not finite, else 0 (a bucket's
+    # members: set once the bucket is complete, before the vote)
     plan: list[Any]  # the slot's plan when this step started
     ctx: Context  # the slot's context in this step
     requests: int = 0  # requests yielded so far: they name the collectives
@@ -484,11 +485,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._work[index] = _Dense(handle, wire)
             self._bytes_sent += wire.numel() * wire.element_size()
             return
-        if slot.choice.compressor.keeps_nonfinite:  # NaN/Inf reach the sum: the check of the result catches them
-            flag = grad.new_zeros(1, dtype=torch.float32)
-        else:  # an encoding can hide them (TernGrad's draw, sparsifiers): check the input, and name this rank
-            values = grad._values() if grad.is_sparse else grad
-            flag = nonfinite([values], mark=self.process_set.rank() + 1)
+        flag = None if slot.bucket else self._input_flags([grad], slot.choice.compressor)  # a bucket's: together
         plan = slot.plan()  # as the step starts: the reduction may change it for the next step
         ctx = replace(slot.ctx, step=slot.step)
         slot.step += 1
@@ -506,6 +503,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 first.members = [work.slot for work in works]
                 grads = [work.slot.param.grad for work in works]
                 if slot.bucket:  # concatenated, as one tensor, with the bucket's state and first member's context
+                    for work, flag in zip(works, self._input_flags(grads, slot.choice.compressor).split(1),
+                                          strict=True):
+                        work.flag = flag
                     first.reduction = slot.choice.reduction.reduce_bucket(grads, first.slot.state, first.ctx)
                 else:
                     first.reduction = slot.choice.reduction.reduce_batch(
@@ -516,6 +516,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._start_vote()
             if any(w.agree is not None for w in self._compressed_work()):
                 self._finish_vote()  # agreed values gate compression: resolve them now, at end of backward
+
+    def _input_flags(self, grads: list[torch.Tensor], compressor: Compressor) -> torch.Tensor:
+        """The vote's non-finite flags of compressed gradients, float32 [len(grads)]: this rank + 1 where one holds a
+        NaN or an Inf, else 0. A method that keeps them in its sum (fp16) needs none: the check of the result catches
+        them; others can hide them in their encoding (TernGrad's draw, the sparsifiers), so their inputs are checked,
+        naming this rank."""
+        if compressor.keeps_nonfinite:
+            return grads[0].new_zeros(len(grads), dtype=torch.float32)
+        return nonfinite([grad._values() if grad.is_sparse else grad for grad in grads],
+                         mark=self.process_set.rank() + 1)
 
     def _advance(self, work: _Compressed, result: Any) -> None:
         """Sends ``result`` into the reduction and starts what it asks for next (or parks it on an Agree)."""
