@@ -166,7 +166,7 @@ class Compressor(ABC):
     epoch_options: ClassVar[tuple[str, ...]] = ()
     #: compress() reads its input as a flat vector (its shape plays no part), so the optimizer may compress several
     #: gradients of one step concatenated, as one tensor (the config's ``bucket_cap_mb``); False for methods that use a
-    #: tensor's shape or reduce in a way of their own (PowerSGD's matrices, LGC's autoencoder, the sketch).
+    #: tensor's shape or take sparse gradients (PowerSGD's matrices, LGC's autoencoder's layers, the sketch).
     bucketable: ClassVar[bool] = True
     #: The model's first and last layers stay dense (LGC, as its paper keeps them): the optimizer tells
     #: :meth:`hvdcomp.config.CompressionConfig.choose` which parameters those are.
@@ -306,16 +306,18 @@ def nonfinite(tensors: Sequence[torch.Tensor], mark: float = 1.0) -> torch.Tenso
     """``mark`` for each of ``tensors`` that holds a NaN or an Inf, else 0: float32, ``[len(tensors)]``, on their
     device, with no host sync.
 
-    On CUDA one multi-tensor launch takes every tensor's L1 norm in float64 (a NaN or an Inf reaches the sum, which
-    finite float32 entries cannot overflow in float64), and three small operators finish, however many the tensors:
-    a step's check of every gradient costs a few launches, not a few per gradient. On CPU, where PyTorch's norms run
-    slower than this (perf/gpu/checks.py), one pass per tensor that allocates nothing of its size: its min and max,
-    which propagate NaN and show an Inf (``isfinite(t).all()`` would write a full-size mask).
+    On CUDA one multi-tensor operator takes every tensor's L1 norm in float64 (a NaN or an Inf reaches the sum, which
+    finite float32, bfloat16 or float16 entries cannot overflow in float64), and three small operators finish, however
+    many the tensors: a step's check of every gradient costs a few launches, not several per gradient. Elsewhere (CPU
+    tensors, where PyTorch's norms run slower, perf/gpu/checks.py; float64 tensors, whose sums could overflow; empty
+    tensors, which some PyTorch versions' multi-tensor norm mishandles) one pass per tensor that allocates nothing of
+    its size: its min and max, which propagate NaN and show an Inf (``isfinite(t).all()`` would write a full-size
+    mask).
     """
     if not tensors:
         return torch.zeros(0)
-    finite = (_finite_by_norms(tensors) if all(tensor.is_cuda for tensor in tensors)
-              else _finite_by_range(tensors))
+    by_norms = all(tensor.is_cuda and tensor.numel() and tensor.dtype != torch.float64 for tensor in tensors)
+    finite = _finite_by_norms(tensors) if by_norms else _finite_by_range(tensors)
     return torch.where(finite, 0.0, float(mark))
 
 

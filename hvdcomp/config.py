@@ -13,7 +13,7 @@
     min_numel: 1024             # smaller tensors go uncompressed through Horovod's fused allreduce
     bucket_cap_mb: 0            # > 0: compress gradients of one method in buckets of about this many MiB (below)
     dense: ["fc3.*"]            # parameter-name patterns (fnmatch) that stay uncompressed
-    overrides:                  # first matching pattern wins; any key above except dense/min_numel/seed
+    overrides:                  # first matching pattern wins; any key above but min_numel, bucket_cap_mb, dense
       - match: "*.embedding.weight"
         method: topk
         options: {ratio: 0.001}
@@ -23,9 +23,9 @@
 ``bucket_cap_mb`` (0: off) compresses the gradients that share a method, its options and collective, dtype and
 device in buckets, as PyTorch's DDP buckets them for its communication hooks: in reverse model order (the order
 backward makes them ready), each bucket closed once it holds ``bucket_cap_mb`` MiB. A bucket is concatenated and
-compressed as one tensor once its last gradient is ready: one encoding and one collective per bucket, where a GPU
-spends most of a small gradient's compression issuing its kernels (docs/gpu.md). The method then sees the bucket, not
-the layer: TernGrad's scaler, top-k's k and QSGD's norms are the bucket's. Methods that use a tensor's shape
+compressed as one tensor once its last gradient is ready: one encoding and one set of collectives per bucket, where
+a GPU spends most of a small gradient's compression issuing its kernels (docs/gpu.md). The method then sees the
+bucket, not the layer: TernGrad's scaler, top-k's k and QSGD's norms are the bucket's. Methods that use a tensor's shape
 (PowerSGD, LGC, the sketch: ``Compressor.bucketable``) compress each gradient alone still.
 
 ``method: auto`` (or ``compression="auto"``) chooses each parameter's method and collective from measurements on the

@@ -338,15 +338,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 log.warning("hvdcomp: parameter %r stays dense: %s", name, choice.declined)
             ctx = Context(name, rank, size, param.device, derive_seed(self.config.seed, name, rank),
                           derive_seed(self.config.seed, name, "shared"))
-            state = {} if choice.reduction is None else choice.reduction.init_state(param.detach(), ctx)
-            slots.append(_Slot(name, param, choice, ctx, state, 0, self.backward_passes_per_step))
+            slots.append(_Slot(name, param, choice, ctx, {}, 0, self.backward_passes_per_step))  # (_fresh_states)
         return slots
 
     def _batch_members(self) -> dict[int, list[int]]:
         """Slot index -> the indices of the slots reduced together with it (in name order, as the slots are: the
         same on every rank), for the batches of two or more that reductions ask for
         (:meth:`hvdcomp.reductions.ReductionMethod.batch_key`: PowerSGD's matrices of one shape) and the config's
-        buckets (:meth:`_buckets`). A bucket's members get one state, made for their concatenation."""
+        buckets (:meth:`_buckets`); then every compressed parameter's state (:meth:`_fresh_states`)."""
         keyed: dict[Hashable, list[int]] = {}
         for index, slot in enumerate(self._slots):
             key = None if slot.choice.reduction is None else slot.choice.reduction.batch_key(slot.param)
@@ -358,7 +357,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             for index in members:
                 batches[index] = members
                 self._slots[index].join(first.name)
-        self._fresh_bucket_states()
+        self._fresh_states()
         return batches
 
     def _buckets(self) -> list[list[int]]:
@@ -368,13 +367,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         found = self.config.buckets([(self._slots[i].param, self._slots[i].choice) for i in order])
         return [sorted(order[position] for position in bucket) for bucket in found]
 
-    def _fresh_bucket_states(self) -> None:
-        """Every bucket's state made afresh, for the concatenation of its members, with its first member's context;
-        the members share it."""
+    def _fresh_states(self) -> None:
+        """Every compressed parameter's method state made afresh: a parameter's own for its gradient, or its bucket's,
+        made once for the concatenation of the members with its first member's context, which the members share."""
         buckets: dict[str, list[_Slot]] = {}
         for slot in self._slots:
             if slot.bucket:
                 buckets.setdefault(slot.bucket, []).append(slot)
+            elif slot.choice.reduction is not None:
+                slot.state = slot.choice.reduction.init_state(slot.param.detach(), slot.ctx)
         for first, *rest in buckets.values():  # name order: the first is the one the bucket is named after
             numel = first.param.numel() + sum(slot.param.numel() for slot in rest)
             template = torch.empty(numel, dtype=first.param.dtype, device=first.param.device)
@@ -663,9 +664,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self.config.nonfinite == "raise":
             raise FloatingPointError(f"hvdcomp: {message}. Lower the learning rate, check the data, or set "
                                      "nonfinite: skip in the compression config to skip such steps")
-        for slot in compressed:  # residuals may hold NaN now: start them afresh
-            slot.state = slot.choice.reduction.init_state(slot.param.detach(), slot.ctx)
-        self._fresh_bucket_states()
+        self._fresh_states()  # residuals may hold NaN now: start them afresh
         warnings.warn(f"hvdcomp: skipping this optimizer step: {message}", RuntimeWarning, stacklevel=3)
         self._skip_step = True
 
@@ -734,22 +733,25 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         state_dict = dict(state_dict)
         saved = state_dict.pop("hvdcomp", None)
+        compressed = [slot for slot in self._slots if saved is not None and slot.choice.reduction is not None]
+        for slot in compressed:  # checked before anything is loaded
+            if slot.name not in saved:
+                raise ValueError(f"checkpoint has no hvdcomp state for parameter {slot.name!r}")
+            bucket = saved[slot.name].get("bucket", "")
+            if bucket != slot.bucket:
+                raise ValueError(f"checkpoint's parameter {slot.name!r} was compressed {_bucket_text(bucket)}, here "
+                                 f"{_bucket_text(slot.bucket)}: the bucket_cap_mb of the compression config must be "
+                                 "the checkpoint's")
         super().load_state_dict(state_dict)
         self._reset_step()
         self._synchronized = False
-        for slot in self._slots:
-            if saved is not None and slot.choice.reduction is not None:
-                if slot.name not in saved:
-                    raise ValueError(f"checkpoint has no hvdcomp state for parameter {slot.name!r}")
-                bucket = saved[slot.name].get("bucket", "")
-                if bucket != slot.bucket:
-                    raise ValueError(f"checkpoint's parameter {slot.name!r} was compressed "
-                                     f"{_bucket_text(bucket)}, here {_bucket_text(slot.bucket)}: the bucket_cap_mb "
-                                     "of the compression config must be the checkpoint's")
-                slot.step = int(saved[slot.name]["step"])
-                slot.state = _to_device(saved[slot.name]["state"], slot.param.device)
-                if slot.bucket and slot.bucket != slot.name:  # the bucket's state: its first member's (loaded first)
-                    slot.state = next(s for s in self._slots if s.name == slot.bucket).state
+        loaded: dict[str, State] = {}
+        for slot in compressed:  # name order: a bucket's first member, whose state the others share, comes first
+            slot.step = int(saved[slot.name]["step"])
+            if slot.bucket and slot.bucket != slot.name:
+                slot.state = loaded[slot.bucket]
+            else:
+                slot.state = loaded[slot.name] = _to_device(saved[slot.name]["state"], slot.param.device)
 
 
 def _bucket_text(bucket: str) -> str:

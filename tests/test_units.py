@@ -380,8 +380,8 @@ def test_buckets_close_at_the_cap_per_method_and_dtype() -> None:
 
 
 def test_the_gradients_check_by_norms_takes_as_many_operators_for_any_number_of_tensors() -> None:
-    """On CUDA the optimizer checks a step's gradients with one multi-tensor norm and three small operators, however
-    many gradients there are (counted here on CPU tensors: the same operators)."""
+    """On CUDA the optimizer checks a step's gradients with one multi-tensor norm and two small operators (then its
+    flags' where), however many gradients there are (counted here on CPU tensors: the same operators)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from hvdcomp.compressor import _finite_by_norms

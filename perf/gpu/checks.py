@@ -3,8 +3,9 @@
     .venv/bin/python perf/gpu/checks.py [--device cuda] [--repeats 20]
 
 ``hvdcomp.compressor.nonfinite`` checks every gradient after the step's reduction (and each compressed one before
-it). It takes each tensor's min and max on CPU (``_finite_by_range``: four operators a tensor, then a stack) and every
-tensor's L1 norm in one multi-tensor operator on CUDA (``_finite_by_norms``: three operators for all of them). This
+it). It takes each tensor's min and max on CPU (``_finite_by_range``: 7 operators a tensor, then a stack) and every
+tensor's L1 norm in one multi-tensor operator on CUDA (``_finite_by_norms``: 3 operators for all of them; the flags'
+``torch.where`` adds one to either). This
 times both on the device given (``hvdcomp.tools.bench.timed``: CUDA events with L2 flushed, or the host clock, in
 interleaved rounds) and counts the PyTorch operators each issues (through a ``TorchDispatchMode``; on CUDA each is at
 least one launch), on torchvision's ResNet-50's 161 parameters (Gaussian values). One JSON line per device goes to

@@ -12,15 +12,15 @@
 #    PyTorch's extension builder); each method's CUDA path runs under torch.cuda.set_sync_debug_mode("error"), so
 #    that a host synchronization fails it; and tests/test_devices.py but its one Horovod test (every method on CUDA
 #    against its CPU path, determinism, no host sync in compression) (test_triton.log);
-# 2. `bench compress --device cuda` (CUDA events, L2 flushed between calls) for every method, at 25,000,000 elements
-#    (fraction_of_copy: their speed against a copy; PowerSGD gets a 5000 x 5000 matrix) and at 1,024 (compress_us +
-#    decompress_us), one process per method (bench-cuda.jsonl, JSON lines; bench.log);
-# 3. `profile --device cuda` of torchvision's ResNet-50, batch 64, bf16 autocast: per compressor the encode and
-#    decode time summed over a step's gradients beside forward + backward (profile-resnet50-cuda.yaml,
-#    profile.log); skipped, with the reason, where torchvision is missing or the profiler does not import here;
-# 4. perf/gpu/buckets.py --device cuda: the same gradients' compression per step, each alone against in buckets of
+# 2. perf/gpu/buckets.py --device cuda: the same gradients' compression per step, each alone against in buckets of
 #    25 MiB (bucket_cap_mb), per bucketable method (buckets.jsonl, buckets.log); and perf/gpu/checks.py --device cuda,
 #    the optimizer's NaN/Inf check of the step's gradients both ways (checks.jsonl);
+# 3. `bench compress --device cuda` (CUDA events, L2 flushed between calls) for every method, at 25,000,000 elements
+#    (fraction_of_copy: their speed against a copy; PowerSGD gets a 5000 x 5000 matrix) and at 1,024 (compress_us +
+#    decompress_us), one process per method (bench-cuda.jsonl, JSON lines; bench.log);
+# 4. `profile --device cuda` of torchvision's ResNet-50, batch 64, bf16 autocast: per compressor the encode and
+#    decode time summed over a step's gradients beside forward + backward (profile-resnet50-cuda.yaml,
+#    profile.log); skipped, with the reason, where torchvision is missing or the profiler does not import here;
 # then summary.txt (printed too): per method fraction_of_copy against the issues' targets and the 1,024-element
 # times. environment.txt records the GPU and the versions. At most 10 files in OUT_DIR. A failing stage does not stop
 # the next ones; the exit status is then 1. It takes a few minutes on an H100 or H200. Each stage has a time limit
@@ -43,6 +43,7 @@ STAGE_TIMEOUT_TESTS=${STAGE_TIMEOUT_TESTS:-180}
 STAGE_TIMEOUT_BENCH=${STAGE_TIMEOUT_BENCH:-30}  # per method: 16 of them
 STAGE_TIMEOUT_PROFILE=${STAGE_TIMEOUT_PROFILE:-150}
 STAGE_TIMEOUT_BUCKETS=${STAGE_TIMEOUT_BUCKETS:-60}
+STAGE_TIMEOUT_CHECKS=${STAGE_TIMEOUT_CHECKS:-30}
 BUDGET_S=${BUDGET_S:-570}
 status=0
 say() { echo "gpu_kernels: $*"; }
@@ -70,9 +71,16 @@ timeout -s INT -k 10 "$(limit "$STAGE_TIMEOUT_TESTS")" "$py" -m pytest -p no:cac
     tests/test_triton.py tests/test_devices.py -k "not test_reductions_on_one_rank" 2>&1 | tee "$out/test_triton.log" ||
     { status=1; say "FAILED: the Triton tests or the device tests" >&2; }
 
-# 2. compression speed: 25 M elements against a copy, and 1,024 elements in microseconds
+# 2. a step's compression, each gradient alone against in buckets, and the NaN/Inf check: new, so before the bench
+say "2/4 perf/gpu/buckets.py and checks.py --device cuda"
+timeout -k 5 "$(limit "$STAGE_TIMEOUT_BUCKETS")" "$py" perf/gpu/buckets.py --device cuda --repeats 10 \
+    --out "$out/buckets.jsonl" 2>&1 | tee "$out/buckets.log" || { status=1; say "FAILED: buckets (buckets.log)" >&2; }
+timeout -k 5 "$(limit "$STAGE_TIMEOUT_CHECKS")" "$py" perf/gpu/checks.py --device cuda --out "$out/checks.jsonl" 2>&1 |
+    tee -a "$out/buckets.log" || { status=1; say "FAILED: checks (buckets.log)" >&2; }
+
+# 3. compression speed: 25 M elements against a copy, and 1,024 elements in microseconds
 read -r -a bench_methods <<<"${BENCH_METHODS:-${methods[*]}}"  # BENCH_METHODS: some of them alone
-say "2/4 bench compress --device cuda: ${bench_methods[*]}"
+say "3/4 bench compress --device cuda: ${bench_methods[*]}"
 : >"$out/bench-cuda.jsonl"
 : >"$out/bench.log"
 for method in "${bench_methods[@]}"; do
@@ -83,8 +91,8 @@ for method in "${bench_methods[@]}"; do
     fi
 done
 
-# 3. what the compressors add to a real model's step (optional: torchvision and the profiler's imports)
-say "3/4 profile --model torchvision.models:resnet50 --device cuda"
+# 4. what the compressors add to a real model's step (optional: torchvision and the profiler's imports)
+say "4/4 profile --model torchvision.models:resnet50 --device cuda"
 if ! "$py" -c 'import torchvision' 2>/dev/null; then
     echo "skipped: torchvision is not installed" | tee "$out/profile.log"
 elif ! why=$("$py" -c 'import hvdcomp.perfmodel.profile' 2>&1); then
@@ -96,13 +104,6 @@ elif ! timeout -k 5 "$(limit "$STAGE_TIMEOUT_PROFILE")" "$py" -m hvdcomp.perfmod
     status=1
     say "FAILED: the ResNet-50 profile (profile.log)" >&2
 fi
-
-# 4. a step's compression, each gradient alone against in buckets
-say "4/4 perf/gpu/buckets.py and checks.py --device cuda"
-timeout -k 5 "$(limit "$STAGE_TIMEOUT_BUCKETS")" "$py" perf/gpu/buckets.py --device cuda --repeats 20 \
-    --out "$out/buckets.jsonl" 2>&1 | tee "$out/buckets.log" || { status=1; say "FAILED: buckets (buckets.log)" >&2; }
-timeout -k 5 "$(limit 30)" "$py" perf/gpu/checks.py --device cuda --out "$out/checks.jsonl" 2>&1 | tee -a "$out/buckets.log" ||
-    { status=1; say "FAILED: checks (buckets.log)" >&2; }
 
 # the summary: per method, speed against a copy (25 M) and time per call (1,024), from the JSON lines
 "$py" - "$out/bench-cuda.jsonl" "${bench_methods[@]}" <<'EOF' 2>&1 | tee "$out/summary.txt" || status=1

@@ -20,7 +20,8 @@ cd "$repo"
 DEADLINE_S=${DEADLINE_S:-540}
 KERNELS_S=${KERNELS_S:-330}  # the kernel stage's share of DEADLINE_S; the multi-rank stage has the rest
 # the kernel stage's limits (perf/gpu/gpu_kernels.sh), shorter than its own defaults to fit the share
-export STAGE_TIMEOUT_TESTS=${STAGE_TIMEOUT_TESTS:-120} STAGE_TIMEOUT_BENCH=${STAGE_TIMEOUT_BENCH:-25} \
+export STAGE_TIMEOUT_TESTS=${STAGE_TIMEOUT_TESTS:-120} STAGE_TIMEOUT_BUCKETS=${STAGE_TIMEOUT_BUCKETS:-45} \
+    STAGE_TIMEOUT_CHECKS=${STAGE_TIMEOUT_CHECKS:-20} STAGE_TIMEOUT_BENCH=${STAGE_TIMEOUT_BENCH:-20} \
     STAGE_TIMEOUT_PROFILE=${STAGE_TIMEOUT_PROFILE:-110}
 work=$(mktemp -d)
 say() { echo "gpu_stages: $*"; }
@@ -59,6 +60,7 @@ cp "$work/multirank/summary.txt" "$out/multirank-summary.txt" 2>/dev/null ||
     echo "the multi-rank stage wrote no summary (exit status $multirank)" >"$out/multirank-summary.txt"
 
 echo "DEADLINE_S=$DEADLINE_S KERNELS_S=$KERNELS_S STAGE_TIMEOUT_TESTS=$STAGE_TIMEOUT_TESTS" \
+    "STAGE_TIMEOUT_BUCKETS=$STAGE_TIMEOUT_BUCKETS STAGE_TIMEOUT_CHECKS=$STAGE_TIMEOUT_CHECKS" \
     "STAGE_TIMEOUT_BENCH=$STAGE_TIMEOUT_BENCH STAGE_TIMEOUT_PROFILE=$STAGE_TIMEOUT_PROFILE" \
     "BENCH_METHODS='${BENCH_METHODS:-}'" >"$work/settings.txt"
 tar -czf "$out/results.tgz" -C "$work" .
