@@ -144,7 +144,8 @@ def topk(x: torch.Tensor, k: int, index_dtype: torch.dtype = torch.int64,
     """(values, indices) of the ``k`` entries of the flat ``x`` with the largest magnitude: those above the k-th
     largest in index order, then the first of those equal to it. With ``threshold`` (a device scalar), entries not
     above it rank lowest and their values are 0. A tensor of at most one block's entries takes one launch; a larger
-    one 6 (four digit passes, the counts, the compaction)."""
+    one 6 of Triton (four digit passes, the counts, the compaction) and 2 of PyTorch (the counters' zeros, the
+    counts' scans)."""
     n = x.numel()
     if not 0 <= k <= n:
         raise ValueError(f"topk: k must be in [0, n] = [0, {n}], got {k}")
@@ -170,11 +171,11 @@ def _select_blocks(x: torch.Tensor, k: int, values: torch.Tensor, indices: torch
     for digit_pass in range(4):
         _histogram_kernel[(blocks,)](x, limit, counts, n, k, PASS=digit_pass, THRESHOLD=threshold is not None,
                                      BLOCK=_BLOCK)
-    above = torch.empty(blocks, dtype=torch.int32, device=x.device)
-    equal = torch.empty(blocks, dtype=torch.int32, device=x.device)
+    above, equal = scans = torch.empty(2, blocks, dtype=torch.int32, device=x.device)  # per block, then scanned
     _count_kernel[(blocks,)](x, limit, counts, above, equal, n, k, THRESHOLD=threshold is not None, BLOCK=_BLOCK)
-    _compact_kernel[(blocks,)](x, limit, counts, above.cumsum_(0), equal.cumsum_(0), values, indices, n, k,
-                               THRESHOLD=threshold is not None, BLOCK=_BLOCK)
+    scans.cumsum_(1)  # both inclusive scans in one launch
+    _compact_kernel[(blocks,)](x, limit, counts, above, equal, values, indices, n, k, THRESHOLD=threshold is not None,
+                               BLOCK=_BLOCK)
     return values, indices
 
 
