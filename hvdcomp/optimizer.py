@@ -284,6 +284,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         active = included and size > 1
         self._slots = slots if active else []
         self._batches = self._batch_members()
+        self._fresh_states()
         self._check_momentum()
         self._compressed_total = sum(slot.choice.reduction is not None for slot in self._slots)
         self._compressed_started = 0
@@ -345,7 +346,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """Slot index -> the indices of the slots reduced together with it (in name order, as the slots are: the
         same on every rank), for the batches of two or more that reductions ask for
         (:meth:`hvdcomp.reductions.ReductionMethod.batch_key`: PowerSGD's matrices of one shape) and the config's
-        buckets (:meth:`_buckets`); then every compressed parameter's state (:meth:`_fresh_states`)."""
+        buckets (:meth:`_buckets`), whose members it marks."""
         keyed: dict[Hashable, list[int]] = {}
         for index, slot in enumerate(self._slots):
             key = None if slot.choice.reduction is None else slot.choice.reduction.batch_key(slot.param)
@@ -357,7 +358,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             for index in members:
                 batches[index] = members
                 self._slots[index].join(first.name)
-        self._fresh_states()
         return batches
 
     def _buckets(self) -> list[list[int]]:
