@@ -14,7 +14,8 @@
 #    against its CPU path, determinism, no host sync in compression) (test_triton.log);
 # 2. perf/gpu/buckets.py --device cuda: the same gradients' compression per step, each alone against in buckets of
 #    25 MiB (bucket_cap_mb), per bucketable method (buckets.jsonl, buckets.log); and perf/gpu/checks.py --device cuda,
-#    the optimizer's NaN/Inf check of the step's gradients both ways (checks.jsonl);
+#    the optimizer's NaN/Inf check of the step's gradients both ways (checks.jsonl); and perf/gpu/selection.py, the
+#    top-k selection over the whole tensor against over gathered candidates, by size (selection.jsonl);
 # 3. `bench compress --device cuda` (CUDA events, L2 flushed between calls) for every method, at 25,000,000 elements
 #    (fraction_of_copy: their speed against a copy; PowerSGD gets a 5000 x 5000 matrix) and at 1,024 (compress_us +
 #    decompress_us), one process per method (bench-cuda.jsonl, JSON lines; bench.log);
@@ -22,7 +23,7 @@
 #    decode time summed over a step's gradients beside forward + backward (profile-resnet50-cuda.yaml,
 #    profile.log); skipped, with the reason, where torchvision is missing or the profiler does not import here;
 # then summary.txt (printed too): per method fraction_of_copy against the issues' targets and the 1,024-element
-# times. environment.txt records the GPU and the versions. At most 10 files in OUT_DIR. A failing stage does not stop
+# times. environment.txt records the GPU and the versions. At most 11 files in OUT_DIR. A failing stage does not stop
 # the next ones; the exit status is then 1. It takes a few minutes on an H100 or H200. Each stage has a time limit
 # (STAGE_TIMEOUT_*, below, in seconds, to be set in the environment), cut to what is left of BUDGET_S (default 570 s)
 # less 20 s for the summary, so that the script ends within BUDGET_S even where every stage hangs.
@@ -44,6 +45,7 @@ STAGE_TIMEOUT_BENCH=${STAGE_TIMEOUT_BENCH:-30}  # per method: 16 of them
 STAGE_TIMEOUT_PROFILE=${STAGE_TIMEOUT_PROFILE:-150}
 STAGE_TIMEOUT_BUCKETS=${STAGE_TIMEOUT_BUCKETS:-60}
 STAGE_TIMEOUT_CHECKS=${STAGE_TIMEOUT_CHECKS:-30}
+STAGE_TIMEOUT_SELECTION=${STAGE_TIMEOUT_SELECTION:-60}
 BUDGET_S=${BUDGET_S:-570}
 status=0
 say() { echo "gpu_kernels: $*"; }
@@ -71,12 +73,15 @@ timeout -s INT -k 10 "$(limit "$STAGE_TIMEOUT_TESTS")" "$py" -m pytest -p no:cac
     tests/test_triton.py tests/test_devices.py -k "not test_reductions_on_one_rank" 2>&1 | tee "$out/test_triton.log" ||
     { status=1; say "FAILED: the Triton tests or the device tests" >&2; }
 
-# 2. a step's compression, each gradient alone against in buckets, and the NaN/Inf check: new, so before the bench
-say "2/4 perf/gpu/buckets.py and checks.py --device cuda"
+# 2. a step's compression, each gradient alone against in buckets, the NaN/Inf check and the selection both ways:
+# new, so before the bench
+say "2/4 perf/gpu/buckets.py, checks.py --device cuda and selection.py"
 timeout -k 5 "$(limit "$STAGE_TIMEOUT_BUCKETS")" "$py" perf/gpu/buckets.py --device cuda --repeats 10 \
     --out "$out/buckets.jsonl" 2>&1 | tee "$out/buckets.log" || { status=1; say "FAILED: buckets (buckets.log)" >&2; }
 timeout -k 5 "$(limit "$STAGE_TIMEOUT_CHECKS")" "$py" perf/gpu/checks.py --device cuda --out "$out/checks.jsonl" 2>&1 |
     tee -a "$out/buckets.log" || { status=1; say "FAILED: checks (buckets.log)" >&2; }
+timeout -k 5 "$(limit "$STAGE_TIMEOUT_SELECTION")" "$py" perf/gpu/selection.py --out "$out/selection.jsonl" 2>&1 |
+    tee -a "$out/buckets.log" || { status=1; say "FAILED: selection (buckets.log)" >&2; }
 
 # 3. compression speed: 25 M elements against a copy, and 1,024 elements in microseconds
 read -r -a bench_methods <<<"${BENCH_METHODS:-${methods[*]}}"  # BENCH_METHODS: some of them alone

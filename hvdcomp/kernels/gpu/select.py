@@ -12,11 +12,22 @@ writes the entries above T, in index order, then the first r equal to T: per-blo
 each block's entries at its offset. Every step's result lives on the device: the count of entries is k by
 construction, so nothing waits for the host.
 
+On a large tensor with a small k the digit passes run over candidates, not over the whole tensor, as DGC's paper
+samples to estimate its threshold: one program takes a bound from a strided sample of the keys (a rank a few standard
+deviations past where the top k's share of the sample falls), one pass counts per block the entries at or above it,
+and one more gathers those (keys and indices, in index order, by the counts' scan) into a buffer of fixed capacity.
+Every entry of the top k is at or above the bound when at least k entries are, so the passes over the candidates
+select the same entries in the same order. Where the sample misled (fewer than k candidates, or more than the
+capacity), the kernels read the whole tensor instead: each decides so on the device from the candidates' count.
+
 With a ``threshold`` (a device scalar), entries whose magnitude is not above it take key 0: they are selected only to
 fill the k slots (lowest indices first), and their values are sent as 0.
 """
 
 from __future__ import annotations
+
+import math
+from typing import NamedTuple
 
 import torch
 import triton
@@ -24,6 +35,12 @@ import triton.language as tl
 
 _BLOCK = 4096
 _DIGITS = 256
+#: the keys the gathering's bound is taken from: a strided sample, one program's block
+_SAMPLE = 4096
+#: tensors of at least this many entries (16 MiB of float32) gather candidates first: there a pass over the tensor
+#: takes longer than the 4 launches the gathering adds (a guess from the HBM's 3 TB/s and a launch's few
+#: microseconds; perf/gpu/selection.py times both ways)
+_GATHER_MIN = 1 << 22
 
 
 @triton.jit
@@ -35,6 +52,27 @@ def _keys(x_ptr, threshold_ptr, offsets, n, THRESHOLD: tl.constexpr):
     if THRESHOLD:
         key = tl.where(tl.abs(x) > tl.load(threshold_ptr), key, 0)
     return tl.where(mask, key, -1), x, mask
+
+
+@triton.jit
+def _entries(x_ptr, threshold_ptr, keys_ptr, index_ptr, gathered_ptr, offsets, n, k, capacity,
+             THRESHOLD: tl.constexpr, GATHERED: tl.constexpr):
+    """The keys (-1 past the end) and indices of the selection's entries at ``offsets``, and how many there are:
+    with GATHERED, the candidates gathered into ``keys_ptr`` and ``index_ptr`` where their count (at
+    ``gathered_ptr``) is in [k, capacity], else x's."""
+    if GATHERED:
+        total = tl.load(gathered_ptr).to(tl.int64)
+        fallback = (total < k) | (total > capacity)
+        size = tl.where(fallback, n, total)
+        x_key, _, _ = _keys(x_ptr, threshold_ptr, offsets, tl.where(fallback, n, 0), THRESHOLD)
+        gathered = offsets < tl.where(fallback, 0, total)
+        key = tl.where(gathered, tl.load(keys_ptr + offsets, mask=gathered, other=0), x_key)
+        index = tl.where(gathered, tl.load(index_ptr + offsets, mask=gathered, other=0), offsets)
+    else:
+        key, _, _ = _keys(x_ptr, threshold_ptr, offsets, n, THRESHOLD)
+        index = offsets
+        size = n
+    return key, index, size
 
 
 @triton.jit
@@ -61,40 +99,97 @@ def _prefix(counts_ptr, k, PASSES: tl.constexpr):
     return prefix, rank
 
 
-@triton.jit(do_not_specialize=["n", "k"])
-def _histogram_kernel(x_ptr, threshold_ptr, counts_ptr, n, k, PASS: tl.constexpr, THRESHOLD: tl.constexpr,
-                      BLOCK: tl.constexpr):
-    """Pass PASS (0 to 3, from the top digit): the digit's histogram of the entries whose higher digits are the prefix
-    the earlier passes found, added into the pass's counters."""
-    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+@triton.jit
+def _kth_key(key, mask, k):
+    """The k-th largest of one program's ``key`` (where ``mask``) by the four digit passes in registers, and the rank
+    of the k-th largest among the keys equal to it."""
+    prefix = tl.zeros([], dtype=tl.int32)
+    rank = k.to(tl.int64)
+    for i in tl.static_range(4):  # digits from the top: key bits 24-31, 16-23, 8-15, 0-7
+        selected = mask
+        if i > 0:
+            selected = mask & ((key >> (32 - 8 * i)) == prefix)
+        counts = tl.histogram((key >> (24 - 8 * i)) & 255, 256, mask=selected).to(tl.int64)
+        digit, rank = _next_digit(counts, rank)
+        prefix = (prefix << 8) | digit
+    return prefix, rank
+
+
+@triton.jit(do_not_specialize=["n", "stride", "rank"])
+def _bound_kernel(x_ptr, threshold_ptr, bound_ptr, n, stride, rank, THRESHOLD: tl.constexpr, SAMPLE: tl.constexpr):
+    """One program: the ``rank``-th largest key of the entries at multiples of ``stride``, the gathering's bound."""
+    offsets = tl.arange(0, SAMPLE).to(tl.int64) * stride
     key, _, mask = _keys(x_ptr, threshold_ptr, offsets, n, THRESHOLD)
-    shift: tl.constexpr = 24 - 8 * PASS
-    if PASS > 0:  # only the entries whose higher digits are the prefix found so far
-        prefix, _ = _prefix(counts_ptr, k, PASS)
-        mask = mask & ((key >> (shift + 8)) == prefix)
-    counts = tl.histogram((key >> shift) & 255, 256, mask=mask)
-    tl.atomic_add(counts_ptr + PASS * 256 + tl.arange(0, 256), counts, mask=counts > 0)
+    bound, _ = _kth_key(key, mask, rank)
+    tl.store(bound_ptr, bound)
 
 
-@triton.jit(do_not_specialize=["n", "k"])
-def _count_kernel(x_ptr, threshold_ptr, counts_ptr, above_ptr, equal_ptr, n, k, THRESHOLD: tl.constexpr,
-                  BLOCK: tl.constexpr):
+@triton.jit(do_not_specialize=["n"])
+def _candidates_kernel(x_ptr, threshold_ptr, bound_ptr, found_ptr, n, THRESHOLD: tl.constexpr, BLOCK: tl.constexpr):
+    """Each block's count of entries at or above the bound."""
+    pid = tl.program_id(0)
+    key, _, _ = _keys(x_ptr, threshold_ptr, pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK), n, THRESHOLD)
+    tl.store(found_ptr + pid, tl.sum((key >= tl.load(bound_ptr)).to(tl.int32)))
+
+
+@triton.jit(do_not_specialize=["n", "k", "capacity"])
+def _gather_kernel(x_ptr, threshold_ptr, bound_ptr, found_ptr, keys_ptr, index_ptr, n, k, capacity,
+                   THRESHOLD: tl.constexpr, BLOCK: tl.constexpr):
+    """The entries at or above the bound, keys and indices in index order at their block's offset (``found_ptr``
+    holds the blocks' inclusive scan), where there are from k to ``capacity`` of them."""
     pid = tl.program_id(0)
     offsets = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     key, _, _ = _keys(x_ptr, threshold_ptr, offsets, n, THRESHOLD)
+    total = tl.load(found_ptr + tl.num_programs(0) - 1).to(tl.int64)
+    candidate = key >= tl.load(bound_ptr)
+    slot = tl.load(found_ptr + pid - 1, mask=pid > 0, other=0).to(tl.int64) + tl.cumsum(candidate.to(tl.int64), 0) - 1
+    keep = candidate & (total >= k) & (total <= capacity)
+    tl.store(keys_ptr + slot, key, mask=keep)
+    tl.store(index_ptr + slot, offsets, mask=keep)
+
+
+@triton.jit(do_not_specialize=["n", "k", "capacity"])
+def _histogram_kernel(x_ptr, threshold_ptr, keys_ptr, index_ptr, gathered_ptr, counts_ptr, n, k, capacity,
+                      PASS: tl.constexpr, THRESHOLD: tl.constexpr, GATHERED: tl.constexpr, BLOCK: tl.constexpr):
+    """Pass PASS (0 to 3, from the top digit): the digit's histogram of the entries whose higher digits are the prefix
+    the earlier passes found, added into the pass's counters. Programs past the entries (of the candidates, where
+    they were gathered) do nothing."""
+    pid = tl.program_id(0)
+    offsets = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    key, _index, size = _entries(x_ptr, threshold_ptr, keys_ptr, index_ptr, gathered_ptr, offsets, n, k, capacity,
+                                 THRESHOLD, GATHERED)
+    if pid.to(tl.int64) * BLOCK < size:
+        shift: tl.constexpr = 24 - 8 * PASS
+        mask = key >= 0
+        if PASS > 0:  # only the entries whose higher digits are the prefix found so far
+            prefix, _ = _prefix(counts_ptr, k, PASS)
+            mask = mask & ((key >> (shift + 8)) == prefix)
+        counts = tl.histogram((key >> shift) & 255, 256, mask=mask)
+        tl.atomic_add(counts_ptr + PASS * 256 + tl.arange(0, 256), counts, mask=counts > 0)
+
+
+@triton.jit(do_not_specialize=["n", "k", "capacity"])
+def _count_kernel(x_ptr, threshold_ptr, keys_ptr, index_ptr, gathered_ptr, counts_ptr, n, k, capacity, above_ptr,
+                  equal_ptr, THRESHOLD: tl.constexpr, GATHERED: tl.constexpr, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    offsets = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    key, _, _ = _entries(x_ptr, threshold_ptr, keys_ptr, index_ptr, gathered_ptr, offsets, n, k, capacity,
+                         THRESHOLD, GATHERED)
     kth, _ = _prefix(counts_ptr, k, 4)
     tl.store(above_ptr + pid, tl.sum((key > kth).to(tl.int32)))
     tl.store(equal_ptr + pid, tl.sum((key == kth).to(tl.int32)))
 
 
-@triton.jit(do_not_specialize=["n", "k"])
-def _compact_kernel(x_ptr, threshold_ptr, counts_ptr, above_ptr, equal_ptr, values_ptr, indices_ptr, n, k,
-                    THRESHOLD: tl.constexpr, BLOCK: tl.constexpr):
+@triton.jit(do_not_specialize=["n", "k", "capacity"])
+def _compact_kernel(x_ptr, threshold_ptr, keys_ptr, index_ptr, gathered_ptr, counts_ptr, n, k, capacity, above_ptr,
+                    equal_ptr, values_ptr, indices_ptr, THRESHOLD: tl.constexpr, GATHERED: tl.constexpr,
+                    BLOCK: tl.constexpr):
     """Entries above the k-th key at their exclusive-scan offset (index order), then the first ``rank`` equal to it
     after all of those: ``above_ptr`` and ``equal_ptr`` hold each block's inclusive scan, the last element the total."""
     pid = tl.program_id(0)
     offsets = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    key, x, _ = _keys(x_ptr, threshold_ptr, offsets, n, THRESHOLD)
+    key, index, _ = _entries(x_ptr, threshold_ptr, keys_ptr, index_ptr, gathered_ptr, offsets, n, k, capacity,
+                             THRESHOLD, GATHERED)
     kth, wanted = _prefix(counts_ptr, k, 4)
     above_before = tl.load(above_ptr + pid - 1, mask=pid > 0, other=0).to(tl.int64)
     equal_before = tl.load(equal_ptr + pid - 1, mask=pid > 0, other=0).to(tl.int64)
@@ -106,9 +201,11 @@ def _compact_kernel(x_ptr, threshold_ptr, counts_ptr, above_ptr, equal_ptr, valu
     take_equal = is_equal & (rank_equal < wanted)
     slot = tl.where(is_above, slot_above, above_total + rank_equal)
     keep = is_above | take_equal
-    value = x if not THRESHOLD else tl.where(key > 0, x, 0.0)
+    value = tl.load(x_ptr + index, mask=keep, other=0.0)
+    if THRESHOLD:
+        value = tl.where(key > 0, value, 0.0)
     tl.store(values_ptr + slot, value.to(values_ptr.dtype.element_ty), mask=keep)
-    tl.store(indices_ptr + slot, offsets.to(indices_ptr.dtype.element_ty), mask=keep)
+    tl.store(indices_ptr + slot, index.to(indices_ptr.dtype.element_ty), mask=keep)
 
 
 @triton.jit(do_not_specialize=["n", "k"])
@@ -118,17 +215,9 @@ def _one_block_kernel(x_ptr, threshold_ptr, values_ptr, indices_ptr, n, k, THRES
     registers, then the compaction, as the kernels above do across blocks (the same entries, in the same order)."""
     offsets = tl.arange(0, BLOCK)
     key, x, mask = _keys(x_ptr, threshold_ptr, offsets, n, THRESHOLD)
-    prefix = tl.zeros([], dtype=tl.int32)
-    rank = k.to(tl.int64)
-    for i in tl.static_range(4):  # digits from the top: key bits 24-31, 16-23, 8-15, 0-7
-        selected = mask
-        if i > 0:
-            selected = mask & ((key >> (32 - 8 * i)) == prefix)
-        counts = tl.histogram((key >> (24 - 8 * i)) & 255, 256, mask=selected).to(tl.int64)
-        digit, rank = _next_digit(counts, rank)
-        prefix = (prefix << 8) | digit
-    is_above = key > prefix
-    is_equal = key == prefix
+    kth, rank = _kth_key(key, mask, k)
+    is_above = key > kth
+    is_equal = key == kth
     slot_above = tl.cumsum(is_above.to(tl.int64), axis=0) - 1
     rank_equal = tl.cumsum(is_equal.to(tl.int64), axis=0) - 1
     take_equal = is_equal & (rank_equal < rank)
@@ -145,7 +234,8 @@ def topk(x: torch.Tensor, k: int, index_dtype: torch.dtype = torch.int64,
     largest in index order, then the first of those equal to it. With ``threshold`` (a device scalar), entries not
     above it rank lowest and their values are 0. A tensor of at most one block's entries takes one launch; a larger
     one 6 of Triton (four digit passes, the counts, the compaction) and 2 of PyTorch (the counters' zeros, the
-    counts' scans)."""
+    counts' scans), and from :data:`_GATHER_MIN` entries, where k is small enough, 3 of Triton (the bound, the
+    candidates' counts and their gathering) and 1 of PyTorch (the counts' scan) more."""
     n = x.numel()
     if not 0 <= k <= n:
         raise ValueError(f"topk: k must be in [0, n] = [0, {n}], got {k}")
@@ -158,24 +248,70 @@ def topk(x: torch.Tensor, k: int, index_dtype: torch.dtype = torch.int64,
     if n <= _BLOCK:
         _one_block_kernel[(1,)](x, limit, values, indices, n, k, THRESHOLD=threshold is not None, BLOCK=_BLOCK)
         return values, indices
-    return _select_blocks(x, k, values, indices, threshold)
+    plan = _gathering(n, k) if n >= _GATHER_MIN else None
+    return _select_blocks(x, k, values, indices, threshold, _gather(x, k, threshold, plan) if plan else None)
+
+
+class _Gathered(NamedTuple):
+    """The candidates :func:`_gather` found: their keys and indices (int32, int64; the first ``found[-1]`` of
+    ``capacity`` are written where that count is in [k, capacity]) and the blocks' inclusive scan of their counts."""
+
+    keys: torch.Tensor
+    index: torch.Tensor
+    found: torch.Tensor
+    capacity: int
+
+
+def _gathering(n: int, k: int) -> tuple[int, int] | None:
+    """(rank, capacity) of the candidates' gathering for the top ``k`` of ``n`` entries, None where it would gather
+    more than an eighth of them. The bound is the sample's rank-th largest key: of its :data:`_SAMPLE` keys, s = k
+    _SAMPLE / n are expected among the top k, and rank = s + 4 sqrt(s) + 4 (a binomial's mean and 4 standard
+    deviations, and some), so that fewer than k entries reach the bound only in that far a tail. The capacity holds
+    the n rank / _SAMPLE entries expected at or above it, with the same margin."""
+    expected = _SAMPLE * k / n
+    rank = math.ceil(expected + 4 * math.sqrt(expected) + 4)
+    capacity = math.ceil(n * (rank + 4 * math.sqrt(rank) + 4) / _SAMPLE)
+    return (rank, capacity) if n >= _SAMPLE and capacity <= n // 8 else None
+
+
+def _gather(x: torch.Tensor, k: int, threshold: torch.Tensor | None, plan: tuple[int, int]) -> _Gathered:
+    """The entries of ``x`` at or above the bound that ``plan`` ((rank, capacity), from :func:`_gathering`) takes
+    from the sample: 3 launches of Triton (the bound, the counts, the gathering) and 1 of PyTorch (the scan)."""
+    n = x.numel()
+    rank, capacity = plan
+    blocks = triton.cdiv(n, _BLOCK)
+    bound = torch.empty(1, dtype=torch.int32, device=x.device)
+    limit = threshold if threshold is not None else bound  # (any pointer when there is no threshold)
+    _bound_kernel[(1,)](x, limit, bound, n, n // _SAMPLE, rank, THRESHOLD=threshold is not None, SAMPLE=_SAMPLE)
+    found = torch.empty(blocks, dtype=torch.int32, device=x.device)
+    _candidates_kernel[(blocks,)](x, limit, bound, found, n, THRESHOLD=threshold is not None, BLOCK=_BLOCK)
+    found.cumsum_(0)
+    keys = torch.empty(capacity, dtype=torch.int32, device=x.device)
+    index = torch.empty(capacity, dtype=torch.int64, device=x.device)
+    _gather_kernel[(blocks,)](x, limit, bound, found, keys, index, n, k, capacity, THRESHOLD=threshold is not None,
+                              BLOCK=_BLOCK)
+    return _Gathered(keys, index, found, capacity)
 
 
 def _select_blocks(x: torch.Tensor, k: int, values: torch.Tensor, indices: torch.Tensor,
-                   threshold: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`topk` across blocks, into ``values`` and ``indices``."""
+                   threshold: torch.Tensor | None, gathered: _Gathered | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`topk` across blocks, into ``values`` and ``indices``: over the ``gathered`` candidates where their count
+    is in [k, capacity], else over the whole of ``x``."""
     n = x.numel()
     blocks = triton.cdiv(n, _BLOCK)
     counts = torch.zeros(4, _DIGITS, dtype=torch.int32, device=x.device)  # each digit pass's counters
     limit = threshold if threshold is not None else counts  # (any pointer when there is no threshold)
+    if gathered is None:
+        source = (x, limit, counts, counts, counts, counts, n, k, 0)  # (any pointers for the candidates)
+    else:
+        source = (x, limit, gathered.keys, gathered.index, gathered.found[-1:], counts, n, k, gathered.capacity)
+    flags = {"THRESHOLD": threshold is not None, "GATHERED": gathered is not None, "BLOCK": _BLOCK}
     for digit_pass in range(4):
-        _histogram_kernel[(blocks,)](x, limit, counts, n, k, PASS=digit_pass, THRESHOLD=threshold is not None,
-                                     BLOCK=_BLOCK)
+        _histogram_kernel[(blocks,)](*source, PASS=digit_pass, **flags)
     above, equal = scans = torch.empty(2, blocks, dtype=torch.int32, device=x.device)  # per block, then scanned
-    _count_kernel[(blocks,)](x, limit, counts, above, equal, n, k, THRESHOLD=threshold is not None, BLOCK=_BLOCK)
+    _count_kernel[(blocks,)](*source, above, equal, **flags)
     scans.cumsum_(1)  # both inclusive scans in one launch
-    _compact_kernel[(blocks,)](x, limit, counts, above, equal, values, indices, n, k, THRESHOLD=threshold is not None,
-                               BLOCK=_BLOCK)
+    _compact_kernel[(blocks,)](*source, above, equal, values, indices, **flags)
     return values, indices
 
 
