@@ -320,9 +320,15 @@ def test_topk_over_gathered_candidates_equals_the_whole_tensor(case: str, monkey
             else:  # the whole tensor: all zeros, the first k taken
                 assert torch.equal(indices, torch.arange(k))
             assert not values.any()
-    monkeypatch.setattr(select, "_GATHER_MIN", n)  # topk gathers from n entries on
-    for expected, got in zip(select_with(x_dev, limit, None), select.topk(x_dev, k, threshold=limit), strict=True):
-        same(expected, got, f"{case}: topk")
+    monkeypatch.setattr(select, "_GATHER_MIN", n)  # topk gathers from n entries on, without a threshold
+    plans, gather = [], select._gather
+    monkeypatch.setattr(select, "_gather", lambda *args: plans.append(args[3]) or gather(*args))
+    x_dev, limit = on_device(x, torch.tensor([0.5]))
+    for threshold in (None, limit):
+        for expected, got in zip(select_with(x_dev, threshold, None), select.topk(x_dev, k, threshold=threshold),
+                                 strict=True):
+            same(expected, got, f"{case}: topk, threshold {threshold}")
+    assert plans == [select._gathering(n, k)], "topk gathers once: without the threshold"
 
 
 def test_threshold_fit_on_the_device_equals_the_cpu_fit(cpu: object) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,11 @@ from hvdcomp.tools.bench import timed
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "selection.jsonl"
 SIZES = (1 << 18, 1 << 20, 1 << 22, 1 << 24, 25_000_000)
+
+
+def _gathered(x: torch.Tensor, k: int, values: torch.Tensor, indices: torch.Tensor,
+              plan: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    return select._select_blocks(x, k, values, indices, None, select._gather(x, k, None, plan))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,12 +55,8 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             values, indices = torch.empty(k, device=device), torch.empty(k, dtype=torch.int64, device=device)
 
-            def whole(x: torch.Tensor = x, k: int = k) -> Any:
-                return select._select_blocks(x, k, values, indices, None, None)
-
-            def gathered(x: torch.Tensor = x, k: int = k, plan: tuple[int, int] = plan) -> Any:
-                return select._select_blocks(x, k, values, indices, None, select._gather(x, k, None, plan))
-
+            whole = partial(select._select_blocks, x, k, values, indices, None, None)
+            gathered = partial(_gathered, x, k, values, indices, plan)
             expected = [t.clone() for t in whole()]
             got = gathered()
             if not all(torch.equal(a, b) for a, b in zip(expected, got, strict=True)):

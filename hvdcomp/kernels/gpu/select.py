@@ -19,6 +19,8 @@ and one more gathers those (keys and indices, in index order, by the counts' sca
 Every entry of the top k is at or above the bound when at least k entries are, so the passes over the candidates
 select the same entries in the same order. Where the sample misled (fewer than k candidates, or more than the
 capacity), the kernels read the whole tensor instead: each decides so on the device from the candidates' count.
+Threshold's selection does not gather: it fills its k slots with entries not above its threshold when too few are
+above (key 0, lowest indices first), and those are anywhere in the tensor, so its candidates would be too few.
 
 With a ``threshold`` (a device scalar), entries whose magnitude is not above it take key 0: they are selected only to
 fill the k slots (lowest indices first), and their values are sent as 0.
@@ -234,8 +236,8 @@ def topk(x: torch.Tensor, k: int, index_dtype: torch.dtype = torch.int64,
     largest in index order, then the first of those equal to it. With ``threshold`` (a device scalar), entries not
     above it rank lowest and their values are 0. A tensor of at most one block's entries takes one launch; a larger
     one 6 of Triton (four digit passes, the counts, the compaction) and 2 of PyTorch (the counters' zeros, the
-    counts' scans), and from :data:`_GATHER_MIN` entries, where k is small enough, 3 of Triton (the bound, the
-    candidates' counts and their gathering) and 1 of PyTorch (the counts' scan) more."""
+    counts' scans), and from :data:`_GATHER_MIN` entries, where k is small enough and there is no threshold, 3 of
+    Triton (the bound, the candidates' counts and their gathering) and 1 of PyTorch (the counts' scan) more."""
     n = x.numel()
     if not 0 <= k <= n:
         raise ValueError(f"topk: k must be in [0, n] = [0, {n}], got {k}")
@@ -248,7 +250,7 @@ def topk(x: torch.Tensor, k: int, index_dtype: torch.dtype = torch.int64,
     if n <= _BLOCK:
         _one_block_kernel[(1,)](x, limit, values, indices, n, k, THRESHOLD=threshold is not None, BLOCK=_BLOCK)
         return values, indices
-    plan = _gathering(n, k) if n >= _GATHER_MIN else None
+    plan = _gathering(n, k) if n >= _GATHER_MIN and threshold is None else None
     return _select_blocks(x, k, values, indices, threshold, _gather(x, k, threshold, plan) if plan else None)
 
 
