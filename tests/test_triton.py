@@ -282,53 +282,61 @@ def test_topk_in_one_launch_equals_the_blocks(case: str) -> None:
                 same(expected.cpu(), got, f"n {n}, k {k}, threshold {threshold}")
 
 
-@pytest.mark.parametrize("case", ["gathered", "too many", "too few"])
-def test_topk_over_gathered_candidates_equals_the_whole_tensor(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Over the candidates gathered at the sample's bound, the selection takes the same entries in the same order as
-    over the whole tensor, with and without a threshold. Where the sample misleads (more candidates than the
-    capacity: ties; fewer than k: a bound from the sample's largest), it reads the whole tensor instead. The
-    candidates are checked against the bound computed here, and which the selection read by running it on zeros;
+#: (bound, case): the candidates at the sample's bound or above a threshold; from k to the capacity, more, fewer
+GATHERINGS = [(bound, case) for bound in ("sample", "threshold") for case in ("within", "more", "fewer")]
+
+
+@pytest.mark.parametrize(("bound", "case"), GATHERINGS)
+def test_topk_over_gathered_candidates_equals_the_whole_tensor(bound: str, case: str,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over the candidates gathered at the sample's bound, or above the threshold, the selection takes the same
+    entries in the same order as over the whole tensor. Where the sample misleads (more candidates than the capacity:
+    ties; fewer than k: a bound from the sample's largest), it reads the whole tensor instead; under a threshold with
+    fewer than k above it, it places the candidates and then the first entries not above it. The candidates are
+    checked against the bound computed here, and which way the selection went by running it on zeros;
     :func:`topk` gathers from ``_GATHER_MIN`` entries on."""
     from hvdcomp.kernels.gpu import select
 
     n, k = 20_000, 100
-    x = torch.randint(-3, 4, (n,)).float() if case == "too many" else gaussian(n, 7)
-    rank, capacity = select._gathering(n, k) or (0, 0)
-    assert capacity, "the plan gathers for this n and k"
-    if case == "too few":
-        rank = 1
-    sample = x.abs()[torch.arange(select._SAMPLE) * (n // select._SAMPLE)]
-    candidate = x.abs() >= sample.topk(rank).values[-1]
+    x = torch.randint(-3, 4, (n,)).float() if (bound, case) == ("sample", "more") else gaussian(n, 7)
+    threshold = {"within": 2.7, "more": 0.5, "fewer": 2.9}[case] if bound == "threshold" else None
+    plan = select._gathering(n, k, threshold is not None)
+    assert plan, "the plan gathers for this n and k"
+    rank, capacity = plan
+    if threshold is not None:
+        candidate = x.abs() > threshold
+    else:
+        rank = 1 if case == "fewer" else rank
+        sample = x.abs()[torch.arange(select._SAMPLE) * (n // select._SAMPLE)]
+        candidate = x.abs() >= sample.topk(rank).values[-1]
     total = int(candidate.sum())
-    assert {"gathered": k <= total <= capacity, "too many": total > capacity, "too few": total < k}[case], total
+    assert {"within": k <= total <= capacity, "more": total > capacity, "fewer": total < k}[case], total
+    x_dev, limit = on_device(x, torch.tensor([threshold])) if threshold is not None else (*on_device(x), None)
 
-    def select_with(data: torch.Tensor, limit: torch.Tensor | None, gathered: object) -> list[torch.Tensor]:
+    def select_with(data: torch.Tensor, gathered: object) -> list[torch.Tensor]:
         outputs = torch.empty(k, device=DEVICE), torch.empty(k, dtype=torch.int64, device=DEVICE)
         return [t.cpu() for t in select._select_blocks(data, k, *outputs, limit, gathered)]
 
-    for threshold in (None, torch.tensor([0.5])):
-        x_dev, limit = on_device(x, threshold) if threshold is not None else (*on_device(x), None)
-        gathered = select._gather(x_dev, k, limit, (rank, capacity))
-        for expected, got in zip(select_with(x_dev, limit, None), select_with(x_dev, limit, gathered), strict=True):
-            same(expected, got, f"{case}, threshold {threshold}")
-        if threshold is None:
-            assert int(gathered.found[-1]) == total
-            values, indices = select_with(torch.zeros_like(x_dev), None, gathered)
-            if case == "gathered":  # the candidates' keys and indices: the top k's indices whatever the values
-                assert torch.equal(gathered.index[:total].cpu(), candidate.nonzero().view(-1))
-                assert torch.equal(indices.sort().values, x.abs().topk(k).indices.sort().values)
-            else:  # the whole tensor: all zeros, the first k taken
-                assert torch.equal(indices, torch.arange(k))
-            assert not values.any()
-    monkeypatch.setattr(select, "_GATHER_MIN", n)  # topk gathers from n entries on, without a threshold
+    gathered = select._gather(x_dev, k, limit, (rank, capacity))
+    for expected, got in zip(select_with(x_dev, None), select_with(x_dev, gathered), strict=True):
+        same(expected, got, f"{bound}, {case}")
+    assert int(gathered.found[-1]) == total
+    if case != "more":
+        assert torch.equal(gathered.index[:total].cpu(), candidate.nonzero().view(-1))
+    values, indices = select_with(torch.zeros_like(x_dev), gathered)
+    if case == "within":  # the top k of the candidates, whatever x now holds
+        assert torch.equal(indices.sort().values, x.abs().topk(k).indices.sort().values)
+    elif case == "fewer" and threshold is not None:  # the candidates, then x's first entries not above it
+        assert torch.equal(indices, torch.cat([candidate.nonzero().view(-1), torch.arange(k - total)]))
+    else:  # the whole tensor: all zeros, the first k taken
+        assert torch.equal(indices, torch.arange(k))
+    assert not values.any()
+    monkeypatch.setattr(select, "_GATHER_MIN", n)  # topk gathers from n entries on
     plans, gather = [], select._gather
     monkeypatch.setattr(select, "_gather", lambda *args: plans.append(args[3]) or gather(*args))
-    x_dev, limit = on_device(x, torch.tensor([0.5]))
-    for threshold in (None, limit):
-        for expected, got in zip(select_with(x_dev, threshold, None), select.topk(x_dev, k, threshold=threshold),
-                                 strict=True):
-            same(expected, got, f"{case}: topk, threshold {threshold}")
-    assert plans == [select._gathering(n, k)], "topk gathers once: without the threshold"
+    for expected, got in zip(select_with(x_dev, None), select.topk(x_dev, k, threshold=limit), strict=True):
+        same(expected, got, f"{bound}, {case}: topk")
+    assert plans == [plan]
 
 
 def test_threshold_fit_on_the_device_equals_the_cpu_fit(cpu: object) -> None:

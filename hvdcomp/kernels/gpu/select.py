@@ -19,11 +19,12 @@ and one more gathers those (keys and indices, in index order, by the counts' sca
 Every entry of the top k is at or above the bound when at least k entries are, so the passes over the candidates
 select the same entries in the same order. Where the sample misled (fewer than k candidates, or more than the
 capacity), the kernels read the whole tensor instead: each decides so on the device from the candidates' count.
-Threshold's selection does not gather: it fills its k slots with entries not above its threshold when too few are
-above (key 0, lowest indices first), and those are anywhere in the tensor, so its candidates would be too few.
 
 With a ``threshold`` (a device scalar), entries whose magnitude is not above it take key 0: they are selected only to
-fill the k slots (lowest indices first), and their values are sent as 0.
+fill the k slots (lowest indices first), and their values are sent as 0. There the candidates are the entries above
+the threshold (no sample: threshold's fit is the estimate), at most 2k of them. Where fewer than k are, which is
+threshold's usual case, the digit passes have nothing to do: the compaction places the candidates, then the first
+entries not above the threshold, reading of x only the blocks that hold those (:func:`_fill`).
 """
 
 from __future__ import annotations
@@ -57,17 +58,21 @@ def _keys(x_ptr, threshold_ptr, offsets, n, THRESHOLD: tl.constexpr):
 
 
 @triton.jit
-def _entries(x_ptr, threshold_ptr, keys_ptr, index_ptr, gathered_ptr, offsets, n, k, capacity,
+def _entries(x_ptr, threshold_ptr, keys_ptr, index_ptr, found_ptr, offsets, n, k, capacity,
              THRESHOLD: tl.constexpr, GATHERED: tl.constexpr):
-    """The keys (-1 past the end) and indices of the selection's entries at ``offsets``, and how many there are:
-    with GATHERED, the candidates gathered into ``keys_ptr`` and ``index_ptr`` where their count (at
-    ``gathered_ptr``) is in [k, capacity], else x's."""
+    """The keys (-1 past the end) and indices of the selection's entries at ``offsets``, and how many there are.
+    With GATHERED, ``found_ptr`` holds the scan of the candidates' counts per block, and their count decides: from k
+    to ``capacity``, the candidates gathered into ``keys_ptr`` and ``index_ptr``; more, x's entries; fewer, x's
+    entries too, but under a THRESHOLD none (:func:`_fill` then places them all)."""
     if GATHERED:
-        total = tl.load(gathered_ptr).to(tl.int64)
-        fallback = (total < k) | (total > capacity)
-        size = tl.where(fallback, n, total)
-        x_key, _, _ = _keys(x_ptr, threshold_ptr, offsets, tl.where(fallback, n, 0), THRESHOLD)
-        gathered = offsets < tl.where(fallback, 0, total)
+        total = tl.load(found_ptr + tl.num_programs(0) - 1).to(tl.int64)
+        candidates = (total >= k) & (total <= capacity)
+        whole = total > capacity
+        if not THRESHOLD:
+            whole = whole | (total < k)
+        size = tl.where(whole, n, tl.where(candidates, total, 0))
+        x_key, _, _ = _keys(x_ptr, threshold_ptr, offsets, tl.where(whole, n, 0), THRESHOLD)
+        gathered = offsets < tl.where(candidates, total, 0)
         key = tl.where(gathered, tl.load(keys_ptr + offsets, mask=gathered, other=0), x_key)
         index = tl.where(gathered, tl.load(index_ptr + offsets, mask=gathered, other=0), offsets)
     else:
@@ -75,6 +80,31 @@ def _entries(x_ptr, threshold_ptr, keys_ptr, index_ptr, gathered_ptr, offsets, n
         index = offsets
         size = n
     return key, index, size
+
+
+@triton.jit
+def _fill(x_ptr, threshold_ptr, index_ptr, found_ptr, values_ptr, indices_ptr, n, k, BLOCK: tl.constexpr):
+    """Threshold's selection where fewer than k entries are above it, all of them gathered: program p places the
+    p-th block of the candidates (in index order, from slot 0) and, after them, those of x's p-th block that are
+    among the first k - (candidates) entries not above the threshold, with the value 0; programs past those read
+    nothing of x. The same entries in the same order as the selection over x, where the k-th key is 0."""
+    pid = tl.program_id(0)
+    offsets = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    total = tl.load(found_ptr + tl.num_programs(0) - 1).to(tl.int64)
+    placed = (offsets < total) & (total < k)
+    index = tl.load(index_ptr + offsets, mask=placed, other=0)
+    value = tl.load(x_ptr + index, mask=placed, other=0.0)
+    tl.store(values_ptr + offsets, value.to(values_ptr.dtype.element_ty), mask=placed)
+    tl.store(indices_ptr + offsets, index.to(indices_ptr.dtype.element_ty), mask=placed)
+    above_before = tl.load(found_ptr + pid - 1, mask=pid > 0, other=0).to(tl.int64)
+    below_before = pid.to(tl.int64) * BLOCK - above_before  # entries not above the threshold in earlier blocks
+    if below_before < k - total:
+        key, _, _ = _keys(x_ptr, threshold_ptr, offsets, n, True)
+        below = key == 0
+        rank = below_before + tl.cumsum(below.to(tl.int64), axis=0) - 1
+        take = below & (rank < k - total)
+        tl.store(values_ptr + total + rank, tl.zeros([BLOCK], dtype=values_ptr.dtype.element_ty), mask=take)
+        tl.store(indices_ptr + total + rank, offsets.to(indices_ptr.dtype.element_ty), mask=take)
 
 
 @triton.jit
@@ -118,10 +148,10 @@ def _kth_key(key, mask, k):
 
 
 @triton.jit(do_not_specialize=["n", "stride", "rank"])
-def _bound_kernel(x_ptr, threshold_ptr, bound_ptr, n, stride, rank, THRESHOLD: tl.constexpr, SAMPLE: tl.constexpr):
+def _bound_kernel(x_ptr, bound_ptr, n, stride, rank, SAMPLE: tl.constexpr):
     """One program: the ``rank``-th largest key of the entries at multiples of ``stride``, the gathering's bound."""
     offsets = tl.arange(0, SAMPLE).to(tl.int64) * stride
-    key, _, mask = _keys(x_ptr, threshold_ptr, offsets, n, THRESHOLD)
+    key, _, mask = _keys(x_ptr, x_ptr, offsets, n, False)
     bound, _ = _kth_key(key, mask, rank)
     tl.store(bound_ptr, bound)
 
@@ -138,27 +168,27 @@ def _candidates_kernel(x_ptr, threshold_ptr, bound_ptr, found_ptr, n, THRESHOLD:
 def _gather_kernel(x_ptr, threshold_ptr, bound_ptr, found_ptr, keys_ptr, index_ptr, n, k, capacity,
                    THRESHOLD: tl.constexpr, BLOCK: tl.constexpr):
     """The entries at or above the bound, keys and indices in index order at their block's offset (``found_ptr``
-    holds the blocks' inclusive scan), where there are from k to ``capacity`` of them."""
+    holds the blocks' inclusive scan), where there are at most ``capacity`` of them."""
     pid = tl.program_id(0)
     offsets = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     key, _, _ = _keys(x_ptr, threshold_ptr, offsets, n, THRESHOLD)
     total = tl.load(found_ptr + tl.num_programs(0) - 1).to(tl.int64)
     candidate = key >= tl.load(bound_ptr)
     slot = tl.load(found_ptr + pid - 1, mask=pid > 0, other=0).to(tl.int64) + tl.cumsum(candidate.to(tl.int64), 0) - 1
-    keep = candidate & (total >= k) & (total <= capacity)
+    keep = candidate & (total <= capacity)
     tl.store(keys_ptr + slot, key, mask=keep)
     tl.store(index_ptr + slot, offsets, mask=keep)
 
 
 @triton.jit(do_not_specialize=["n", "k", "capacity"])
-def _histogram_kernel(x_ptr, threshold_ptr, keys_ptr, index_ptr, gathered_ptr, counts_ptr, n, k, capacity,
+def _histogram_kernel(x_ptr, threshold_ptr, keys_ptr, index_ptr, found_ptr, counts_ptr, n, k, capacity,
                       PASS: tl.constexpr, THRESHOLD: tl.constexpr, GATHERED: tl.constexpr, BLOCK: tl.constexpr):
     """Pass PASS (0 to 3, from the top digit): the digit's histogram of the entries whose higher digits are the prefix
     the earlier passes found, added into the pass's counters. Programs past the entries (of the candidates, where
     they were gathered) do nothing."""
     pid = tl.program_id(0)
     offsets = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    key, _index, size = _entries(x_ptr, threshold_ptr, keys_ptr, index_ptr, gathered_ptr, offsets, n, k, capacity,
+    key, _index, size = _entries(x_ptr, threshold_ptr, keys_ptr, index_ptr, found_ptr, offsets, n, k, capacity,
                                  THRESHOLD, GATHERED)
     if pid.to(tl.int64) * BLOCK < size:
         shift: tl.constexpr = 24 - 8 * PASS
@@ -171,33 +201,33 @@ def _histogram_kernel(x_ptr, threshold_ptr, keys_ptr, index_ptr, gathered_ptr, c
 
 
 @triton.jit(do_not_specialize=["n", "k", "capacity"])
-def _count_kernel(x_ptr, threshold_ptr, keys_ptr, index_ptr, gathered_ptr, counts_ptr, n, k, capacity, above_ptr,
+def _count_kernel(x_ptr, threshold_ptr, keys_ptr, index_ptr, found_ptr, counts_ptr, n, k, capacity, above_ptr,
                   equal_ptr, THRESHOLD: tl.constexpr, GATHERED: tl.constexpr, BLOCK: tl.constexpr):
     pid = tl.program_id(0)
     offsets = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    key, _, _ = _entries(x_ptr, threshold_ptr, keys_ptr, index_ptr, gathered_ptr, offsets, n, k, capacity,
+    key, _, _ = _entries(x_ptr, threshold_ptr, keys_ptr, index_ptr, found_ptr, offsets, n, k, capacity,
                          THRESHOLD, GATHERED)
     kth, _ = _prefix(counts_ptr, k, 4)
     tl.store(above_ptr + pid, tl.sum((key > kth).to(tl.int32)))
-    tl.store(equal_ptr + pid, tl.sum((key == kth).to(tl.int32)))
+    tl.store(equal_ptr + pid, tl.sum(((key == kth) & (key >= 0)).to(tl.int32)))
 
 
 @triton.jit(do_not_specialize=["n", "k", "capacity"])
-def _compact_kernel(x_ptr, threshold_ptr, keys_ptr, index_ptr, gathered_ptr, counts_ptr, n, k, capacity, above_ptr,
+def _compact_kernel(x_ptr, threshold_ptr, keys_ptr, index_ptr, found_ptr, counts_ptr, n, k, capacity, above_ptr,
                     equal_ptr, values_ptr, indices_ptr, THRESHOLD: tl.constexpr, GATHERED: tl.constexpr,
                     BLOCK: tl.constexpr):
     """Entries above the k-th key at their exclusive-scan offset (index order), then the first ``rank`` equal to it
     after all of those: ``above_ptr`` and ``equal_ptr`` hold each block's inclusive scan, the last element the total."""
     pid = tl.program_id(0)
     offsets = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    key, index, _ = _entries(x_ptr, threshold_ptr, keys_ptr, index_ptr, gathered_ptr, offsets, n, k, capacity,
+    key, index, _ = _entries(x_ptr, threshold_ptr, keys_ptr, index_ptr, found_ptr, offsets, n, k, capacity,
                              THRESHOLD, GATHERED)
     kth, wanted = _prefix(counts_ptr, k, 4)
     above_before = tl.load(above_ptr + pid - 1, mask=pid > 0, other=0).to(tl.int64)
     equal_before = tl.load(equal_ptr + pid - 1, mask=pid > 0, other=0).to(tl.int64)
     above_total = tl.load(above_ptr + tl.num_programs(0) - 1).to(tl.int64)
     is_above = key > kth
-    is_equal = key == kth
+    is_equal = (key == kth) & (key >= 0)  # (with no entries, as in _fill's case, kth is -1)
     slot_above = above_before + tl.cumsum(is_above.to(tl.int64), axis=0) - 1
     rank_equal = equal_before + tl.cumsum(is_equal.to(tl.int64), axis=0) - 1
     take_equal = is_equal & (rank_equal < wanted)
@@ -208,6 +238,8 @@ def _compact_kernel(x_ptr, threshold_ptr, keys_ptr, index_ptr, gathered_ptr, cou
         value = tl.where(key > 0, value, 0.0)
     tl.store(values_ptr + slot, value.to(values_ptr.dtype.element_ty), mask=keep)
     tl.store(indices_ptr + slot, index.to(indices_ptr.dtype.element_ty), mask=keep)
+    if GATHERED and THRESHOLD:  # where fewer than k are above the threshold (and the above placed nothing)
+        _fill(x_ptr, threshold_ptr, index_ptr, found_ptr, values_ptr, indices_ptr, n, k, BLOCK)
 
 
 @triton.jit(do_not_specialize=["n", "k"])
@@ -236,8 +268,8 @@ def topk(x: torch.Tensor, k: int, index_dtype: torch.dtype = torch.int64,
     largest in index order, then the first of those equal to it. With ``threshold`` (a device scalar), entries not
     above it rank lowest and their values are 0. A tensor of at most one block's entries takes one launch; a larger
     one 6 of Triton (four digit passes, the counts, the compaction) and 2 of PyTorch (the counters' zeros, the
-    counts' scans), and from :data:`_GATHER_MIN` entries, where k is small enough and there is no threshold, 3 of
-    Triton (the bound, the candidates' counts and their gathering) and 1 of PyTorch (the counts' scan) more."""
+    counts' scans), and from :data:`_GATHER_MIN` entries, where k is small enough, 3 of Triton (the bound, the
+    candidates' counts and their gathering) and 1 of PyTorch (the counts' scan) more."""
     n = x.numel()
     if not 0 <= k <= n:
         raise ValueError(f"topk: k must be in [0, n] = [0, {n}], got {k}")
@@ -250,13 +282,14 @@ def topk(x: torch.Tensor, k: int, index_dtype: torch.dtype = torch.int64,
     if n <= _BLOCK:
         _one_block_kernel[(1,)](x, limit, values, indices, n, k, THRESHOLD=threshold is not None, BLOCK=_BLOCK)
         return values, indices
-    plan = _gathering(n, k) if n >= _GATHER_MIN and threshold is None else None
+    plan = _gathering(n, k, threshold is not None) if n >= _GATHER_MIN else None
     return _select_blocks(x, k, values, indices, threshold, _gather(x, k, threshold, plan) if plan else None)
 
 
 class _Gathered(NamedTuple):
     """The candidates :func:`_gather` found: their keys and indices (int32, int64; the first ``found[-1]`` of
-    ``capacity`` are written where that count is in [k, capacity]) and the blocks' inclusive scan of their counts."""
+    ``capacity`` are written where that count is at most ``capacity``) and the blocks' inclusive scan of their
+    counts."""
 
     keys: torch.Tensor
     index: torch.Tensor
@@ -264,27 +297,35 @@ class _Gathered(NamedTuple):
     capacity: int
 
 
-def _gathering(n: int, k: int) -> tuple[int, int] | None:
+def _gathering(n: int, k: int, threshold: bool = False) -> tuple[int, int] | None:
     """(rank, capacity) of the candidates' gathering for the top ``k`` of ``n`` entries, None where it would gather
     more than an eighth of them. The bound is the sample's rank-th largest key: of its :data:`_SAMPLE` keys, s = k
     _SAMPLE / n are expected among the top k, and rank = s + 4 sqrt(s) + 4 (a binomial's mean and 4 standard
     deviations, and some), so that fewer than k entries reach the bound only in that far a tail. The capacity holds
-    the n rank / _SAMPLE entries expected at or above it, with the same margin."""
-    expected = _SAMPLE * k / n
-    rank = math.ceil(expected + 4 * math.sqrt(expected) + 4)
-    capacity = math.ceil(n * (rank + 4 * math.sqrt(rank) + 4) / _SAMPLE)
+    the n rank / _SAMPLE entries expected at or above it, with the same margin. With a ``threshold`` the candidates
+    are the entries above it (rank 0: no sample), 2k of them at most: threshold's fit aims below k."""
+    if threshold:
+        rank, capacity = 0, 2 * k
+    else:
+        expected = _SAMPLE * k / n
+        rank = math.ceil(expected + 4 * math.sqrt(expected) + 4)
+        capacity = math.ceil(n * (rank + 4 * math.sqrt(rank) + 4) / _SAMPLE)
     return (rank, capacity) if n >= _SAMPLE and capacity <= n // 8 else None
 
 
 def _gather(x: torch.Tensor, k: int, threshold: torch.Tensor | None, plan: tuple[int, int]) -> _Gathered:
     """The entries of ``x`` at or above the bound that ``plan`` ((rank, capacity), from :func:`_gathering`) takes
-    from the sample: 3 launches of Triton (the bound, the counts, the gathering) and 1 of PyTorch (the scan)."""
+    from the sample, or above the ``threshold``: 3 launches of Triton (the bound, the counts, the gathering; the bound
+    a fill of PyTorch under a threshold) and 1 of PyTorch (the scan)."""
     n = x.numel()
     rank, capacity = plan
     blocks = triton.cdiv(n, _BLOCK)
-    bound = torch.empty(1, dtype=torch.int32, device=x.device)
+    if threshold is not None:  # keys of at least 1: the entries above the threshold
+        bound = torch.ones(1, dtype=torch.int32, device=x.device)
+    else:
+        bound = torch.empty(1, dtype=torch.int32, device=x.device)
+        _bound_kernel[(1,)](x, bound, n, n // _SAMPLE, rank, SAMPLE=_SAMPLE)
     limit = threshold if threshold is not None else bound  # (any pointer when there is no threshold)
-    _bound_kernel[(1,)](x, limit, bound, n, n // _SAMPLE, rank, THRESHOLD=threshold is not None, SAMPLE=_SAMPLE)
     found = torch.empty(blocks, dtype=torch.int32, device=x.device)
     _candidates_kernel[(blocks,)](x, limit, bound, found, n, THRESHOLD=threshold is not None, BLOCK=_BLOCK)
     found.cumsum_(0)
@@ -306,7 +347,7 @@ def _select_blocks(x: torch.Tensor, k: int, values: torch.Tensor, indices: torch
     if gathered is None:
         source = (x, limit, counts, counts, counts, counts, n, k, 0)  # (any pointers for the candidates)
     else:
-        source = (x, limit, gathered.keys, gathered.index, gathered.found[-1:], counts, n, k, gathered.capacity)
+        source = (x, limit, gathered.keys, gathered.index, gathered.found, counts, n, k, gathered.capacity)
     flags = {"THRESHOLD": threshold is not None, "GATHERED": gathered is not None, "BLOCK": _BLOCK}
     for digit_pass in range(4):
         _histogram_kernel[(blocks,)](*source, PASS=digit_pass, **flags)
