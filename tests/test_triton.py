@@ -318,7 +318,8 @@ def test_topk_over_gathered_candidates_equals_the_whole_tensor(bound: str, case:
         return [t.cpu() for t in select._select_blocks(data, k, *outputs, limit, gathered)]
 
     gathered = select._gather(x_dev, k, limit, (rank, capacity))
-    for expected, got in zip(select_with(x_dev, None), select_with(x_dev, gathered), strict=True):
+    whole = select_with(x_dev, None)
+    for expected, got in zip(whole, select_with(x_dev, gathered), strict=True):
         same(expected, got, f"{bound}, {case}")
     assert int(gathered.found[-1]) == total
     if case != "more":
@@ -334,7 +335,7 @@ def test_topk_over_gathered_candidates_equals_the_whole_tensor(bound: str, case:
     monkeypatch.setattr(select, "_GATHER_MIN", n)  # topk gathers from n entries on
     plans, gather = [], select._gather
     monkeypatch.setattr(select, "_gather", lambda *args: plans.append(args[3]) or gather(*args))
-    for expected, got in zip(select_with(x_dev, None), select.topk(x_dev, k, threshold=limit), strict=True):
+    for expected, got in zip(whole, select.topk(x_dev, k, threshold=limit), strict=True):
         same(expected, got, f"{bound}, {case}: topk")
     assert plans == [plan]
 
