@@ -282,36 +282,53 @@ def test_topk_in_one_launch_equals_the_blocks(case: str) -> None:
                 same(expected.cpu(), got, f"n {n}, k {k}, threshold {threshold}")
 
 
-#: (bound, case): the candidates at the sample's bound or above a threshold; from k to the capacity, more, fewer
-GATHERINGS = [(bound, case) for bound in ("sample", "threshold") for case in ("within", "more", "fewer")]
+#: the gatherings tested: (the bound: the sample's or a threshold (its value), k, the plan if not topk's, the case:
+#: candidates from k to the capacity, more, fewer)
+GATHERINGS = {
+    "sample": ("sample", 100, None, "within"),
+    "sample, 2 blocks of candidates": ("sample", 4500, (1024, 10_000), "within"),
+    "sample, ties": ("sample", 100, None, "more"),
+    "sample's largest": ("sample", 100, "rank 1", "fewer"),
+    "threshold": (2.7, 100, None, "within"),
+    "threshold, exactly k above": ("k-th", 100, None, "within"),
+    "threshold, low": (0.5, 100, None, "more"),
+    "threshold, high": (2.9, 100, None, "fewer"),
+    "threshold, high, filled over 2 blocks": (2.9, 5000, (0, 10_000), "fewer"),
+}
 
 
-@pytest.mark.parametrize(("bound", "case"), GATHERINGS)
-def test_topk_over_gathered_candidates_equals_the_whole_tensor(bound: str, case: str,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("name", GATHERINGS)
+def test_topk_over_gathered_candidates_equals_the_whole_tensor(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Over the candidates gathered at the sample's bound, or above the threshold, the selection takes the same
     entries in the same order as over the whole tensor. Where the sample misleads (more candidates than the capacity:
     ties; fewer than k: a bound from the sample's largest), it reads the whole tensor instead; under a threshold with
     fewer than k above it, it places the candidates and then the first entries not above it. The candidates are
-    checked against the bound computed here, and which way the selection went by running it on zeros;
-    :func:`topk` gathers from ``_GATHER_MIN`` entries on."""
+    checked against the bound computed here, and which way the selection went by running it on zeros (or, where it
+    fills, on the candidates reversed); :func:`topk` gathers from ``_GATHER_MIN`` entries on, where its plan does."""
     from hvdcomp.kernels.gpu import select
 
-    n, k = 20_000, 100
-    x = torch.randint(-3, 4, (n,)).float() if (bound, case) == ("sample", "more") else gaussian(n, 7)
-    threshold = {"within": 2.7, "more": 0.5, "fewer": 2.9}[case] if bound == "threshold" else None
-    plan = select._gathering(n, k, threshold is not None)
-    assert plan, "the plan gathers for this n and k"
-    rank, capacity = plan
+    bound, k, plan, case = GATHERINGS[name]
+    n = 20_000
+    x = torch.randint(-3, 4, (n,)).float() if name == "sample, ties" else gaussian(n, 7)
+    threshold = None
+    if bound == "k-th":  # halfway between the k-th and the next magnitude
+        magnitudes = x.abs().sort(descending=True).values
+        threshold = (magnitudes[k - 1:k] + magnitudes[k:k + 1]) / 2
+    elif bound != "sample":
+        threshold = torch.tensor([bound])
+    default = select._gathering(n, k, threshold is not None)
+    rank, capacity = default if plan is None or plan == "rank 1" else plan
     if threshold is not None:
         candidate = x.abs() > threshold
     else:
-        rank = 1 if case == "fewer" else rank
-        sample = x.abs()[torch.arange(select._SAMPLE) * (n // select._SAMPLE)]
+        rank = 1 if plan == "rank 1" else rank
+        i = torch.arange(select._SAMPLE)
+        stride = n // select._SAMPLE
+        sample = x.abs()[i * stride + (i * 2654435761) % stride]
         candidate = x.abs() >= sample.topk(rank).values[-1]
     total = int(candidate.sum())
     assert {"within": k <= total <= capacity, "more": total > capacity, "fewer": total < k}[case], total
-    x_dev, limit = on_device(x, torch.tensor([threshold])) if threshold is not None else (*on_device(x), None)
+    x_dev, limit = on_device(x, threshold) if threshold is not None else (*on_device(x), None)
 
     def select_with(data: torch.Tensor, gathered: object) -> list[torch.Tensor]:
         outputs = torch.empty(k, device=DEVICE), torch.empty(k, dtype=torch.int64, device=DEVICE)
@@ -320,24 +337,28 @@ def test_topk_over_gathered_candidates_equals_the_whole_tensor(bound: str, case:
     gathered = select._gather(x_dev, k, limit, (rank, capacity))
     whole = select_with(x_dev, None)
     for expected, got in zip(whole, select_with(x_dev, gathered), strict=True):
-        same(expected, got, f"{bound}, {case}")
+        same(expected, got, name)
     assert int(gathered.found[-1]) == total
     if case != "more":
         assert torch.equal(gathered.index[:total].cpu(), candidate.nonzero().view(-1))
-    values, indices = select_with(torch.zeros_like(x_dev), gathered)
-    if case == "within":  # the top k of the candidates, whatever x now holds
-        assert torch.equal(indices.sort().values, x.abs().topk(k).indices.sort().values)
-    elif case == "fewer" and threshold is not None:  # the candidates, then x's first entries not above it
-        assert torch.equal(indices, torch.cat([candidate.nonzero().view(-1), torch.arange(k - total)]))
-    else:  # the whole tensor: all zeros, the first k taken
-        assert torch.equal(indices, torch.arange(k))
-    assert not values.any()
+    if case == "fewer" and threshold is not None:  # the candidates as gathered (here reversed), then x's first
+        gathered.index[:total] = gathered.index[:total].flip(0)  # entries not above the threshold
+        values, indices = select_with(x_dev, gathered)
+        order = torch.cat([candidate.nonzero().view(-1).flip(0), (~candidate).nonzero().view(-1)[:k - total]])
+        assert torch.equal(indices, order) and torch.equal(values, torch.where(candidate, x, 0)[order])
+    else:
+        values, indices = select_with(torch.zeros_like(x_dev), gathered)
+        if case == "within":  # the top k of the candidates, whatever x now holds
+            assert torch.equal(indices.sort().values, x.abs().topk(k).indices.sort().values)
+        else:  # the whole tensor: all zeros, the first k taken
+            assert torch.equal(indices, torch.arange(k))
+        assert not values.any()
     monkeypatch.setattr(select, "_GATHER_MIN", n)  # topk gathers from n entries on
     plans, gather = [], select._gather
     monkeypatch.setattr(select, "_gather", lambda *args: plans.append(args[3]) or gather(*args))
     for expected, got in zip(whole, select.topk(x_dev, k, threshold=limit), strict=True):
-        same(expected, got, f"{bound}, {case}: topk")
-    assert plans == [plan]
+        same(expected, got, f"{name}: topk")
+    assert plans == ([default] if default else [])
 
 
 def test_threshold_fit_on_the_device_equals_the_cpu_fit(cpu: object) -> None:

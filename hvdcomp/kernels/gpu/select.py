@@ -13,12 +13,13 @@ each block's entries at its offset. Every step's result lives on the device: the
 construction, so nothing waits for the host.
 
 On a large tensor with a small k the digit passes run over candidates, not over the whole tensor, as DGC's paper
-samples to estimate its threshold: one program takes a bound from a strided sample of the keys (a rank a few standard
-deviations past where the top k's share of the sample falls), one pass counts per block the entries at or above it,
-and one more gathers those (keys and indices, in index order, by the counts' scan) into a buffer of fixed capacity.
-Every entry of the top k is at or above the bound when at least k entries are, so the passes over the candidates
-select the same entries in the same order. Where the sample misled (fewer than k candidates, or more than the
-capacity), the kernels read the whole tensor instead: each decides so on the device from the candidates' count.
+samples to estimate its threshold: one program takes a bound from a sample of the keys, one in each stretch of
+n / _SAMPLE entries (a rank a few standard deviations past where the top k's share of the sample falls), one pass
+counts per block the entries at or above it, and one more gathers those (keys and indices, in index order, by the
+counts' scan) into a buffer of fixed capacity. Every entry of the top k is at or above the bound when at least k
+entries are, so the passes over the candidates select the same entries in the same order. Where the sample misled
+(fewer than k candidates, or more than the capacity), the kernels read the whole tensor instead: each decides so on
+the device from the candidates' count, and programs past the candidates do nothing.
 
 With a ``threshold`` (a device scalar), entries whose magnitude is not above it take key 0: they are selected only to
 fill the k slots (lowest indices first), and their values are sent as 0. There the candidates are the entries above
@@ -38,7 +39,7 @@ import triton.language as tl
 
 _BLOCK = 4096
 _DIGITS = 256
-#: the keys the gathering's bound is taken from: a strided sample, one program's block
+#: the keys the gathering's bound is taken from, one in each stretch of n / _SAMPLE entries: one program's block
 _SAMPLE = 4096
 #: tensors of at least this many entries (16 MiB of float32) gather candidates first: there a pass over the tensor
 #: takes longer than the 4 launches the gathering adds (a guess from the HBM's 3 TB/s and a launch's few
@@ -149,8 +150,11 @@ def _kth_key(key, mask, k):
 
 @triton.jit(do_not_specialize=["n", "stride", "rank"])
 def _bound_kernel(x_ptr, bound_ptr, n, stride, rank, SAMPLE: tl.constexpr):
-    """One program: the ``rank``-th largest key of the entries at multiples of ``stride``, the gathering's bound."""
-    offsets = tl.arange(0, SAMPLE).to(tl.int64) * stride
+    """One program: the ``rank``-th largest key of SAMPLE entries, the gathering's bound. Entry i of the sample lies
+    in the i-th stretch of ``stride`` entries, at a position in it that a multiplicative hash of i picks: at a fixed
+    position it would meet the same columns of every row of a matrix whose rows' length divides ``stride``."""
+    i = tl.arange(0, SAMPLE).to(tl.int64)
+    offsets = i * stride + (i * 2654435761) % stride
     key, _, mask = _keys(x_ptr, x_ptr, offsets, n, False)
     bound, _ = _kth_key(key, mask, rank)
     tl.store(bound_ptr, bound)
@@ -164,8 +168,8 @@ def _candidates_kernel(x_ptr, threshold_ptr, bound_ptr, found_ptr, n, THRESHOLD:
     tl.store(found_ptr + pid, tl.sum((key >= tl.load(bound_ptr)).to(tl.int32)))
 
 
-@triton.jit(do_not_specialize=["n", "k", "capacity"])
-def _gather_kernel(x_ptr, threshold_ptr, bound_ptr, found_ptr, keys_ptr, index_ptr, n, k, capacity,
+@triton.jit(do_not_specialize=["n", "capacity"])
+def _gather_kernel(x_ptr, threshold_ptr, bound_ptr, found_ptr, keys_ptr, index_ptr, n, capacity,
                    THRESHOLD: tl.constexpr, BLOCK: tl.constexpr):
     """The entries at or above the bound, keys and indices in index order at their block's offset (``found_ptr``
     holds the blocks' inclusive scan), where there are at most ``capacity`` of them."""
@@ -205,11 +209,15 @@ def _count_kernel(x_ptr, threshold_ptr, keys_ptr, index_ptr, found_ptr, counts_p
                   equal_ptr, THRESHOLD: tl.constexpr, GATHERED: tl.constexpr, BLOCK: tl.constexpr):
     pid = tl.program_id(0)
     offsets = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    key, _, _ = _entries(x_ptr, threshold_ptr, keys_ptr, index_ptr, found_ptr, offsets, n, k, capacity,
-                         THRESHOLD, GATHERED)
-    kth, _ = _prefix(counts_ptr, k, 4)
-    tl.store(above_ptr + pid, tl.sum((key > kth).to(tl.int32)))
-    tl.store(equal_ptr + pid, tl.sum(((key == kth) & (key >= 0)).to(tl.int32)))
+    key, _, size = _entries(x_ptr, threshold_ptr, keys_ptr, index_ptr, found_ptr, offsets, n, k, capacity,
+                            THRESHOLD, GATHERED)
+    if pid.to(tl.int64) * BLOCK < size:
+        kth = _prefix(counts_ptr, k, 4)[0]
+        tl.store(above_ptr + pid, tl.sum((key > kth).to(tl.int32)))
+        tl.store(equal_ptr + pid, tl.sum((key == kth).to(tl.int32)))
+    else:  # past the entries (of the candidates, where they were gathered)
+        tl.store(above_ptr + pid, 0)
+        tl.store(equal_ptr + pid, 0)
 
 
 @triton.jit(do_not_specialize=["n", "k", "capacity"])
@@ -217,28 +225,30 @@ def _compact_kernel(x_ptr, threshold_ptr, keys_ptr, index_ptr, found_ptr, counts
                     equal_ptr, values_ptr, indices_ptr, THRESHOLD: tl.constexpr, GATHERED: tl.constexpr,
                     BLOCK: tl.constexpr):
     """Entries above the k-th key at their exclusive-scan offset (index order), then the first ``rank`` equal to it
-    after all of those: ``above_ptr`` and ``equal_ptr`` hold each block's inclusive scan, the last element the total."""
+    after all of those: ``above_ptr`` and ``equal_ptr`` hold each block's inclusive scan, the last element the total.
+    Programs past the entries place nothing (but :func:`_fill`'s)."""
     pid = tl.program_id(0)
     offsets = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    key, index, _ = _entries(x_ptr, threshold_ptr, keys_ptr, index_ptr, found_ptr, offsets, n, k, capacity,
-                             THRESHOLD, GATHERED)
-    kth, wanted = _prefix(counts_ptr, k, 4)
-    above_before = tl.load(above_ptr + pid - 1, mask=pid > 0, other=0).to(tl.int64)
-    equal_before = tl.load(equal_ptr + pid - 1, mask=pid > 0, other=0).to(tl.int64)
-    above_total = tl.load(above_ptr + tl.num_programs(0) - 1).to(tl.int64)
-    is_above = key > kth
-    is_equal = (key == kth) & (key >= 0)  # (with no entries, as in _fill's case, kth is -1)
-    slot_above = above_before + tl.cumsum(is_above.to(tl.int64), axis=0) - 1
-    rank_equal = equal_before + tl.cumsum(is_equal.to(tl.int64), axis=0) - 1
-    take_equal = is_equal & (rank_equal < wanted)
-    slot = tl.where(is_above, slot_above, above_total + rank_equal)
-    keep = is_above | take_equal
-    value = tl.load(x_ptr + index, mask=keep, other=0.0)
-    if THRESHOLD:
-        value = tl.where(key > 0, value, 0.0)
-    tl.store(values_ptr + slot, value.to(values_ptr.dtype.element_ty), mask=keep)
-    tl.store(indices_ptr + slot, index.to(indices_ptr.dtype.element_ty), mask=keep)
-    if GATHERED and THRESHOLD:  # where fewer than k are above the threshold (and the above placed nothing)
+    key, index, size = _entries(x_ptr, threshold_ptr, keys_ptr, index_ptr, found_ptr, offsets, n, k, capacity,
+                                THRESHOLD, GATHERED)
+    if pid.to(tl.int64) * BLOCK < size:
+        kth, wanted = _prefix(counts_ptr, k, 4)
+        above_before = tl.load(above_ptr + pid - 1, mask=pid > 0, other=0).to(tl.int64)
+        equal_before = tl.load(equal_ptr + pid - 1, mask=pid > 0, other=0).to(tl.int64)
+        above_total = tl.load(above_ptr + tl.num_programs(0) - 1).to(tl.int64)
+        is_above = key > kth
+        is_equal = key == kth
+        slot_above = above_before + tl.cumsum(is_above.to(tl.int64), axis=0) - 1
+        rank_equal = equal_before + tl.cumsum(is_equal.to(tl.int64), axis=0) - 1
+        take_equal = is_equal & (rank_equal < wanted)
+        slot = tl.where(is_above, slot_above, above_total + rank_equal)
+        keep = is_above | take_equal
+        value = tl.load(x_ptr + index, mask=keep, other=0.0)
+        if THRESHOLD:
+            value = tl.where(key > 0, value, 0.0)
+        tl.store(values_ptr + slot, value.to(values_ptr.dtype.element_ty), mask=keep)
+        tl.store(indices_ptr + slot, index.to(indices_ptr.dtype.element_ty), mask=keep)
+    if GATHERED and THRESHOLD:  # where fewer than k are above the threshold (and nothing was placed above)
         _fill(x_ptr, threshold_ptr, index_ptr, found_ptr, values_ptr, indices_ptr, n, k, BLOCK)
 
 
@@ -268,8 +278,9 @@ def topk(x: torch.Tensor, k: int, index_dtype: torch.dtype = torch.int64,
     largest in index order, then the first of those equal to it. With ``threshold`` (a device scalar), entries not
     above it rank lowest and their values are 0. A tensor of at most one block's entries takes one launch; a larger
     one 6 of Triton (four digit passes, the counts, the compaction) and 2 of PyTorch (the counters' zeros, the
-    counts' scans), and from :data:`_GATHER_MIN` entries, where k is small enough, 3 of Triton (the bound, the
-    candidates' counts and their gathering) and 1 of PyTorch (the counts' scan) more."""
+    counts' scans), and from :data:`_GATHER_MIN` entries, where k is small enough, 4 more for the gathering: the
+    bound (Triton; under a threshold a fill of PyTorch), the candidates' counts and their gathering (Triton) and the
+    counts' scan (PyTorch)."""
     n = x.numel()
     if not 0 <= k <= n:
         raise ValueError(f"topk: k must be in [0, n] = [0, {n}], got {k}")
@@ -326,12 +337,12 @@ def _gather(x: torch.Tensor, k: int, threshold: torch.Tensor | None, plan: tuple
         bound = torch.empty(1, dtype=torch.int32, device=x.device)
         _bound_kernel[(1,)](x, bound, n, n // _SAMPLE, rank, SAMPLE=_SAMPLE)
     limit = threshold if threshold is not None else bound  # (any pointer when there is no threshold)
-    found = torch.empty(blocks, dtype=torch.int32, device=x.device)
+    found = torch.empty(blocks, dtype=torch.int64, device=x.device)
     _candidates_kernel[(blocks,)](x, limit, bound, found, n, THRESHOLD=threshold is not None, BLOCK=_BLOCK)
     found.cumsum_(0)
     keys = torch.empty(capacity, dtype=torch.int32, device=x.device)
     index = torch.empty(capacity, dtype=torch.int64, device=x.device)
-    _gather_kernel[(blocks,)](x, limit, bound, found, keys, index, n, k, capacity, THRESHOLD=threshold is not None,
+    _gather_kernel[(blocks,)](x, limit, bound, found, keys, index, n, capacity, THRESHOLD=threshold is not None,
                               BLOCK=_BLOCK)
     return _Gathered(keys, index, found, capacity)
 
@@ -351,7 +362,7 @@ def _select_blocks(x: torch.Tensor, k: int, values: torch.Tensor, indices: torch
     flags = {"THRESHOLD": threshold is not None, "GATHERED": gathered is not None, "BLOCK": _BLOCK}
     for digit_pass in range(4):
         _histogram_kernel[(blocks,)](*source, PASS=digit_pass, **flags)
-    above, equal = scans = torch.empty(2, blocks, dtype=torch.int32, device=x.device)  # per block, then scanned
+    above, equal = scans = torch.empty(2, blocks, dtype=torch.int64, device=x.device)  # per block, then scanned
     _count_kernel[(blocks,)](*source, above, equal, **flags)
     scans.cumsum_(1)  # both inclusive scans in one launch
     _compact_kernel[(blocks,)](*source, above, equal, values, indices, **flags)
