@@ -121,6 +121,29 @@ def timed(fns: dict[str, Callable[[], Any]], device: torch.device, repeats: int)
     return _timed_cuda(fns, device, repeats)
 
 
+def clock_fields(device: torch.device) -> dict[str, Any]:
+    """The JSON fields that say where and by which clock perf/'s rows were timed."""
+    return {
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
+        or platform.machine(),
+        "threads": torch.get_num_threads(),
+        "clock": "cuda events, L2 flushed" if device.type == "cuda" else "host",
+    }
+
+
+def timing_fields(timings: dict[str, Timing], unit: str = "ms") -> dict[str, Any]:
+    """:func:`timed`'s results as JSON fields, per function its median ``{name}_{unit}``, its range
+    ``{name}_spread_{unit}`` ([min, max]) and its median host time ``{name}_host_{unit}``; ``unit`` ms or us."""
+    scale = {"ms": 1e3, "us": 1e6}[unit]
+    fields: dict[str, Any] = {}
+    for name, timing in timings.items():
+        fields[f"{name}_{unit}"] = round(scale * timing.median, 3)
+        fields[f"{name}_spread_{unit}"] = [round(scale * min(timing.times), 3), round(scale * max(timing.times), 3)]
+        fields[f"{name}_host_{unit}"] = round(scale * statistics.median(timing.host), 3)
+    return fields
+
+
 def _us(seconds: float) -> float:
     return round(seconds * 1e6, 3)
 
@@ -152,11 +175,7 @@ def bench_compress(method: str, numel: int, device: str = "cpu", repeats: int = 
         "options": options or {},
         "numel": numel,
         "shape": list(shape),
-        "device": str(target),
-        "device_name": torch.cuda.get_device_name(target) if target.type == "cuda" else platform.processor()
-        or platform.machine(),
-        "threads": torch.get_num_threads(),
-        "clock": "cuda events, L2 flushed" if target.type == "cuda" else "host",
+        **clock_fields(target),
         "repeats": repeats,
         "bits_per_element": wire.nbytes(wire.layout_of(payload)) * 8 / numel,
         "compress_gbps": gigabytes / compress_s,

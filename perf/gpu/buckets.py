@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
-import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -35,7 +33,7 @@ from hvdcomp import wire
 from hvdcomp.compressor import STEADY_STEP, Compressor, Context
 from hvdcomp.config import CompressionConfig
 from hvdcomp.methods import METHODS
-from hvdcomp.tools.bench import timed
+from hvdcomp.tools.bench import clock_fields, timed, timing_fields
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "perf" / "results" / "buckets.jsonl"
@@ -117,18 +115,11 @@ def measure(method: str, device: torch.device, cap_mb: float, repeats: int) -> d
 
     timings = timed({"per_tensor": step_per_tensor, "buckets": step_buckets}, device, repeats)
     row: dict[str, Any] = {
-        "method": method, "model": "resnet50", "device": str(device),
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
-        or platform.machine(),
-        "threads": torch.get_num_threads(), "clock": "cuda events, L2 flushed" if device.type == "cuda" else "host",
-        "repeats": repeats, "bucket_cap_mb": cap_mb, "gradients": len(compressed),
-        "compressed_numel": sum(grad.numel() for _, grad, _ in compressed), "buckets": len(buckets),
-        "bucket_sizes": [len(bucket) for bucket in buckets], "alone": len(compressed) - len(in_bucket),
+        "method": method, "model": "resnet50", **clock_fields(device), "repeats": repeats, "bucket_cap_mb": cap_mb,
+        "gradients": len(compressed), "compressed_numel": sum(grad.numel() for _, grad, _ in compressed),
+        "buckets": len(buckets), "bucket_sizes": [len(bucket) for bucket in buckets],
+        "alone": len(compressed) - len(in_bucket), **timing_fields(timings),
     }
-    for name, timing in timings.items():
-        row[f"{name}_ms"] = round(1e3 * timing.median, 3)
-        row[f"{name}_spread_ms"] = [round(1e3 * min(timing.times), 3), round(1e3 * max(timing.times), 3)]
-        row[f"{name}_host_ms"] = round(1e3 * statistics.median(timing.host), 3)
     row["buckets_over_per_tensor"] = round(row["buckets_ms"] / row["per_tensor_ms"], 3)
     return row
 

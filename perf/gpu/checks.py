@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
-import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -27,7 +25,7 @@ from buckets import resnet50_shapes  # perf/gpu/, the script's folder
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hvdcomp.compressor import _finite_by_norms, _finite_by_range
-from hvdcomp.tools.bench import timed
+from hvdcomp.tools.bench import clock_fields, timed, timing_fields
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "checks.jsonl"
 
@@ -62,15 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         operators[name] = counted.count
     timings = timed(ways, device, args.repeats)
     row: dict[str, Any] = {
-        "model": "resnet50", "tensors": len(grads), "device": str(device),
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
-        or platform.machine(),
-        "threads": torch.get_num_threads(), "clock": "cuda events, L2 flushed" if device.type == "cuda" else "host",
-        "repeats": args.repeats, "operators": operators,
-        **{f"{name}_ms": round(1e3 * timing.median, 3) for name, timing in timings.items()},
-        **{f"{name}_spread_ms": [round(1e3 * min(t.times), 3), round(1e3 * max(t.times), 3)]
-           for name, t in timings.items()},
-        **{f"{name}_host_ms": round(1e3 * statistics.median(t.host), 3) for name, t in timings.items()},
+        "model": "resnet50", "tensors": len(grads), **clock_fields(device), "repeats": args.repeats,
+        "operators": operators, **timing_fields(timings),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     print(json.dumps(row))

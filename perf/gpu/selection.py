@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from hvdcomp.kernels.gpu import select
-from hvdcomp.tools.bench import timed
+from hvdcomp.tools.bench import clock_fields, timed, timing_fields
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "selection.jsonl"
 SIZES = (1 << 18, 1 << 20, 1 << 22, 1 << 24, 25_000_000)
@@ -75,11 +75,8 @@ def main(argv: list[str] | None = None) -> int:
             row: dict[str, Any] = {
                 "selection": selection, "numel": n, "k": k, "density": density, "rank": plan[0],
                 "capacity": plan[1], "candidates": candidates,
-                "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "triton interpreter",
-                "clock": "cuda events, L2 flushed" if device.type == "cuda" else "host", "repeats": args.repeats,
-                **{f"{name}_us": round(1e6 * t.median, 2) for name, t in timings.items()},
-                **{f"{name}_spread_us": [round(1e6 * min(t.times), 2), round(1e6 * max(t.times), 2)]
-                   for name, t in timings.items()},
+                **clock_fields(device), "interpreted": interpreted, "repeats": args.repeats,
+                **timing_fields(timings, "us"),
                 "gathered_over_whole": round(timings["gathered"].median / timings["whole"].median, 3),
                 "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             }
