@@ -55,7 +55,7 @@ import torch
 
 from hvdcomp import check
 from hvdcomp.compressor import MEASURED, Context, State
-from hvdcomp.methods.topk import Sparse, top_entries
+from hvdcomp.methods.topk import Sparse, top_entries, without_zeros
 from hvdcomp.wire import Payload
 
 #: the paper's warm-up: sparsity 75%, 93.75%, 98.4375%, 99.6% over the first four epochs
@@ -134,7 +134,5 @@ class DGC(Sparse):
         k = min(n, max(1, math.ceil(self.density_at(ctx.step) * n)))
         values, indices = top_entries(v, k)  # values a copy: v is zeroed next
         self.release(state, indices)  # every selected entry, as on CUDA, also those not sent for being zero
-        if v.device.type == "cpu":  # as top-k: entries that are exactly zero are not sent (on CPU)
-            nonzero = values != 0
-            values, indices = values[nonzero], indices[nonzero]
+        values, indices = without_zeros(values, indices)  # as top-k's
         return [values, indices], (tensor.shape, n, torch.float32)

@@ -106,6 +106,15 @@ def top_entries(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return x[indices], indices.to(index_dtype(x.numel()))
 
 
+def without_zeros(values: torch.Tensor, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The selected entries worth sending: on the CPU kernels' path, those that are not exactly zero; on the Triton
+    kernels' (CUDA's), all k of them, as finding the zeros would make the host wait for the device."""
+    if is_triton(kernels_for(values.device)) or values.device.type != "cpu":
+        return values, indices
+    nonzero = values != 0
+    return values[nonzero], indices[nonzero]
+
+
 class Sparse(Compressor):
     """Payloads of (values, indices) with indices unique within a payload: top-k's decoding, shared by the
     sparsifiers (top-k, threshold, DGC) and the homomorphic sketch. Decoding adds each rank's payload in rank
@@ -174,8 +183,5 @@ class TopK(Sparse):
         x = tensor.detach().reshape(-1)
         n = x.numel()
         k = min(n, max(1, math.ceil(self.ratio * n)))
-        values, indices = top_entries(x, k)
-        if x.device.type == "cpu":
-            nonzero = values != 0
-            values, indices = values[nonzero], indices[nonzero]
+        values, indices = without_zeros(*top_entries(x, k))
         return [values, indices], (tensor.shape, n, x.dtype)
