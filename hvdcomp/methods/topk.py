@@ -106,13 +106,25 @@ def top_entries(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return x[indices], indices.to(index_dtype(x.numel()))
 
 
+def cuda_path(device: torch.device) -> bool:
+    """Whether tensors on ``device`` take CUDA's path: on CUDA, or under the Triton kernels (in their interpreter on
+    CPU tensors, which stands in for CUDA in tests and counts), where nothing may wait for the device."""
+    return device.type != "cpu" or is_triton(kernels_for(device))
+
+
 def without_zeros(values: torch.Tensor, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The selected entries worth sending: on the CPU kernels' path, those that are not exactly zero; on the Triton
-    kernels' (CUDA's), all k of them, as finding the zeros would make the host wait for the device."""
-    if is_triton(kernels_for(values.device)) or values.device.type != "cpu":
+    """The selected entries worth sending: on CUDA's path all k of them, as finding the zeros would make the host
+    wait for the device; elsewhere those that are not exactly zero."""
+    if cuda_path(values.device):
         return values, indices
     nonzero = values != 0
     return values[nonzero], indices[nonzero]
+
+
+def add_index(indices: torch.Tensor) -> torch.Tensor:
+    """Payload indices as ``index_add_`` takes them: on CUDA's path as the selection wrote them (int32 or int64:
+    no conversion, no launch), elsewhere int64 (PyTorch's CPU ``index_add_`` is slower with int32)."""
+    return indices if cuda_path(indices.device) else indices.long()
 
 
 class Sparse(Compressor):
@@ -135,14 +147,15 @@ class Sparse(Compressor):
         values, indices = payload
         shape, items, _ = meta
         width = block(shape, items)
-        residual.view(items, width).index_add_(0, indices.long(), values.to(residual.dtype).view(-1, width), alpha=-1)
+        residual.view(items, width).index_add_(0, add_index(indices), values.to(residual.dtype).view(-1, width),
+                                               alpha=-1)
 
     def aggregate(self, payloads: list[Payload], meta: Any) -> torch.Tensor:
         shape, items, dtype = meta
         width = block(shape, items)
         total = torch.zeros(items, width, dtype=dtype, device=payloads[0][0].device)
         for values, indices in payloads:  # rank order; indices unique within a payload: deterministic
-            total.index_add_(0, indices.long(), values.to(dtype).view(-1, width))  # int64: int32 is slower on CPU
+            total.index_add_(0, add_index(indices), values.to(dtype).view(-1, width))
         return total.view(shape)
 
 
