@@ -388,17 +388,25 @@ def test_threshold_fit_passes_equal_the_cpu_kernels(cpu: object) -> None:
 def test_sparsifiers_on_the_triton_selection_decode_as_on_the_cpu(method: str,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """The sparsifiers send the same entries through the Triton selection (on CUDA without a host sync): the
-    decoded sum over 3 ranks and one decoded payload equal the CPU path's (whose payloads leave out the zeros)."""
+    decoded sum over 3 ranks and one decoded payload equal the CPU path's, whose payloads leave out the zeros, where
+    CUDA's hold a fixed count, int32 indices as the selection wrote them (also where most entries are zero)."""
     options = {"topk": {"ratio": 0.05}, "threshold": {"density": 0.05}, "dgc": {"density": 0.05,
                                                                              "warmup_steps": 1}}[method]
-    grads = [gaussian(3 * 700, seed).view(3, 700) for seed in range(3)]
-    reference = _through_method(method, grads, options)[-2:]
-    if not CUDA:
-        monkeypatch.setenv("HVDCOMP_KERNELS", "triton")
-    with no_sync():
-        results = _through_method(method, [grad.to(DEVICE) for grad in grads], options)[-2:]
-    for expected, got in zip(reference, results, strict=True):
-        same(expected, got, method)
+    for zeros in (0.0, 0.97):
+        grads = [gaussian(3 * 700, seed).mul_(torch.rand(3 * 700) >= zeros).view(3, 700) for seed in range(3)]
+        reference = _through_method(method, grads, options)
+        with monkeypatch.context() as patched:
+            if not CUDA:
+                patched.setenv("HVDCOMP_KERNELS", "triton")
+            with no_sync():
+                results = _through_method(method, [grad.to(DEVICE) for grad in grads], options)
+        for expected, got in zip(reference[-2:], results[-2:], strict=True):
+            same(expected, got, f"{method}, {zeros:.0%} zeros")
+        values = results[0:-2:2]
+        assert len({part.numel() for part in values}) == 1, [part.numel() for part in values]
+        assert {part.dtype for part in results[1:-2:2]} == {torch.int32}
+        if zeros:  # the CPU path sent fewer: its payloads leave out the zeros that CUDA's carry
+            assert sum(part.numel() for part in reference[0:-2:2]) < sum(part.numel() for part in values)
 
 
 @pytest.mark.parametrize(("shape", "epsilon"), [((50, 1), 0.0), ((1500, 2), 0.0), ((3, 70, 2), 0.0),
