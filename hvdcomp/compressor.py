@@ -210,6 +210,12 @@ class Compressor(ABC):
         """
         return None
 
+    @property
+    def agrees(self) -> bool:
+        """Whether :meth:`agree` may ask for values (it is overridden): where not, the memory wrappers skip building
+        its input (the gradient with the residual or the momentum added: passes over the tensor, launches on CUDA)."""
+        return type(self).agree is not Compressor.agree
+
     @abstractmethod
     def compress(self, tensor: torch.Tensor, state: State, ctx: Context,
                  agreed: torch.Tensor | None = None) -> tuple[Payload, Any]:

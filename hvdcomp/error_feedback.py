@@ -61,6 +61,7 @@ class _Wrapper(Compressor):
     epoch_options = _forwarded("epoch_options")
     dense_edges = _forwarded("dense_edges")
     bucketable = _forwarded("bucketable")
+    agrees = _forwarded("agrees")
 
     def __init__(self, inner: Compressor) -> None:
         self.inner = inner
@@ -142,6 +143,8 @@ class ErrorFeedback(_Wrapper):
         return state
 
     def agree(self, tensor: torch.Tensor, state: State, ctx: Context) -> Agree | None:
+        if not self.inner.agrees:
+            return None
         if self.momentum:  # u_t as compress() will compute it, leaving the state to the step's compress()
             tensor = corrected(tensor, state["momentum"].clone(), self.momentum, self.average)
         return self.inner.agree(tensor + state["residual"], state["inner"], ctx)
@@ -180,6 +183,8 @@ class MomentumCorrection(_Wrapper):
                 "inner": self.inner.init_state(tensor, ctx)}
 
     def agree(self, tensor: torch.Tensor, state: State, ctx: Context) -> Agree | None:
+        if not self.inner.agrees:
+            return None
         u = corrected(tensor, state["momentum"].clone(), self.momentum, True)  # the state is compress()'s to advance
         return self.inner.agree(u, state["inner"], ctx)
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from hvdcomp import (
     METHODS,
@@ -379,26 +380,46 @@ def test_buckets_close_at_the_cap_per_method_and_dtype() -> None:
     assert CompressionConfig.parse({"method": "topk"}).buckets(planned) == []
 
 
+class Operators(TorchDispatchMode):
+    """The PyTorch operators run inside it, by name (on CUDA each is at least one launch)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls.append(str(func.overloadpacket))
+        return func(*args, **(kwargs or {}))
+
+
 def test_the_gradients_check_by_norms_takes_as_many_operators_for_any_number_of_tensors() -> None:
     """On CUDA the optimizer checks a step's gradients with one multi-tensor norm and two small operators (then its
     flags' where), however many gradients there are (counted here on CPU tensors: the same operators)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     from hvdcomp.compressor import _finite_by_norms
-
-    class Count(TorchDispatchMode):
-        def __init__(self) -> None:
-            super().__init__()
-            self.calls: list[str] = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.calls.append(str(func.overloadpacket))
-            return func(*args, **(kwargs or {}))
 
     counts = []
     for n in (3, 50):
         tensors = [torch.ones(100) for _ in range(n)]
-        with Count() as count:
+        with Operators() as count:
             _finite_by_norms(tensors)
         counts.append(count.calls)
     assert counts[0] == counts[1] == ['aten._foreach_norm', 'aten.stack', 'aten.lt'], counts
+
+
+@pytest.mark.parametrize(("method", "options", "agrees"), [
+    ("efsignsgd", {}, False), ("signsgd", {}, False), ("topk", {}, False), ("terngrad", {}, True),
+    ("terngrad", {"scaler_sharing": False}, False), ("sketch", {}, True)])
+def test_memory_wrappers_build_agree_s_input_only_for_a_method_that_agrees(method: str, options: dict,
+                                                                           agrees: bool) -> None:
+    """Error feedback and momentum correction add the residual or the momentum to the gradient for :meth:`agree`
+    only where the method asks for values there: otherwise no operator runs, and nothing is asked."""
+    compressor = make_compressor(method, options)
+    assert compressor.agrees is agrees
+    x = torch.randn(1000)
+    ctx = Context.local(x, seed=1)
+    state = compressor.init_state(x, ctx)
+    with Operators() as count:
+        request = compressor.agree(x, state, ctx)
+    assert (request is not None) is agrees
+    if not agrees:
+        assert count.calls == [], count.calls

@@ -91,6 +91,10 @@ class TernGrad(Compressor):
         bound = (self.clip * x.std(correction=0)).reshape(1)
         return bound, torch.minimum(absmax, bound)
 
+    @property
+    def agrees(self) -> bool:
+        return self.scaler_sharing
+
     def agree(self, tensor: torch.Tensor, state: State, ctx: Context) -> Agree | None:
         if not self.scaler_sharing:
             return None
