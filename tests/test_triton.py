@@ -33,6 +33,7 @@ if not CUDA:
 
 triton = pytest.importorskip("triton")
 
+from operators import Operators  # noqa: E402
 from triton_compile import compile_for, covering, recording  # noqa: E402
 
 from hvdcomp import Context, make_compressor  # noqa: E402
@@ -407,6 +408,16 @@ def test_sparsifiers_on_the_triton_selection_decode_as_on_the_cpu(method: str,
         assert {part.dtype for part in results[1:-2:2]} == {torch.int32}
         if zeros:  # the CPU path sent fewer: its payloads leave out the zeros that CUDA's carry
             assert sum(part.numel() for part in reference[0:-2:2]) < sum(part.numel() for part in values)
+    payloads = [results[i:i + 2] for i in range(0, len(results) - 2, 2)]
+    compressor = make_compressor(method, options)
+    meta = (torch.Size([3, 700]), 3 * 700, torch.float32)
+    with monkeypatch.context() as patched:
+        if not CUDA:
+            patched.setenv("HVDCOMP_KERNELS", "triton")
+        with Operators() as count:  # decoding and the memory's subtraction take the int32 indices as they are
+            compressor.unwrapped().aggregate(payloads, meta)
+            compressor.unwrapped().subtract(torch.zeros(3 * 700, device=DEVICE), payloads[0], meta)
+    assert "aten._to_copy" not in count.calls, count.calls
 
 
 @pytest.mark.parametrize(("shape", "epsilon"), [((50, 1), 0.0), ((1500, 2), 0.0), ((3, 70, 2), 0.0),

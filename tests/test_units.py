@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from operators import Operators
 
 from hvdcomp import (
     METHODS,
@@ -378,18 +378,6 @@ def test_buckets_close_at_the_cap_per_method_and_dtype() -> None:
         planned.append((torch.empty(shape, dtype=dtype), config.choose(name, shape, 2)))
     assert config.buckets(planned) == [[0, 2, 6], [1, 9]]  # t1 t2 t3 reach 1 MiB; t4 and h alone; q1 q2 open
     assert CompressionConfig.parse({"method": "topk"}).buckets(planned) == []
-
-
-class Operators(TorchDispatchMode):
-    """The PyTorch operators run inside it, by name (on CUDA each is at least one launch)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.calls.append(str(func.overloadpacket))
-        return func(*args, **(kwargs or {}))
 
 
 def test_the_gradients_check_by_norms_takes_as_many_operators_for_any_number_of_tensors() -> None:

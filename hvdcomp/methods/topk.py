@@ -107,8 +107,8 @@ def top_entries(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def cuda_path(device: torch.device) -> bool:
-    """Whether tensors on ``device`` take CUDA's path: on CUDA, or under the Triton kernels (in their interpreter on
-    CPU tensors, which stands in for CUDA in tests and counts), where nothing may wait for the device."""
+    """Whether tensors on ``device`` take CUDA's path, where nothing may wait for the device: off the CPU (on CUDA),
+    or under the Triton kernels (in their interpreter on CPU tensors, which stands in for CUDA in tests and counts)."""
     return device.type != "cpu" or is_triton(kernels_for(device))
 
 
@@ -122,8 +122,8 @@ def without_zeros(values: torch.Tensor, indices: torch.Tensor) -> tuple[torch.Te
 
 
 def add_index(indices: torch.Tensor) -> torch.Tensor:
-    """Payload indices as ``index_add_`` takes them: on CUDA's path as the selection wrote them (int32 or int64:
-    no conversion, no launch), elsewhere int64 (PyTorch's CPU ``index_add_`` is slower with int32)."""
+    """Payload indices as ``index_add_`` takes them: on CUDA's path as the selection wrote them (int32 or int64,
+    not converted here: a launch saved), elsewhere int64 (PyTorch's CPU ``index_add_`` is slower with int32)."""
     return indices if cuda_path(indices.device) else indices.long()
 
 
