@@ -38,6 +38,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -142,6 +143,15 @@ def timing_fields(timings: dict[str, Timing], unit: str = "ms") -> dict[str, Any
         fields[f"{name}_spread_{unit}"] = [round(scale * min(timing.times), 3), round(scale * max(timing.times), 3)]
         fields[f"{name}_host_{unit}"] = round(scale * statistics.median(timing.host), 3)
     return fields
+
+
+def record(row: dict[str, Any], path: Path) -> None:
+    """``row`` with the date (UTC) as a JSON line, printed and appended to ``path``: how perf/'s scripts keep their
+    figures."""
+    line = json.dumps({**row, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    print(line, flush=True)
+    with path.open("a") as out:
+        out.write(line + "\n")
 
 
 def _us(seconds: float) -> float:

@@ -13,7 +13,6 @@ perf/results/memory_agree.jsonl.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
@@ -21,6 +20,7 @@ from pathlib import Path
 import torch
 
 from hvdcomp import Context, make_compressor
+from hvdcomp.tools.bench import record
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "memory_agree.jsonl"
 
@@ -30,6 +30,7 @@ def main() -> None:
     parser.add_argument("--numel", type=int, default=4_000_000)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--methods", nargs="+", default=["efsignsgd", "signsgd", "topk"])
+    parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     x = torch.randn(args.numel, generator=torch.Generator().manual_seed(0))
     for method in args.methods:
@@ -54,11 +55,8 @@ def main() -> None:
                 del method_class.agrees
         row = {"method": method, "numel": args.numel, "rounds": args.rounds, "threads": torch.get_num_threads(),
                **{f"{way}_ms": round(1e3 * statistics.median(t), 2) for way, t in times.items()},
-               **{f"{way}_range_ms": [round(1e3 * min(t), 2), round(1e3 * max(t), 2)] for way, t in times.items()},
-               "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-        print(json.dumps(row), flush=True)
-        with RESULTS.open("a") as out:
-            out.write(json.dumps(row) + "\n")
+               **{f"{way}_range_ms": [round(1e3 * min(t), 2), round(1e3 * max(t), 2)] for way, t in times.items()}}
+        record(row, args.out)
 
 
 if __name__ == "__main__":

@@ -15,8 +15,6 @@ perf/results/checks.jsonl.
 from __future__ import annotations
 
 import argparse
-import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +23,7 @@ from buckets import resnet50_shapes  # perf/gpu/, the script's folder
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hvdcomp.compressor import _finite_by_norms, _finite_by_range
-from hvdcomp.tools.bench import clock_fields, timed, timing_fields
+from hvdcomp.tools.bench import clock_fields, record, timed, timing_fields
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "checks.jsonl"
 
@@ -62,11 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     row: dict[str, Any] = {
         "model": "resnet50", "tensors": len(grads), **clock_fields(device), "repeats": args.repeats,
         "operators": operators, **timing_fields(timings),
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    print(json.dumps(row))
-    with args.out.open("a") as out:
-        out.write(json.dumps(row) + "\n")
+    record(row, args.out)
     return 0
 
 

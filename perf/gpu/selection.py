@@ -19,7 +19,6 @@ import argparse
 import itertools
 import json
 import os
-import time
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ from typing import Any
 import torch
 
 from hvdcomp.kernels.gpu import select
-from hvdcomp.tools.bench import clock_fields, timed, timing_fields
+from hvdcomp.tools.bench import clock_fields, record, timed, timing_fields
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "selection.jsonl"
 SIZES = (1 << 18, 1 << 20, 1 << 22, 1 << 24, 25_000_000)
@@ -78,11 +77,8 @@ def main(argv: list[str] | None = None) -> int:
                 **clock_fields(device), "interpreted": interpreted, "repeats": args.repeats,
                 **timing_fields(timings, "us"),
                 "gathered_over_whole": round(timings["gathered"].median / timings["whole"].median, 3),
-                "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             }
-            print(json.dumps(row))
-            with args.out.open("a") as out:
-                out.write(json.dumps(row) + "\n")
+            record(row, args.out)
     return 0
 
 
