@@ -84,6 +84,24 @@ def _entries(x_ptr, threshold_ptr, keys_ptr, index_ptr, found_ptr, offsets, n, k
 
 
 @triton.jit
+def _before(scan_ptr, pid):
+    """What the blocks before block ``pid`` hold, from the blocks' inclusive scan at ``scan_ptr``."""
+    return tl.load(scan_ptr + pid - 1, mask=pid > 0, other=0).to(tl.int64)
+
+
+@triton.jit
+def _placed(key, kth, wanted, above_before, equal_before, above_total):
+    """Compaction's slots: entries above the k-th key ``kth`` at their exclusive-scan offset (index order), then the
+    first ``wanted`` equal to it after all ``above_total`` of those; and which entries are placed."""
+    is_above = key > kth
+    is_equal = key == kth
+    slot_above = above_before + tl.cumsum(is_above.to(tl.int64), axis=0) - 1
+    rank_equal = equal_before + tl.cumsum(is_equal.to(tl.int64), axis=0) - 1
+    slot = tl.where(is_above, slot_above, above_total + rank_equal)
+    return slot, is_above | (is_equal & (rank_equal < wanted))
+
+
+@triton.jit
 def _fill(x_ptr, threshold_ptr, index_ptr, found_ptr, values_ptr, indices_ptr, n, k, BLOCK: tl.constexpr):
     """Threshold's selection where fewer than k entries are above it, all of them gathered: program p places the
     p-th block of the candidates (in index order, from slot 0) and, after them, those of x's p-th block that are
@@ -97,8 +115,7 @@ def _fill(x_ptr, threshold_ptr, index_ptr, found_ptr, values_ptr, indices_ptr, n
     value = tl.load(x_ptr + index, mask=placed, other=0.0)
     tl.store(values_ptr + offsets, value.to(values_ptr.dtype.element_ty), mask=placed)
     tl.store(indices_ptr + offsets, index.to(indices_ptr.dtype.element_ty), mask=placed)
-    above_before = tl.load(found_ptr + pid - 1, mask=pid > 0, other=0).to(tl.int64)
-    below_before = pid.to(tl.int64) * BLOCK - above_before  # entries not above the threshold in earlier blocks
+    below_before = pid.to(tl.int64) * BLOCK - _before(found_ptr, pid)  # entries not above the threshold, earlier
     if below_before < k - total:
         key, _, _ = _keys(x_ptr, threshold_ptr, offsets, n, True)
         below = key == 0
@@ -160,25 +177,34 @@ def _bound_kernel(x_ptr, bound_ptr, n, stride, rank, SAMPLE: tl.constexpr):
     tl.store(bound_ptr, bound)
 
 
+@triton.jit
+def _candidate(key, bound_ptr, THRESHOLD: tl.constexpr):
+    """Whether an entry is a candidate: its key at or above the sampled bound, or under a THRESHOLD above it (key
+    at least 1: the bound is not read)."""
+    if THRESHOLD:
+        return key >= 1
+    return key >= tl.load(bound_ptr)
+
+
 @triton.jit(do_not_specialize=["n"])
 def _candidates_kernel(x_ptr, threshold_ptr, bound_ptr, found_ptr, n, THRESHOLD: tl.constexpr, BLOCK: tl.constexpr):
-    """Each block's count of entries at or above the bound."""
+    """Each block's count of candidates (:func:`_candidate`)."""
     pid = tl.program_id(0)
     key, _, _ = _keys(x_ptr, threshold_ptr, pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK), n, THRESHOLD)
-    tl.store(found_ptr + pid, tl.sum((key >= tl.load(bound_ptr)).to(tl.int32)))
+    tl.store(found_ptr + pid, tl.sum(_candidate(key, bound_ptr, THRESHOLD).to(tl.int32)))
 
 
 @triton.jit(do_not_specialize=["n", "capacity"])
 def _gather_kernel(x_ptr, threshold_ptr, bound_ptr, found_ptr, keys_ptr, index_ptr, n, capacity,
                    THRESHOLD: tl.constexpr, BLOCK: tl.constexpr):
-    """The entries at or above the bound, keys and indices in index order at their block's offset (``found_ptr``
-    holds the blocks' inclusive scan), where there are at most ``capacity`` of them."""
+    """The candidates, keys and indices in index order at their block's offset (``found_ptr`` holds the blocks'
+    inclusive scan), where there are at most ``capacity`` of them."""
     pid = tl.program_id(0)
     offsets = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     key, _, _ = _keys(x_ptr, threshold_ptr, offsets, n, THRESHOLD)
     total = tl.load(found_ptr + tl.num_programs(0) - 1).to(tl.int64)
-    candidate = key >= tl.load(bound_ptr)
-    slot = tl.load(found_ptr + pid - 1, mask=pid > 0, other=0).to(tl.int64) + tl.cumsum(candidate.to(tl.int64), 0) - 1
+    candidate = _candidate(key, bound_ptr, THRESHOLD)
+    slot = _before(found_ptr, pid) + tl.cumsum(candidate.to(tl.int64), 0) - 1
     keep = candidate & (total <= capacity)
     tl.store(keys_ptr + slot, key, mask=keep)
     tl.store(index_ptr + slot, offsets, mask=keep)
@@ -224,25 +250,16 @@ def _count_kernel(x_ptr, threshold_ptr, keys_ptr, index_ptr, found_ptr, counts_p
 def _compact_kernel(x_ptr, threshold_ptr, keys_ptr, index_ptr, found_ptr, counts_ptr, n, k, capacity, above_ptr,
                     equal_ptr, values_ptr, indices_ptr, THRESHOLD: tl.constexpr, GATHERED: tl.constexpr,
                     BLOCK: tl.constexpr):
-    """Entries above the k-th key at their exclusive-scan offset (index order), then the first ``rank`` equal to it
-    after all of those: ``above_ptr`` and ``equal_ptr`` hold each block's inclusive scan, the last element the total.
-    Programs past the entries place nothing (but :func:`_fill`'s)."""
+    """The selected entries at their slots (:func:`_placed`): ``above_ptr`` and ``equal_ptr`` hold each block's
+    inclusive scan, the last element the total. Programs past the entries place nothing (but :func:`_fill`'s)."""
     pid = tl.program_id(0)
     offsets = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     key, index, size = _entries(x_ptr, threshold_ptr, keys_ptr, index_ptr, found_ptr, offsets, n, k, capacity,
                                 THRESHOLD, GATHERED)
     if pid.to(tl.int64) * BLOCK < size:
         kth, wanted = _prefix(counts_ptr, k, 4)
-        above_before = tl.load(above_ptr + pid - 1, mask=pid > 0, other=0).to(tl.int64)
-        equal_before = tl.load(equal_ptr + pid - 1, mask=pid > 0, other=0).to(tl.int64)
         above_total = tl.load(above_ptr + tl.num_programs(0) - 1).to(tl.int64)
-        is_above = key > kth
-        is_equal = key == kth
-        slot_above = above_before + tl.cumsum(is_above.to(tl.int64), axis=0) - 1
-        rank_equal = equal_before + tl.cumsum(is_equal.to(tl.int64), axis=0) - 1
-        take_equal = is_equal & (rank_equal < wanted)
-        slot = tl.where(is_above, slot_above, above_total + rank_equal)
-        keep = is_above | take_equal
+        slot, keep = _placed(key, kth, wanted, _before(above_ptr, pid), _before(equal_ptr, pid), above_total)
         value = tl.load(x_ptr + index, mask=keep, other=0.0)
         if THRESHOLD:
             value = tl.where(key > 0, value, 0.0)
@@ -260,13 +277,7 @@ def _one_block_kernel(x_ptr, threshold_ptr, values_ptr, indices_ptr, n, k, THRES
     offsets = tl.arange(0, BLOCK)
     key, x, mask = _keys(x_ptr, threshold_ptr, offsets, n, THRESHOLD)
     kth, rank = _kth_key(key, mask, k)
-    is_above = key > kth
-    is_equal = key == kth
-    slot_above = tl.cumsum(is_above.to(tl.int64), axis=0) - 1
-    rank_equal = tl.cumsum(is_equal.to(tl.int64), axis=0) - 1
-    take_equal = is_equal & (rank_equal < rank)
-    slot = tl.where(is_above, slot_above, tl.sum(is_above.to(tl.int64)) + rank_equal)
-    keep = is_above | take_equal
+    slot, keep = _placed(key, kth, rank, 0, 0, tl.sum((key > kth).to(tl.int64)))
     value = x if not THRESHOLD else tl.where(key > 0, x, 0.0)
     tl.store(values_ptr + slot, value.to(values_ptr.dtype.element_ty), mask=keep)
     tl.store(indices_ptr + slot, offsets.to(indices_ptr.dtype.element_ty), mask=keep)
@@ -278,9 +289,9 @@ def topk(x: torch.Tensor, k: int, index_dtype: torch.dtype = torch.int64,
     largest in index order, then the first of those equal to it. With ``threshold`` (a device scalar), entries not
     above it rank lowest and their values are 0. A tensor of at most one block's entries takes one launch; a larger
     one 6 of Triton (four digit passes, the counts, the compaction) and 2 of PyTorch (the counters' zeros, the
-    counts' scans), and from :data:`_GATHER_MIN` entries, where k is small enough, 4 more for the gathering: the
-    bound (Triton; under a threshold a fill of PyTorch), the candidates' counts and their gathering (Triton) and the
-    counts' scan (PyTorch)."""
+    counts' scans), and from :data:`_GATHER_MIN` entries, where k is small enough, 4 more for the gathering (3
+    under a threshold): the bound, the candidates' counts and their gathering (Triton) and the counts' scan
+    (PyTorch)."""
     n = x.numel()
     if not 0 <= k <= n:
         raise ValueError(f"topk: k must be in [0, n] = [0, {n}], got {k}")
@@ -326,15 +337,13 @@ def _gathering(n: int, k: int, threshold: bool = False) -> tuple[int, int] | Non
 
 def _gather(x: torch.Tensor, k: int, threshold: torch.Tensor | None, plan: tuple[int, int]) -> _Gathered:
     """The entries of ``x`` at or above the bound that ``plan`` ((rank, capacity), from :func:`_gathering`) takes
-    from the sample, or above the ``threshold``: 3 launches of Triton (the bound, the counts, the gathering; the bound
-    a fill of PyTorch under a threshold) and 1 of PyTorch (the scan)."""
+    from the sample, or above the ``threshold``: 3 launches of Triton (the bound, none under a threshold; the counts;
+    the gathering) and 1 of PyTorch (the scan)."""
     n = x.numel()
     rank, capacity = plan
     blocks = triton.cdiv(n, _BLOCK)
-    if threshold is not None:  # keys of at least 1: the entries above the threshold
-        bound = torch.ones(1, dtype=torch.int32, device=x.device)
-    else:
-        bound = torch.empty(1, dtype=torch.int32, device=x.device)
+    bound = torch.empty(1, dtype=torch.int32, device=x.device)  # (not read under a threshold)
+    if threshold is None:
         _bound_kernel[(1,)](x, bound, n, n // _SAMPLE, rank, SAMPLE=_SAMPLE)
     limit = threshold if threshold is not None else bound  # (any pointer when there is no threshold)
     found = torch.empty(blocks, dtype=torch.int64, device=x.device)
