@@ -162,6 +162,20 @@ class BucketQuantizer(Compressor):
     def decompress(self, payload: Payload, meta: Any) -> torch.Tensor:
         return self.aggregate([payload], meta)
 
+    def subtract(self, residual: torch.Tensor, payload: Payload, meta: Any) -> None:
+        """Error feedback's ``residual -= decompress(payload)``: where the fused kernels apply (the residual float32
+        and contiguous, as error feedback keeps it), in one pass, without the decoded tensor."""
+        _, n = meta
+        kernels = kernels_for(residual.device)
+        if kernels is None or n == 0 or residual.dtype != torch.float32 or not residual.is_contiguous():
+            super().subtract(residual, payload, meta)
+            return
+        bucket = self.bucket(n)
+        grid = self.grid(residual.device)
+        kernels.decode_subtract(residual.view(-1), payload[1].unsqueeze(0), payload[0].reshape(1, -(-n // bucket), -1)
+                                .float(), torch.empty(0, device=residual.device) if grid is None else grid,
+                                self.bits, bucket)
+
     def aggregate(self, payloads: list[Payload], meta: Any) -> torch.Tensor:
         shape, n = meta
         device = payloads[0][1].device

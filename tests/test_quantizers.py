@@ -193,6 +193,42 @@ def test_kernels_decode_and_sum_ranks_through_tables_and_grids() -> None:
         kernels.decode_sum(packed, tables, torch.empty(0), bits, bucket, n + 8)
 
 
+def test_kernels_subtract_a_decoded_payload_in_place() -> None:
+    """Error feedback's update in one pass (``decode_subtract``): the residual minus the payload as decode_sum decodes
+    it, bit for bit, with tables or a grid; one payload only."""
+    kernels = cpu_kernels()
+    generator = torch.Generator().manual_seed(4)
+    for bits, bucket, n in [(1, 8, 37), (1, 64, 64), (3, 16, 100), (8, 24, 50)]:
+        packed = pack_bits(torch.randint(0, 1 << bits, (n,), generator=generator, dtype=torch.uint8), bits)[None]
+        tables = torch.randn(1, -(-n // bucket), 1 << bits, generator=generator)
+        for table, grid in [(tables, torch.empty(0)), (tables[:, :, :1].contiguous(), torch.randn(1 << bits))]:
+            residual = torch.randn(n, generator=generator)
+            expected = residual - kernels.decode_sum(packed, table, grid, bits, bucket, n)
+            kernels.decode_subtract(residual, packed, table, grid, bits, bucket)
+            assert torch.equal(residual, expected), (bits, bucket, n)
+    with pytest.raises(RuntimeError, match="subtracts one payload, got 2"):
+        kernels.decode_subtract(torch.zeros(n), packed.expand(2, -1), tables.expand(2, -1, -1), torch.empty(0), bits,
+                                bucket)
+
+
+def test_kernels_take_the_majority_vote_in_one_pass() -> None:
+    """``sign_vote``: sign(sum of the ranks' signs) times their scales added in rank order, ties 0, on every element
+    of a ragged last byte and over scales at a stride (gathered payloads)."""
+    kernels = cpu_kernels()
+    generator = torch.Generator().manual_seed(5)
+    for ranks, n in [(1, 13), (2, 37), (3, 4100), (4, 9000)]:
+        bits = torch.randint(0, 2, (ranks, n), generator=generator, dtype=torch.uint8)
+        packed = torch.stack([pack_bits(row, 1) for row in bits])
+        scales = torch.rand(ranks, 2, generator=generator)[:, 0]  # a stride of 2
+        scale = scales[0].clone()
+        for value in scales[1:]:
+            scale += value
+        expected = (2 * bits.float() - 1).sum(0).sign() * scale
+        assert torch.equal(kernels.sign_vote(packed, scales, n), expected), (ranks, n)
+    with pytest.raises(RuntimeError, match="scales must be a CPU float32 tensor"):
+        kernels.sign_vote(packed, scales[:2], n)
+
+
 def test_gathered_payloads_decode_in_place(path: str) -> None:
     """Payloads gathered into one buffer (each rank's segment after the last, as Horovod's allgather returns them)
     decode as rows of one strided view, with no copy of the ranks' codes, to what the payloads decode to one by
@@ -211,7 +247,7 @@ def test_gathered_payloads_decode_in_place(path: str) -> None:
         torch.testing.assert_close(compressor.aggregate(gathered, meta), expected, rtol=1e-6, atol=1e-6)
 
 
-def test_majority_vote_semantics() -> None:
+def test_majority_vote_semantics(path: str) -> None:
     """signsgd's aggregate: sign of the sum of the ranks' signs, times the sum of their scales (the optimizer
     then averages: the mean scale); a tie gives 0; scaled=False gives the bare vote."""
     signs = torch.tensor([[1, 1, -1, -1, 1, 1], [1, -1, -1, 1, 1, -1], [1, 1, 1, -1, -1, -1],

@@ -209,6 +209,29 @@ def test_decoding_sums_the_ranks_as_the_cpu_kernels(cpu: object, n: int) -> None
         same(cpu.unpack_sum(ternary, scale, n), gpu.unpack_sum(*on_device(ternary, scale), n), "ternary sum")
 
 
+@pytest.mark.parametrize("n", SIZES)
+def test_the_vote_and_the_subtraction_equal_the_cpu_kernels(cpu: object, n: int) -> None:
+    """signSGD's majority vote (ties on even ranks; scales at a stride, as gathered) and error feedback's update of
+    the residual in place (one payload, with tables or a grid)."""
+    generator = torch.Generator().manual_seed(n)
+    for ranks in (1, 2, 3, 4):
+        votes = torch.stack([pack_bits(c, 1) for c in torch.randint(0, 2, (ranks, n), generator=generator,
+                                                                    dtype=torch.uint8)])
+        scales = torch.rand(ranks, 2, generator=generator)[:, 0]
+        same(cpu.sign_vote(votes, scales, n), gpu.sign_vote(*on_device(votes), scales.to(DEVICE), n), "vote")
+    for bits in range(1, 9):
+        bucket = 8 if bits % 2 else max(n, 8)
+        codes = pack_bits(torch.randint(0, 1 << bits, (n,), generator=generator, dtype=torch.uint8), bits)[None]
+        tables = torch.randn(1, -(-n // bucket), 1 << bits, generator=generator)
+        for table, grid in [(tables, torch.empty(0)), (tables[:, :, :1].contiguous(), torch.randn(1 << bits))]:
+            residual = torch.randn(n, generator=generator)
+            expected = residual.clone()
+            cpu.decode_subtract(expected, codes, table, grid, bits, bucket)
+            residual = residual.to(DEVICE)
+            gpu.decode_subtract(residual, *on_device(codes, table, grid), bits, bucket)
+            same(expected, residual, f"subtracted, {bits} bits")
+
+
 def test_decoding_reads_gathered_rows_in_place(cpu: object) -> None:
     """Rows of payloads at equal steps in one buffer (each rank's segment after the last, as gathered) decode as
     a strided view, as the CPU kernels decode them."""
@@ -478,23 +501,32 @@ def test_bad_arguments_are_refused_with_their_name() -> None:
         gpu.randomk_select(x, 65, 0, False)
     with pytest.raises(ValueError, match=r"k must be in \[0, n\] = \[0, 64\]"):
         gpu.topk(x, 65)
+    with pytest.raises(ValueError, match="subtracts one payload from a float32 contiguous residual, got 2"):
+        gpu.decode_subtract(x, torch.zeros(2, 8, dtype=torch.uint8, device=DEVICE), torch.zeros(2, 1, 1, device=DEVICE),
+                            torch.zeros(2, device=DEVICE), 1, 64)
+    with pytest.raises(ValueError, match="do not hold 64 signs"):
+        gpu.sign_vote(torch.zeros(1, 7, dtype=torch.uint8, device=DEVICE), torch.ones(1, device=DEVICE), 64)
     with pytest.raises(ValueError, match="do not hold 64 elements"):
         gpu.decode_sum(torch.zeros(1, 7, dtype=torch.uint8, device=DEVICE), torch.zeros(1, 1, 4, device=DEVICE),
                        torch.empty(0, device=DEVICE), 1, 64, 64)
 
 
-def _through_method(method: str, grads: list[torch.Tensor], options: dict) -> list[torch.Tensor]:
-    """Every rank's payload of one step, then the decoded sum and one rank's decoded payload."""
-    compressor = make_compressor(method, options, error_feedback=False)
+def _through_method(method: str, grads: list[torch.Tensor], options: dict,
+                    error_feedback: bool = False) -> list[torch.Tensor]:
+    """Every rank's payload of one step, then the decoded sum and one rank's decoded payload; with
+    ``error_feedback``, each rank's residual after its step (each rank a state of its own, as in training)."""
+    compressor = make_compressor(method, options, error_feedback=error_feedback)
     ctx = replace(Context.local(grads[0], seed=3), step=1)
-    state = compressor.init_state(grads[0], ctx)
-    payloads = []
+    shared = compressor.init_state(grads[0], ctx)
+    payloads, residuals = [], []
     for grad in grads:
+        state = compressor.init_state(grad, ctx) if error_feedback else shared
         compressor.agree(grad, state, ctx)  # TernGrad keeps its statistics for compress()
         payload, meta = compressor.compress(grad, state, ctx)
         payloads.append(payload)
+        residuals.extend([state["residual"]] if error_feedback else [])
     return [*(part for payload in payloads for part in payload), compressor.aggregate(payloads, meta),
-            compressor.decompress(payloads[0], meta)]
+            compressor.decompress(payloads[0], meta), *residuals]
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -506,12 +538,13 @@ def test_methods_on_the_triton_kernels_equal_the_cpu_kernels(cpu: object, method
     options = {"qsgd": {"bits": 3}, "orq": {"bits": 3}, "signsgd": {"momentum": 0},
                "efsignsgd": {"momentum": 0}}.get(method, {})
     grads = [dyadic(3 * 700, seed).view(3, 700) for seed in range(3)]
-    reference = _through_method(method, grads, options)
+    error_feedback = method in ("efsignsgd", "onebit", "bingrad")  # their residual's update is a kernel's too
+    reference = _through_method(method, grads, options, error_feedback)
     if not CUDA:
         monkeypatch.setenv("HVDCOMP_KERNELS", "triton")
     moved = [grad.to(DEVICE) for grad in grads]
     with no_sync():
-        results = _through_method(method, moved, options)
+        results = _through_method(method, moved, options, error_feedback)
     for index, (expected, got) in enumerate(zip(reference, results, strict=True)):
         same(expected, got, f"{method}, output {index}")
 

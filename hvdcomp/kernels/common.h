@@ -40,6 +40,9 @@ std::vector<torch::Tensor> quantize_binary(const torch::Tensor& x, int64_t bucke
 torch::Tensor pack_signs(const torch::Tensor& x, int64_t seed);
 torch::Tensor decode_sum(const torch::Tensor& packed, const torch::Tensor& tables, const torch::Tensor& grid,
                          int64_t bits, int64_t bucket, int64_t n);
+void decode_subtract(const torch::Tensor& residual, const torch::Tensor& packed, const torch::Tensor& tables,
+                     const torch::Tensor& grid, int64_t bits, int64_t bucket);
+torch::Tensor sign_vote(const torch::Tensor& packed, const torch::Tensor& scales, int64_t n);
 // threshold.cpp
 torch::Tensor excess_moments(const torch::Tensor& x, const torch::Tensor& threshold);
 // sketch.cpp

@@ -16,4 +16,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("excess_moments", &hvdcomp::excess_moments,
         "Threshold's fit: float64 [sum of max(|x| - t, 0), count of |x| > t] in one pass");
   m.def("decode_sum", &hvdcomp::decode_sum, "Decode and sum R ranks' b-bit payloads through per-bucket tables");
+  m.def("decode_subtract", &hvdcomp::decode_subtract, "residual -= one decoded b-bit payload, in place");
+  m.def("sign_vote", &hvdcomp::sign_vote, "signSGD's majority vote over R ranks' signs, times their summed scales");
 }

@@ -381,40 +381,39 @@ torch::Tensor pack_signs(const torch::Tensor& x, int64_t seed) {
   return packed;
 }
 
-// Decodes and sums the payloads of R ranks: packed uint8 [R, nbytes], tables float32 [R, buckets, T], each rank's
-// row contiguous and the rows at any stride (gathered payloads lie at equal steps in one buffer: no copy);
-// value = tables[r, bucket, code] where grid is empty (T = 2^bits), else tables[r, bucket, 0] * grid[code].
-// Returns float32 [n], added in rank order (the same bits on every rank).
-torch::Tensor decode_sum(const torch::Tensor& packed, const torch::Tensor& tables, const torch::Tensor& grid,
-                         int64_t bits, int64_t bucket, int64_t n) {
-  TORCH_CHECK(bits >= 1 && bits <= 8, "decode_sum: bits must be in [1, 8], got ", bits);
-  TORCH_CHECK(bucket >= 1 && (bucket % 8 == 0 || bucket >= n), "decode_sum: bucket must be a multiple of 8 or ",
+namespace {
+
+// decode_sum's and decode_subtract's work: the R payloads' decoded sum written to ``dst`` (float32 [n]), or, with
+// ``subtract`` (one payload), taken from it in place.
+void decode_into(const torch::Tensor& packed, const torch::Tensor& tables, const torch::Tensor& grid, int64_t bits,
+                 int64_t bucket, int64_t n, float* dst, bool subtract, const char* what) {
+  TORCH_CHECK(bits >= 1 && bits <= 8, what, ": bits must be in [1, 8], got ", bits);
+  TORCH_CHECK(bucket >= 1 && (bucket % 8 == 0 || bucket >= n), what, ": bucket must be a multiple of 8 or ",
               "hold the whole tensor, got ", bucket, " for ", n, " elements");
   TORCH_CHECK(packed.device().is_cpu() && packed.scalar_type() == torch::kUInt8 && packed.dim() == 2 &&
                   packed.stride(1) == 1,
-              "decode_sum: packed must be a CPU uint8 tensor [R, nbytes] with contiguous rows");
-  if (n == 0) return torch::empty({0}, torch::kFloat32);  // whatever tables a whole-tensor bucket came with
-  TORCH_CHECK(tables.device().is_cpu() && tables.scalar_type() == torch::kFloat32,
-              "decode_sum: tables must be a CPU float32 tensor");
+              what, ": packed must be a CPU uint8 tensor [R, nbytes] with contiguous rows");
+  if (n == 0) return;  // whatever tables a whole-tensor bucket came with
+  TORCH_CHECK(tables.device().is_cpu() && tables.scalar_type() == torch::kFloat32, what,
+              ": tables must be a CPU float32 tensor");
   check_float_contiguous(grid, "decode_sum: grid");
   const int64_t ranks = packed.size(0), nbytes = packed.size(1), levels = int64_t{1} << bits;
   const int64_t buckets = (n + bucket - 1) / bucket;
-  TORCH_CHECK(nbytes == packed_bytes(n, bits), "decode_sum: ", nbytes, " bytes per payload cannot hold ", n,
+  TORCH_CHECK(nbytes == packed_bytes(n, bits), what, ": ", nbytes, " bytes per payload cannot hold ", n,
               " elements of ", bits, " bits (expected ", packed_bytes(n, bits), ")");
+  TORCH_CHECK(!subtract || ranks == 1, what, ": subtracts one payload, got ", ranks);
   const int64_t width = grid.numel() == 0 ? levels : 1;
-  TORCH_CHECK(grid.numel() == 0 || grid.numel() == levels, "decode_sum: grid must hold 2^bits = ", levels,
+  TORCH_CHECK(grid.numel() == 0 || grid.numel() == levels, what, ": grid must hold 2^bits = ", levels,
               " values, got ", grid.numel());
   TORCH_CHECK(tables.dim() == 3 && tables.size(0) == ranks && tables.size(1) == buckets && tables.size(2) == width,
-              "decode_sum: tables must be [", ranks, ", ", buckets, ", ", width, "], got ", tables.sizes());
-  TORCH_CHECK(tables.stride(2) == 1 && (buckets == 1 || tables.stride(1) == width),
-              "decode_sum: each rank's tables must be contiguous");
+              what, ": tables must be [", ranks, ", ", buckets, ", ", width, "], got ", tables.sizes());
+  TORCH_CHECK(tables.stride(2) == 1 && (buckets == 1 || tables.stride(1) == width), what,
+              ": each rank's tables must be contiguous");
   const int64_t packed_stride = packed.size(0) > 1 ? packed.stride(0) : nbytes;
   const int64_t table_stride = tables.size(0) > 1 ? tables.stride(0) : buckets * width;
-  auto out = torch::empty({n}, torch::kFloat32);
   const uint8_t* src = packed.data_ptr<uint8_t>();
   const float* table = tables.data_ptr<float>();
   const float* steps = grid.numel() ? grid.data_ptr<float>() : nullptr;
-  float* dst = out.data_ptr<float>();
   const int64_t groups = (n + 7) / 8;
   at::parallel_for(0, groups, kGrain / 8, [&](int64_t begin, int64_t end) {
     float lut[256];
@@ -435,7 +434,9 @@ torch::Tensor decode_sum(const torch::Tensor& packed, const torch::Tensor& table
             uint64_t word;
             std::memcpy(&word, codes + g * B, 8);
             float* o = dst + 8 * g;
-            if (r == 0) {
+            if (subtract) {
+              for (int j = 0; j < 8; ++j) o[j] -= lut[(word >> (B * j)) & mask];
+            } else if (r == 0) {
               for (int j = 0; j < 8; ++j) o[j] = lut[(word >> (B * j)) & mask];
             } else {
               for (int j = 0; j < 8; ++j) o[j] += lut[(word >> (B * j)) & mask];
@@ -444,12 +445,75 @@ torch::Tensor decode_sum(const torch::Tensor& packed, const torch::Tensor& table
           for (int64_t g = fast; g < last; ++g) {
             const uint64_t word = load_group(codes, g, B, nbytes);
             float* o = dst + 8 * g;
-            for (int64_t j = 0; j < std::min<int64_t>(8, n - 8 * g); ++j)
-              o[j] = (r == 0 ? 0.f : o[j]) + lut[(word >> (B * j)) & mask];
+            for (int64_t j = 0; j < std::min<int64_t>(8, n - 8 * g); ++j) {
+              const float value = lut[(word >> (B * j)) & mask];
+              o[j] = subtract ? o[j] - value : (r == 0 ? 0.f : o[j]) + value;
+            }
           }
         });
       }
       first = last;
+    }
+  });
+}
+
+}  // namespace
+
+// Decodes and sums the payloads of R ranks: packed uint8 [R, nbytes], tables float32 [R, buckets, T], each rank's
+// row contiguous and the rows at any stride (gathered payloads lie at equal steps in one buffer: no copy);
+// value = tables[r, bucket, code] where grid is empty (T = 2^bits), else tables[r, bucket, 0] * grid[code].
+// Returns float32 [n], added in rank order (the same bits on every rank).
+torch::Tensor decode_sum(const torch::Tensor& packed, const torch::Tensor& tables, const torch::Tensor& grid,
+                         int64_t bits, int64_t bucket, int64_t n) {
+  auto out = torch::empty({n}, torch::kFloat32);
+  decode_into(packed, tables, grid, bits, bucket, n, out.data_ptr<float>(), false, "decode_sum");
+  return out;
+}
+
+// Error feedback's update, residual -= decode(payload), in place and in one pass: one payload (packed uint8
+// [1, nbytes], tables [1, buckets, T]) as decode_sum decodes it, from the float32 contiguous ``residual``.
+void decode_subtract(const torch::Tensor& residual, const torch::Tensor& packed, const torch::Tensor& tables,
+                     const torch::Tensor& grid, int64_t bits, int64_t bucket) {
+  check_float_contiguous(residual, "decode_subtract: residual");
+  decode_into(packed, tables, grid, bits, bucket, residual.numel(), residual.data_ptr<float>(), true,
+              "decode_subtract");
+}
+
+// signSGD's majority vote over R ranks' 1-bit sign payloads (packed uint8 [R, ceil(n / 8)], rows contiguous at any
+// stride; bit 1: positive): sign(sum_r (2 b_r - 1)) times the ranks' scales (float32 [R], any stride) summed in
+// rank order; a tie gives 0. Returns float32 [n].
+torch::Tensor sign_vote(const torch::Tensor& packed, const torch::Tensor& scales, int64_t n) {
+  TORCH_CHECK(packed.device().is_cpu() && packed.scalar_type() == torch::kUInt8 && packed.dim() == 2 &&
+                  packed.stride(1) == 1,
+              "sign_vote: packed must be a CPU uint8 tensor [R, nbytes] with contiguous rows");
+  const int64_t ranks = packed.size(0), nbytes = packed.size(1);
+  TORCH_CHECK(nbytes == packed_bytes(n, 1), "sign_vote: ", nbytes, " bytes per payload cannot hold ", n,
+              " signs (expected ", packed_bytes(n, 1), ")");
+  TORCH_CHECK(scales.device().is_cpu() && scales.scalar_type() == torch::kFloat32 && scales.dim() == 1 &&
+                  scales.numel() == ranks,
+              "sign_vote: scales must be a CPU float32 tensor [", ranks, "], got ", scales.sizes());
+  const float* sc = scales.data_ptr<float>();
+  float scale = 0.f;
+  for (int64_t r = 0; r < ranks; ++r) scale += sc[r * scales.stride(0)];
+  auto out = torch::empty({n}, torch::kFloat32);
+  const int64_t stride = ranks > 1 ? packed.stride(0) : nbytes;
+  const uint8_t* src = packed.data_ptr<uint8_t>();
+  float* dst = out.data_ptr<float>();
+  constexpr int64_t kChunk = 512;  // bytes of signs whose votes one pass over the ranks counts
+  at::parallel_for(0, nbytes, kGrain / 8, [&](int64_t begin, int64_t end) {
+    int32_t votes[8 * kChunk];
+    for (int64_t first = begin; first < end; first += kChunk) {
+      const int64_t last = std::min(end, first + kChunk);
+      std::fill(votes, votes + 8 * (last - first), 0);
+      for (int64_t r = 0; r < ranks; ++r) {
+        const uint8_t* codes = src + r * stride;
+        for (int64_t b = first; b < last; ++b)
+          for (int j = 0; j < 8; ++j) votes[8 * (b - first) + j] += 2 * ((codes[b] >> j) & 1) - 1;
+      }
+      for (int64_t i = 8 * first; i < std::min(n, 8 * last); ++i) {
+        const int32_t v = votes[i - 8 * first];
+        dst[i] = (v > 0 ? 1.f : (v < 0 ? -1.f : 0.f)) * scale;
+      }
     }
   });
   return out;

@@ -40,15 +40,16 @@ as DGC's do; ``hvdcomp train`` sets it):
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
 
 from hvdcomp import check
 from hvdcomp.compressor import MEASURED
-from hvdcomp.kernels import is_triton
+from hvdcomp.kernels import is_triton, kernels_for
 from hvdcomp.packing import pack_bits
-from hvdcomp.quantization import BucketQuantizer, decode_sum, generator
+from hvdcomp.quantization import BucketQuantizer, decode_sum, generator, stacked
 from hvdcomp.wire import Payload
 
 
@@ -129,12 +130,16 @@ class SignSGD(EFSignSGD):
         return super().scale_torch(x) if self.scaled else x.new_ones(1, 1)
 
     def aggregate(self, payloads: list[Payload], meta: Any) -> torch.Tensor:
-        """The majority vote, sign(sum of the ranks' signs), times the sum of their scales (the optimizer's
-        average then applies the mean scale)."""
+        """The majority vote, sign(sum of the ranks' signs), times the sum of their scales added in rank order (the
+        optimizer's average then applies the mean scale): one pass of the fused kernels where they apply."""
         shape, n = meta
         device = payloads[0][1].device
+        scales = stacked([payload[0].reshape(1) for payload in payloads])[:, 0]  # gathered: a view, no copy
+        kernels = kernels_for(device)
+        if kernels is not None:
+            return kernels.sign_vote(stacked([payload[1] for payload in payloads]), scales, n).view(shape)
         ones = torch.ones(1, 1, device=device)
         votes = decode_sum([payload[1] for payload in payloads], [ones] * len(payloads), self.grid(device), 1,
                            self.bucket(n), n)
-        scale = torch.cat([payload[0].reshape(1) for payload in payloads]).sum()
+        scale = functools.reduce(torch.add, scales.unbind())
         return votes.sign_().mul_(scale).view(shape)

@@ -21,12 +21,20 @@ the launches those tests made through Triton's compiler front end for a Hopper G
 """
 
 from hvdcomp.kernels.gpu.lowrank import orthogonalize
-from hvdcomp.kernels.gpu.quant import MAX_BUCKET, decode_sum, pack_signs, quantize_binary, quantize_levels
+from hvdcomp.kernels.gpu.quant import (
+    MAX_BUCKET,
+    decode_subtract,
+    decode_sum,
+    pack_signs,
+    quantize_binary,
+    quantize_levels,
+    sign_vote,
+)
 from hvdcomp.kernels.gpu.randomk import randomk_select
 from hvdcomp.kernels.gpu.select import excess_moments, threshold_fit, topk
 from hvdcomp.kernels.gpu.sketch import sketch_candidates, sketch_encode, sketch_peel
 from hvdcomp.kernels.gpu.ternary import abs_mean, ternarize_pack, ternary_statistics, unpack_sum
 
-__all__ = ["MAX_BUCKET", "abs_mean", "decode_sum", "excess_moments", "orthogonalize", "pack_signs", "quantize_binary",
-           "quantize_levels", "randomk_select", "sketch_candidates", "sketch_encode", "sketch_peel", "ternarize_pack",
-           "ternary_statistics", "threshold_fit", "topk", "unpack_sum"]
+__all__ = ["MAX_BUCKET", "abs_mean", "decode_subtract", "decode_sum", "excess_moments", "orthogonalize", "pack_signs",
+           "quantize_binary", "quantize_levels", "randomk_select", "sign_vote", "sketch_candidates", "sketch_encode",
+           "sketch_peel", "ternarize_pack", "ternary_statistics", "threshold_fit", "topk", "unpack_sum"]

@@ -291,7 +291,7 @@ def pack_signs(x: torch.Tensor, seed: int) -> torch.Tensor:
 
 @triton.jit(do_not_specialize=["ranks", "n", "nbytes", "packed_stride", "tables_stride"])
 def _decode_kernel(packed_ptr, tables_ptr, grid_ptr, out_ptr, ranks, n, nbytes, packed_stride, tables_stride, bucket,
-                   BITS: tl.constexpr, GRID: tl.constexpr, BLOCK: tl.constexpr):
+                   BITS: tl.constexpr, GRID: tl.constexpr, SUBTRACT: tl.constexpr, BLOCK: tl.constexpr):
     elements = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = elements < n
     row = elements // bucket
@@ -307,7 +307,30 @@ def _decode_kernel(packed_ptr, tables_ptr, grid_ptr, out_ptr, ranks, n, nbytes, 
             value = tl.load(entry + codes, mask=mask, other=0.0)
         total += value
         rank += 1
+    if SUBTRACT:  # error feedback's residual, in place (one payload: total is its value, exactly)
+        total = tl.load(out_ptr + elements, mask=mask, other=0.0) - total
     tl.store(out_ptr + elements, total, mask=mask)
+
+
+def _decode(packed: torch.Tensor, tables: torch.Tensor, grid: torch.Tensor, bits: int, bucket: int, n: int,
+            out: torch.Tensor, subtract: bool, what: str) -> None:
+    """Decodes the payloads into ``out``: their sum, or with ``subtract`` (one payload) ``out`` minus it."""
+    ranks, nbytes = packed.shape
+    buckets = -(-n // bucket) if n else 0
+    width = 1 if grid.numel() else 1 << bits
+    rows_contiguous = (nbytes < 2 or packed.stride(1) == 1) and (width < 2 or tables.stride(2) == 1) \
+        and (buckets < 2 or tables.stride(1) == width)
+    if nbytes != -(-n * bits // 8) or tuple(tables.shape) != (ranks, buckets, width) or not rows_contiguous:
+        raise ValueError(f"{what}: payloads uint8 {tuple(packed.shape)} and tables {tuple(tables.shape)} do not "
+                         f"hold {n} elements of {bits} bits in buckets of {bucket} (expected [{ranks}, "
+                         f"{-(-n * bits // 8)}] and [{ranks}, {buckets}, {width}], each rank's row contiguous)")
+    if n:
+        block = min(_DECODE_BLOCK, max(triton.next_power_of_2(n), 16))
+        steps = grid if grid.numel() else tables  # (not read without a grid: any valid pointer)
+        _decode_kernel[(triton.cdiv(n, block),)](packed, tables, steps, out, ranks, n, nbytes, packed.stride(0),
+                                                 tables.stride(0), bucket, BITS=bits, GRID=grid.numel() > 0,
+                                                 SUBTRACT=subtract, BLOCK=block,
+                                                 enable_fp_fusion=False)
 
 
 def decode_sum(packed: torch.Tensor, tables: torch.Tensor, grid: torch.Tensor, bits: int, bucket: int,
@@ -316,20 +339,52 @@ def decode_sum(packed: torch.Tensor, tables: torch.Tensor, grid: torch.Tensor, b
     [R, buckets, T], each rank's row contiguous, the rows at any stride) of their decoded values, float32 [n], added
     in rank order. An empty ``grid`` means the tables hold the levels (T = 2^bits); else value =
     tables[r, bucket, 0] * grid[code]."""
+    out = torch.empty(n, dtype=torch.float32, device=packed.device)
+    _decode(packed, tables, grid, bits, bucket, n, out, False, "decode_sum")
+    return out
+
+
+def decode_subtract(residual: torch.Tensor, packed: torch.Tensor, tables: torch.Tensor, grid: torch.Tensor, bits: int,
+                    bucket: int) -> None:
+    """``decode_subtract`` of the CPU kernels: error feedback's ``residual -= decode(payload)`` in place, in one
+    launch, for one payload (``packed`` [1, nbytes], ``tables`` [1, buckets, T]) and a float32 contiguous
+    ``residual``."""
+    if packed.shape[0] != 1 or residual.dtype != torch.float32 or not residual.is_contiguous():
+        raise ValueError(f"decode_subtract: subtracts one payload from a float32 contiguous residual, got "
+                         f"{packed.shape[0]} payloads and a {residual.dtype} residual")
+    _decode(packed, tables, grid, bits, bucket, residual.numel(), residual, True, "decode_subtract")
+
+
+@triton.jit(do_not_specialize=["ranks", "n", "nbytes", "packed_stride", "scales_stride"])
+def _vote_kernel(packed_ptr, scales_ptr, out_ptr, ranks, n, nbytes, packed_stride, scales_stride,
+                 BLOCK: tl.constexpr):
+    elements = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = elements < n
+    votes = tl.zeros([BLOCK], dtype=tl.int32)
+    scale = tl.zeros([1], dtype=tl.float32)
+    rank = 0
+    while rank < ranks:  # the scales in rank order, as the CPU kernel adds them
+        bits = load_codes(packed_ptr + rank.to(tl.int64) * packed_stride, elements, mask, nbytes, 1).to(tl.int32)
+        votes += 2 * bits - 1
+        scale += tl.load(scales_ptr + rank.to(tl.int64) * scales_stride + tl.zeros([1], dtype=tl.int64))
+        rank += 1
+    sign = tl.where(votes > 0, 1.0, tl.where(votes < 0, -1.0, 0.0))
+    tl.store(out_ptr + elements, sign * scale, mask=mask)
+
+
+def sign_vote(packed: torch.Tensor, scales: torch.Tensor, n: int) -> torch.Tensor:
+    """``sign_vote`` of the CPU kernels: signSGD's majority vote over R ranks' signs (``packed`` uint8
+    [R, ceil(n / 8)], rows at any stride; bit 1: positive), sign(sum_r (2 b_r - 1)) times the ranks' ``scales``
+    (float32 [R], any stride) added in rank order, in one launch; a tie gives 0. float32 [n]."""
     ranks, nbytes = packed.shape
-    buckets = -(-n // bucket) if n else 0
-    width = 1 if grid.numel() else 1 << bits
-    rows_contiguous = (nbytes < 2 or packed.stride(1) == 1) and (width < 2 or tables.stride(2) == 1) \
-        and (buckets < 2 or tables.stride(1) == width)
-    if nbytes != -(-n * bits // 8) or tuple(tables.shape) != (ranks, buckets, width) or not rows_contiguous:
-        raise ValueError(f"decode_sum: payloads uint8 {tuple(packed.shape)} and tables {tuple(tables.shape)} do not "
-                         f"hold {n} elements of {bits} bits in buckets of {bucket} (expected [{ranks}, "
-                         f"{-(-n * bits // 8)}] and [{ranks}, {buckets}, {width}], each rank's row contiguous)")
+    if nbytes != -(-n // 8) or (nbytes > 1 and packed.stride(1) != 1) or scales.dim() != 1 \
+            or scales.numel() != ranks or scales.dtype != torch.float32:
+        raise ValueError(f"sign_vote: {ranks} payloads uint8 {tuple(packed.shape)} and scales {scales.dtype} "
+                         f"{tuple(scales.shape)} do not hold {n} signs (expected [{ranks}, {-(-n // 8)}] with "
+                         f"contiguous rows and float32 [{ranks}])")
     out = torch.empty(n, dtype=torch.float32, device=packed.device)
     if n:
         block = min(_DECODE_BLOCK, max(triton.next_power_of_2(n), 16))
-        steps = grid if grid.numel() else tables  # (not read without a grid: any valid pointer)
-        _decode_kernel[(triton.cdiv(n, block),)](packed, tables, steps, out, ranks, n, nbytes, packed.stride(0),
-                                                 tables.stride(0), bucket, BITS=bits, GRID=grid.numel() > 0,
-                                                 BLOCK=block, enable_fp_fusion=False)
+        _vote_kernel[(triton.cdiv(n, block),)](packed, scales, out, ranks, n, nbytes, packed.stride(0),
+                                               scales.stride(0), BLOCK=block, enable_fp_fusion=False)
     return out
