@@ -37,6 +37,7 @@ import torch
 
 from hvdcomp import check
 from hvdcomp.compressor import Compressor, Context, State
+from hvdcomp.kernels import kernels_for
 from hvdcomp.requests import Agree
 from hvdcomp.wire import Payload
 
@@ -105,12 +106,26 @@ class _Wrapper(Compressor):
         return self.inner
 
 
-def corrected(tensor: torch.Tensor, u: torch.Tensor, momentum: float, average: bool) -> torch.Tensor:
+def corrected(tensor: torch.Tensor, u: torch.Tensor | None, momentum: float, average: bool) -> torch.Tensor:
     """u_t (momentum correction, module docstring) from the gradient ``tensor`` and u_{t-1} in ``u``, which is updated
-    in place and returned: m u + g where ``average``, else g / (1 - m)."""
+    in place and returned: m u + g where ``average``, else g / (1 - m) (written to ``u`` where given)."""
     if average:
         return u.mul_(momentum).add_(tensor)
     return torch.mul(tensor, 1 / (1 - momentum), out=u)
+
+
+def momentum_step(tensor: torch.Tensor, u: torch.Tensor | None, residual: torch.Tensor | None, momentum: float,
+                  average: bool) -> None:
+    """The memory's update, in place: u_t = :func:`corrected` (kept in ``u`` where given: the running average needs
+    it), then ``residual`` += u_t where given. Where the fused kernels apply (a float32 contiguous gradient) one pass
+    over the three tensors, where PyTorch takes three (``mul_``, ``add_``, ``add_``); the same bits either way."""
+    kernels = kernels_for(tensor.device)
+    if kernels is not None and tensor.dtype == torch.float32 and tensor.is_contiguous():
+        kernels.momentum_step(tensor, u, residual, momentum if average else 1 / (1 - momentum), average)
+        return
+    value = corrected(tensor, u, momentum, average)
+    if residual is not None:
+        residual.add_(value)
 
 
 def _unaliased(payload: Payload, buffer: torch.Tensor) -> Payload:
@@ -138,7 +153,7 @@ class ErrorFeedback(_Wrapper):
         # contiguous whatever the parameter's memory format (channels-last): compressors view it flat
         state = {"residual": torch.zeros(tensor.shape, dtype=torch.float32, device=tensor.device),
                  "inner": self.inner.init_state(tensor, ctx)}
-        if self.momentum:
+        if self.momentum and self.average:  # the gain alone keeps nothing from step to step
             state["momentum"] = torch.zeros(tensor.shape, dtype=torch.float32, device=tensor.device)
         return state
 
@@ -146,15 +161,18 @@ class ErrorFeedback(_Wrapper):
         if not self.inner.agrees:
             return None
         if self.momentum:  # u_t as compress() will compute it, leaving the state to the step's compress()
-            tensor = corrected(tensor, state["momentum"].clone(), self.momentum, self.average)
+            tensor = corrected(tensor, state["momentum"].clone() if self.average else None, self.momentum,
+                               self.average)
         return self.inner.agree(tensor + state["residual"], state["inner"], ctx)
 
     def compress(self, tensor: torch.Tensor, state: State, ctx: Context,
                  agreed: torch.Tensor | None = None) -> tuple[Payload, Any]:
-        if self.momentum:
-            tensor = corrected(tensor, state["momentum"], self.momentum, self.average)
         residual = state["residual"]
-        compensated = residual.add_(tensor)  # p_t, built in the residual's buffer: no allocation
+        if self.momentum:
+            momentum_step(tensor, state.get("momentum"), residual, self.momentum, self.average)
+        else:
+            residual.add_(tensor)
+        compensated = residual  # p_t, built in the residual's buffer: no allocation
         payload, meta = self.inner.compress(compensated, state["inner"], ctx, agreed)
         payload = _unaliased(payload, residual)
         self.inner.subtract(residual, payload, meta)  # e_t = p_t - D(C(p_t))
@@ -190,7 +208,8 @@ class MomentumCorrection(_Wrapper):
 
     def compress(self, tensor: torch.Tensor, state: State, ctx: Context,
                  agreed: torch.Tensor | None = None) -> tuple[Payload, Any]:
-        u = corrected(tensor, state["momentum"], self.momentum, True)
+        u = state["momentum"]
+        momentum_step(tensor, u, None, self.momentum, True)
         payload, meta = self.inner.compress(u, state["inner"], ctx, agreed)
         return _unaliased(payload, u), meta
 

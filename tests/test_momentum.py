@@ -12,6 +12,7 @@ from hvdcomp import (
     Context,
     EFSignSGD,
     ErrorFeedback,
+    FP16Compressor,
     MomentumCorrection,
     NoneCompressor,
     RandomK,
@@ -20,7 +21,8 @@ from hvdcomp import (
     make_compressor,
     reductions,
 )
-from hvdcomp.error_feedback import with_memory
+from hvdcomp.error_feedback import corrected, with_memory
+from hvdcomp.kernels import cpu_kernels
 
 
 def _ctx(tensor: torch.Tensor, step: int = 0) -> Context:
@@ -136,3 +138,56 @@ def test_two_phase_owners_re_send_without_momentum() -> None:
         reduction = reductions.make("two_phase", make_compressor(method))
         assert isinstance(reduction._owner, ErrorFeedback) and type(reduction._owner.inner) is bare
         assert not reduction._owner.applies_momentum
+
+
+@pytest.mark.parametrize("average", [True, False])
+def test_the_fused_update_has_the_bits_of_pytorchs_operations(average: bool) -> None:
+    """The memory's update in one pass of the CPU kernels (``momentum_step``) rounds as PyTorch's ``mul_``, ``add_``,
+    ``add_`` do: u and the residual equal bit for bit, with the residual or u absent too; the gain keeps no u."""
+    kernels = cpu_kernels()
+    generator = torch.Generator().manual_seed(6)
+    g, u, residual = (torch.randn(40_000, generator=generator) for _ in range(3))
+    expected_u = corrected(g, u.clone(), 0.9, average)
+    for keep_u, keep_residual in [(True, True), (True, False), (False, True)]:
+        if average and not keep_u:
+            with pytest.raises(RuntimeError, match="the running average needs its buffer u"):
+                kernels.momentum_step(g, None, residual.clone(), 0.9, True)
+            continue
+        got_u, got_residual = u.clone() if keep_u else None, residual.clone() if keep_residual else None
+        kernels.momentum_step(g, got_u, got_residual, 0.9 if average else 1 / (1 - 0.9), average)
+        if keep_u:
+            assert torch.equal(got_u, expected_u)
+        if keep_residual:
+            assert torch.equal(got_residual, residual + expected_u)
+    with pytest.raises(RuntimeError, match="buffers of 3 elements for a gradient of 40000"):
+        kernels.momentum_step(g, torch.zeros(3), None, 0.9, True)
+    state = make_compressor("randomk" if not average else "topk").init_state(g, _ctx(g))
+    assert ("momentum" in state) is average, "the gain alone keeps nothing from step to step"
+
+
+MEMORIES = {"topk": lambda: make_compressor("topk"), "dgc": lambda: make_compressor("dgc"),
+            "fp16, the gain": lambda: ErrorFeedback(FP16Compressor(), 0.9, average=False),
+            "fp16, the momentum alone": lambda: MomentumCorrection(FP16Compressor(), 0.9)}
+
+
+@pytest.mark.parametrize("method", MEMORIES)
+def test_the_memory_on_the_kernels_equals_its_pytorch_path(method: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three steps of a method with its memory (error feedback with the running average or the gain, Signum's
+    momentum alone, DGC's own): the same payloads and state, bit for bit, with the fused kernels and without. (The
+    methods chosen select alike on both paths; fp16 stands in for the sign family and random-k, whose
+    PyTorch paths draw or sum apart from their kernels.)"""
+    gradients = torch.randn(3, 64, 50, generator=torch.Generator().manual_seed(7))
+
+    def steps() -> list[torch.Tensor]:
+        compressor = MEMORIES[method]()
+        state = compressor.init_state(gradients[0], _ctx(gradients[0]))
+        out = []
+        for step, g in enumerate(gradients):
+            payload, _ = compressor.compress(g, state, _ctx(g, 1000 + step))
+            out += [*payload, *(value for value in state.values() if isinstance(value, torch.Tensor))]
+        return out
+
+    fused = steps()
+    monkeypatch.setenv("HVDCOMP_KERNELS", "0")
+    for index, (expected, got) in enumerate(zip(steps(), fused, strict=True)):
+        assert torch.equal(expected, got), f"{method}, output {index}"

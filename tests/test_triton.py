@@ -232,6 +232,24 @@ def test_the_vote_and_the_subtraction_equal_the_cpu_kernels(cpu: object, n: int)
             same(expected, residual, f"subtracted, {bits} bits")
 
 
+@pytest.mark.parametrize("average", [True, False])
+def test_the_memory_update_equals_the_cpu_kernels(cpu: object, average: bool) -> None:
+    """Momentum correction with error feedback's accumulation in one launch: u and the residual bit for bit as the
+    CPU kernel's (Gaussian values: the multiply and the add round apart on both), u or the residual absent too."""
+    generator = torch.Generator().manual_seed(9)
+    g, u, residual = (torch.randn(3000, generator=generator) for _ in range(3))
+    factor = 0.9 if average else 1 / (1 - 0.9)
+    for keep_u, keep_residual in [(True, True), (True, False), *([] if average else [(False, True)])]:
+        expected = [u.clone() if keep_u else None, residual.clone() if keep_residual else None]
+        cpu.momentum_step(g, *expected, factor, average)
+        got = [u.to(DEVICE) if keep_u else None, residual.to(DEVICE) if keep_residual else None]
+        with no_sync():
+            gpu.momentum_step(g.to(DEVICE), *got, factor, average)
+        for name, want, have in zip(("u", "residual"), expected, got, strict=True):
+            if want is not None:
+                same(want, have, f"{name}, average={average}")
+
+
 def test_decoding_reads_gathered_rows_in_place(cpu: object) -> None:
     """Rows of payloads at equal steps in one buffer (each rank's segment after the last, as gathered) decode as
     a strided view, as the CPU kernels decode them."""
@@ -504,6 +522,8 @@ def test_bad_arguments_are_refused_with_their_name() -> None:
     with pytest.raises(ValueError, match="subtracts one payload from a float32 contiguous residual, got 2"):
         gpu.decode_subtract(x, torch.zeros(2, 8, dtype=torch.uint8, device=DEVICE), torch.zeros(2, 1, 1, device=DEVICE),
                             torch.zeros(2, device=DEVICE), 1, 64)
+    with pytest.raises(ValueError, match="u needed to average"):
+        gpu.momentum_step(x, None, x.clone(), 0.9, True)
     with pytest.raises(ValueError, match="do not hold 64 signs"):
         gpu.sign_vote(torch.zeros(1, 7, dtype=torch.uint8, device=DEVICE), torch.ones(1, device=DEVICE), 64)
     with pytest.raises(ValueError, match="do not hold 64 elements"):

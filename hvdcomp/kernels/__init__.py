@@ -1,10 +1,10 @@
 """Fused kernels: on CPU tensors a C++ extension (``ternary.cpp`` for TernGrad, ``randomk.cpp`` for random-k,
-``quant.cpp`` for the bucketed quantizers, ``sketch.cpp`` for the homomorphic sketch's decoding, ``threshold.cpp``
-for threshold's fit, bound in ``module.cpp``), on CUDA tensors Triton kernels
-(:mod:`hvdcomp.kernels.gpu`: TernGrad, the quantizers, random-k, the sparsifiers' selection and threshold's fit, the
-sketch's encoding and decoding) with the same functions, wire format and results; and, on CUDA only, PowerSGD's
-orthogonalization (one launch where PyTorch takes 14; CPU tensors keep PyTorch's). :func:`kernels_for` picks the one
-for a tensor's device.
+``quant.cpp`` for the bucketed quantizers, ``sketch.cpp`` for the homomorphic sketch's decoding, ``threshold.cpp`` for
+threshold's fit, ``memory.cpp`` for momentum correction and error feedback's accumulation, bound in ``module.cpp``), on
+CUDA tensors Triton kernels (:mod:`hvdcomp.kernels.gpu`: TernGrad, the quantizers, random-k, the sparsifiers' selection
+and threshold's fit, the sketch's encoding and decoding, the memory's update) with the same functions, wire format and
+results; and, on CUDA only, PowerSGD's orthogonalization (one launch where PyTorch takes 14; CPU tensors keep
+PyTorch's). :func:`kernels_for` picks the one for a tensor's device.
 
 The C++ extension is compiled once with PyTorch's C++ extension builder and cached.
 
@@ -58,8 +58,10 @@ def build() -> ModuleType:
         os.environ["PATH"] = os.pathsep.join([str(own), path or os.defpath])
     try:
         # -fopenmp: ATen's parallel_for is an OpenMP pragma in its header; without the flag it runs on one thread.
+        # -ffp-contract=off: a multiply and an add round apart, as in PyTorch's ops and the Triton kernels (GCC would
+        # fuse them into an FMA where the target has one, as aarch64 does).
         return load(name="hvdcomp_kernels", sources=[str(source) for source in _SOURCES],
-                    extra_cflags=["-O3", "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False,
+                    extra_cflags=["-O3", "-fopenmp", "-ffp-contract=off"], extra_ldflags=["-fopenmp"], verbose=False,
                     build_directory=build_directory)
     finally:
         if path is None:

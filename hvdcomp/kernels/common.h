@@ -1,9 +1,11 @@
-// Helpers shared by hvdcomp's fused CPU kernels (ternary.cpp, randomk.cpp, quant.cpp, threshold.cpp, sketch.cpp).
+// Helpers shared by hvdcomp's fused CPU kernels (ternary.cpp, randomk.cpp, quant.cpp, threshold.cpp, sketch.cpp,
+// memory.cpp).
 #pragma once
 
 #include <torch/extension.h>
 
 #include <cstdint>
+#include <optional>
 
 namespace hvdcomp {
 
@@ -45,6 +47,9 @@ void decode_subtract(const torch::Tensor& residual, const torch::Tensor& packed,
 torch::Tensor sign_vote(const torch::Tensor& packed, const torch::Tensor& scales, int64_t n);
 // threshold.cpp
 torch::Tensor excess_moments(const torch::Tensor& x, const torch::Tensor& threshold);
+// memory.cpp
+void momentum_step(const torch::Tensor& g, const std::optional<torch::Tensor>& u,
+                   const std::optional<torch::Tensor>& residual, double momentum, bool average);
 // sketch.cpp
 torch::Tensor sketch_candidates(const torch::Tensor& filter, int64_t n_items, int64_t seed, int64_t hashes);
 std::vector<torch::Tensor> sketch_peel(const torch::Tensor& candidates, const torch::Tensor& table, int64_t seed);

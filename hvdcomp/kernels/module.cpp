@@ -17,5 +17,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Threshold's fit: float64 [sum of max(|x| - t, 0), count of |x| > t] in one pass");
   m.def("decode_sum", &hvdcomp::decode_sum, "Decode and sum R ranks' b-bit payloads through per-bucket tables");
   m.def("decode_subtract", &hvdcomp::decode_subtract, "residual -= one decoded b-bit payload, in place");
+  m.def("momentum_step", &hvdcomp::momentum_step,
+        "Momentum correction and error feedback's accumulation in one pass: u <- m u + g (or g m), residual += u");
   m.def("sign_vote", &hvdcomp::sign_vote, "signSGD's majority vote over R ranks' signs, times their summed scales");
 }

@@ -55,6 +55,7 @@ import torch
 
 from hvdcomp import check
 from hvdcomp.compressor import MEASURED, Context, State
+from hvdcomp.error_feedback import momentum_step
 from hvdcomp.methods.topk import Sparse, top_entries, without_zeros
 from hvdcomp.wire import Payload
 
@@ -115,8 +116,8 @@ class DGC(Sparse):
             norm = torch.linalg.vector_norm(g.float())
             scale = (self.clip_norm / math.sqrt(ctx.size)) / norm.clamp(min=torch.finfo(torch.float32).tiny)
             g = g * scale.clamp(max=1)
-        u.mul_(self.momentum).add_(g)
-        return v.add_(u)
+        momentum_step(g, u, v, self.momentum, True)
+        return v
 
     def release(self, state: State, indices: torch.Tensor | None) -> None:
         """v zeroed where sent (``None``: everywhere, after a dense send), and u too with factor masking."""

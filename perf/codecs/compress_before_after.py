@@ -1,7 +1,7 @@
 """Compression speed on CPU of this working tree against a base commit, alternating: ``bench compress`` per method.
 
     .venv/bin/python perf/codecs/compress_before_after.py --base COMMIT [--methods terngrad qsgd] [--numel 4000000]
-        [--alternations 5] [--repeats 5] [--out compress_before_after.jsonl]
+        [--alternations 5] [--repeats 5] [--step] [--out compress_before_after.jsonl]
 
 For a change that must not move CPU speed (a new device path beside the CPU kernels): the base commit is checked
 out into a temporary git worktree with its own kernel build folder; then, ``--alternations`` times, each method runs
@@ -9,6 +9,10 @@ out into a temporary git worktree with its own kernel build folder; then, ``--al
 a change of load on the shared cores hits both alike. Rows, tagged ``before: COMMIT`` or ``after``, are appended to
 perf/results/OUT; per method the medians of compress + decompress GB/s on each side, their ranges and the ratio
 after / before are printed. One timing run at a time on this 2-core machine.
+
+``--step`` times a training step's work on one gradient instead (:data:`STEP`, through the public API, so that any
+base runs it): with the method's default memory (error feedback, momentum correction), ``agree``, ``compress`` (the
+memory's update included) and ``aggregate`` of the payload, in milliseconds.
 """
 
 from __future__ import annotations
@@ -27,11 +31,34 @@ RESULTS = REPO / "perf" / "results"
 BENCH = ("import json, sys; from hvdcomp.tools.bench import bench_compress; "
          "print(json.dumps(bench_compress(sys.argv[1], int(sys.argv[2]), 'cpu', int(sys.argv[3]))))")
 
+STEP = """
+import json, statistics, sys, time
+from dataclasses import replace
+import torch
+from hvdcomp import Context, make_compressor
+from hvdcomp.compressor import STEADY_STEP
+method, numel, repeats = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+x = torch.randn(numel, generator=torch.Generator().manual_seed(0))
+compressor = make_compressor(method)
+ctx = replace(Context.local(x, seed=1), step=STEADY_STEP)
+state = compressor.init_state(x, ctx)
+times = []
+for _ in range(repeats + 1):  # the first: warm-up
+    grad = x.clone()
+    start = time.perf_counter()
+    compressor.agree(grad, state, ctx)
+    payload, meta = compressor.compress(grad, state, ctx)
+    compressor.aggregate([payload], meta)
+    times.append(time.perf_counter() - start)
+print(json.dumps({"method": method, "numel": numel, "repeats": repeats, "step_ms": 1e3 * statistics.median(times[1:]),
+                  "threads": torch.get_num_threads()}))
+"""
 
-def run(tree: Path, method: str, numel: int, repeats: int) -> dict:
+
+def run(tree: Path, method: str, numel: int, repeats: int, step: bool) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    done = subprocess.run([sys.executable, "-c", BENCH, method, str(numel), str(repeats)], cwd=tree, env=env,
-                          capture_output=True, text=True, check=True, timeout=900)
+    done = subprocess.run([sys.executable, "-c", STEP if step else BENCH, method, str(numel), str(repeats)], cwd=tree,
+                          env=env, capture_output=True, text=True, check=True, timeout=900)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -43,6 +70,7 @@ def main() -> None:
     parser.add_argument("--numel", type=int, default=4_000_000)
     parser.add_argument("--alternations", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--step", action="store_true", help="time a step's agree + compress + aggregate (ms)")
     parser.add_argument("--out", default="compress_before_after.jsonl")
     args = parser.parse_args()
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", args.base], check=True,
@@ -60,15 +88,16 @@ def main() -> None:
                 for method in args.methods:
                     for side, tree in ((f"before: {commit}", base), ("after", REPO)):
                         row = {"side": side, "alternation": alternation, **run(tree, method, args.numel,
-                                                                                args.repeats)}
+                                                                                args.repeats, args.step)}
                         rows.append(row)
                         with open(RESULTS / args.out, "a") as out:
                             out.write(json.dumps(row) + "\n")
         finally:
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(base)], check=False)
-    print(f"{'method':<10} {'before GB/s (range)':>24} {'after GB/s (range)':>24} {'after/before':>13}")
+    field, unit = ("step_ms", "ms") if args.step else ("compress_decompress_gbps", "GB/s")
+    print(f"{'method':<10} {f'before {unit} (range)':>24} {f'after {unit} (range)':>24} {'after/before':>13}")
     for method in args.methods:
-        sides = [[r["compress_decompress_gbps"] for r in rows if r["method"] == method and r["side"] == side]
+        sides = [[r[field] for r in rows if r["method"] == method and r["side"] == side]
                  for side in (f"before: {commit}", "after")]
         before, after = (statistics.median(values) for values in sides)
         ranges = [f"{statistics.median(v):.3f} ({min(v):.3f}-{max(v):.3f})" for v in sides]

@@ -2,8 +2,8 @@
 format and draws as the CPU kernels of ``hvdcomp/kernels/*.cpp`` (``ternary.py`` for TernGrad and the tensor-wide
 moments, ``quant.py`` for the bucketed quantizers, ``randomk.py`` for random-k's selection, ``common.py`` for the
 generator and the bit packing), the sparsifiers' exact top-k selection on the device (``select.py``),
-the homomorphic sketch's deterministic encoding and peeling (``sketch.py``), and PowerSGD's orthogonalization
-(``lowrank.py``).
+the homomorphic sketch's deterministic encoding and peeling (``sketch.py``), PowerSGD's orthogonalization
+(``lowrank.py``), and the memory's update, momentum correction with error feedback's accumulation (``memory.py``).
 
 Scalars the CPU kernels take or return as host values (TernGrad's scaler and clip bound, the sign family's scale)
 stay on the device here, so nothing waits for the GPU. Sizes, seeds and counts are not specialized on
@@ -21,6 +21,7 @@ the launches those tests made through Triton's compiler front end for a Hopper G
 """
 
 from hvdcomp.kernels.gpu.lowrank import orthogonalize
+from hvdcomp.kernels.gpu.memory import momentum_step
 from hvdcomp.kernels.gpu.quant import (
     MAX_BUCKET,
     decode_subtract,
@@ -35,6 +36,7 @@ from hvdcomp.kernels.gpu.select import excess_moments, threshold_fit, topk
 from hvdcomp.kernels.gpu.sketch import sketch_candidates, sketch_encode, sketch_peel
 from hvdcomp.kernels.gpu.ternary import abs_mean, ternarize_pack, ternary_statistics, unpack_sum
 
-__all__ = ["MAX_BUCKET", "abs_mean", "decode_subtract", "decode_sum", "excess_moments", "orthogonalize", "pack_signs",
-           "quantize_binary", "quantize_levels", "randomk_select", "sign_vote", "sketch_candidates", "sketch_encode",
-           "sketch_peel", "ternarize_pack", "ternary_statistics", "threshold_fit", "topk", "unpack_sum"]
+__all__ = ["MAX_BUCKET", "abs_mean", "decode_subtract", "decode_sum", "excess_moments", "momentum_step",
+           "orthogonalize", "pack_signs", "quantize_binary", "quantize_levels", "randomk_select", "sign_vote",
+           "sketch_candidates", "sketch_encode", "sketch_peel", "ternarize_pack", "ternary_statistics", "threshold_fit",
+           "topk", "unpack_sum"]
