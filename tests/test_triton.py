@@ -205,7 +205,7 @@ def test_decoding_sums_the_ranks_as_the_cpu_kernels(cpu: object, n: int) -> None
                      gpu.decode_sum(*on_device(packed, scales, grid), bits, bucket, n), f"grid, {bits} bits")
         ternary = torch.stack([pack_bits(c, 2) for c in
                                torch.randint(0, 3, (ranks, n), generator=generator, dtype=torch.uint8)])
-        scale = torch.rand(ranks, generator=generator)
+        scale = torch.rand(ranks, 2, generator=generator)[:, 0]  # at a stride, as gathered
         same(cpu.unpack_sum(ternary, scale, n), gpu.unpack_sum(*on_device(ternary, scale), n), "ternary sum")
 
 
@@ -248,6 +248,23 @@ def test_the_memory_update_equals_the_cpu_kernels(cpu: object, average: bool) ->
         for name, want, have in zip(("u", "residual"), expected, got, strict=True):
             if want is not None:
                 same(want, have, f"{name}, average={average}")
+
+
+def test_gravac_agrees_on_norms_summed_in_two_launches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """GraVAC's agreed inputs, the squared norms of p, C_c(p) and C_min(p) then the step time: on the Triton kernels
+    the sums of PyTorch's path (dyadic values: exact in any order) from a fill and two launches; a half-precision
+    payload is summed in float32."""
+    from hvdcomp.methods.gravac import agreed_inputs
+
+    tensors = [dyadic(3000, 1), dyadic(2049, 2), dyadic(1, 3).half()]
+    expected = agreed_inputs(tensors, 0.25)
+    monkeypatch.setenv("HVDCOMP_KERNELS", "triton")
+    with no_sync(), Operators() as count:
+        got = agreed_inputs(on_device(*tensors), 0.25)
+    same(expected, got, "agreed inputs")
+    assert not {"aten.pow", "aten.sum", "aten.stack", "aten.cat"} & set(count.calls), count.calls  # Triton's two
+    with pytest.raises(ValueError, match="1 to 3 contiguous tensors"):
+        gpu.squared_norms(on_device(*tensors, *tensors), torch.empty(6, device=DEVICE))
 
 
 def test_decoding_reads_gathered_rows_in_place(cpu: object) -> None:

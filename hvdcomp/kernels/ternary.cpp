@@ -115,15 +115,17 @@ torch::Tensor ternarize_pack(const torch::Tensor& x, double scaler, double clip,
   return out;
 }
 
-// Decodes and sums ternary payloads: packed is uint8 [R, ceil(n/4)] (rows at any stride), scales float32 [R];
-// returns float32 [n] with out_k = sum_r scales_r * t_{r,k}.
+// Decodes and sums ternary payloads: packed is uint8 [R, ceil(n/4)] (rows at any stride), scales float32 [R] (at any
+// stride); returns float32 [n] with out_k = sum_r scales_r * t_{r,k}.
 torch::Tensor unpack_sum(const torch::Tensor& packed, const torch::Tensor& scales, int64_t n) {
   TORCH_CHECK(packed.device().is_cpu() && packed.scalar_type() == torch::kUInt8 && packed.dim() == 2 &&
                   packed.stride(1) == 1,
               "unpack_sum: packed must be a CPU uint8 tensor [R, nbytes] with contiguous rows");
-  check_float_contiguous(scales, "unpack_sum: scales");
+  TORCH_CHECK(scales.device().is_cpu() && scales.scalar_type() == torch::kFloat32 && scales.dim() == 1,
+              "unpack_sum: scales must be a CPU float32 tensor [R] (any stride), got ", scales.sizes());
   const int64_t ranks = packed.size(0), nbytes = packed.size(1);
   TORCH_CHECK(scales.numel() == ranks, "unpack_sum: ", ranks, " payloads but ", scales.numel(), " scales");
+  const int64_t scale_stride = scales.stride(0);  // gathered payloads' scalars lie at a step: no copy
   TORCH_CHECK(nbytes == (n + 3) / 4, "unpack_sum: ", nbytes, " bytes per payload cannot hold ", n,
               " elements (expected ", (n + 3) / 4, ")");
   auto out = torch::empty({n}, torch::kFloat32);
@@ -147,7 +149,7 @@ torch::Tensor unpack_sum(const torch::Tensor& packed, const torch::Tensor& scale
     for (int j = 0; j < 4; ++j) acc[j] = 0.f;
     for (int64_t r = 0; r < ranks; ++r) {
       const float* e = &lut[src[r * stride + b] * 4];
-      const float s = sc[r];
+      const float s = sc[r * scale_stride];
       for (int j = 0; j < 4; ++j) acc[j] += s * e[j];
     }
   };

@@ -61,6 +61,7 @@ import torch
 
 from hvdcomp import check
 from hvdcomp.compressor import METHODS, Compressor, Context, State
+from hvdcomp.kernels import is_triton, kernels_for
 from hvdcomp.methods.dgc import DGC
 from hvdcomp.methods.topk import Sparse, TopK
 from hvdcomp.reductions import Phase, ReductionMethod
@@ -179,15 +180,15 @@ class GraVAC(Compressor):
         else:
             self._compressors[sent].subtract(state["memory"]["residual"], payload, meta)
 
-    def encode(self, index: int, p: torch.Tensor, state: State, ctx: Context) -> tuple[Payload, Any, torch.Tensor]:
-        """Candidate ``index``'s payload of p, its meta, and the squared norm of what it decodes to."""
+    def encode(self, index: int, p: torch.Tensor, state: State, ctx: Context) -> tuple[Payload, Any]:
+        """Candidate ``index``'s payload of p and its meta."""
+        return self._compressors[index].compress(p, state["inner"][index], ctx)
+
+    def sent(self, index: int, payload: Payload, meta: Any) -> torch.Tensor:
+        """A tensor with the norm of what candidate ``index``'s ``payload`` decodes to: its values where indices are
+        unique (the sparsifiers), else the decoded tensor."""
         compressor = self._compressors[index]
-        payload, meta = compressor.compress(p, state["inner"][index], ctx)
-        if isinstance(compressor, Sparse):  # unique indices: the values' norm is the decoded norm
-            norm = payload[0].float().square().sum()
-        else:
-            norm = compressor.decompress(payload, meta).float().square().sum()
-        return payload, meta, norm
+        return payload[0] if isinstance(compressor, Sparse) else compressor.decompress(payload, meta).reshape(-1)
 
     # -------------------------------------------------------------------------------------- decisions
 
@@ -264,13 +265,26 @@ class GraVAC(Compressor):
         """One rank on its own: the current candidate's payload of p, with the memory kept (no decision:
         decisions need the agreed values of the reduction)."""
         p = self.compensate(tensor, state, ctx)
-        payload, meta, _ = self.encode(state["cf"], p, state, ctx)
+        payload, meta = self.encode(state["cf"], p, state, ctx)
         self.keep(state, state["cf"], payload, meta)
         return payload, (state["cf"], meta, tensor.shape)
 
     def decompress(self, payload: Payload, meta: Any) -> torch.Tensor:
         index, inner, shape = meta
         return self._compressors[index].decompress(payload, inner).reshape(shape)
+
+
+def agreed_inputs(tensors: list[torch.Tensor], step_time: float) -> torch.Tensor:
+    """What a step agrees on: the squared norms of p, C_c(p) and C_min(p) (``tensors``), then the step time; float32
+    on p's device, without a host-to-device copy. On the Triton kernels three launches (the step time's fill, the
+    norms in two); elsewhere PyTorch's ``pow`` and ``sum`` per tensor."""
+    local = tensors[0].new_full((len(tensors) + 1,), step_time, dtype=torch.float32)
+    kernels = kernels_for(tensors[0].device)
+    if is_triton(kernels) and len(tensors) <= kernels.MAX_NORMS:
+        kernels.squared_norms([t.contiguous() for t in tensors], local)
+        return local
+    norms = torch.stack([t.float().square().sum() for t in tensors])
+    return torch.cat([norms, local[len(tensors):]])
 
 
 class GraVACReduction(ReductionMethod):
@@ -301,8 +315,7 @@ class GraVACReduction(ReductionMethod):
         p = method.compensate(tensor, state, ctx)
         current = method.encode(state["cf"], p, state, ctx)
         least = current if state["cf"] == 0 else method.encode(0, p, state, ctx)
-        norms = torch.stack([p.square().sum(), current[2], least[2]])
-        local = torch.cat([norms, norms.new_full((1,), step_time)])  # a fill, not a host-to-device copy
+        local = agreed_inputs([p, method.sent(state["cf"], *current), method.sent(0, *least)], step_time)
         before = state["cf"]
         sums = yield Agree(local, "sum")
         sent = method.decide(state, ctx.step, sums.tolist(), ctx.size)
@@ -311,7 +324,7 @@ class GraVACReduction(ReductionMethod):
             (total,) = yield Allreduce([p.clone()])
             method.keep(state, DENSE, [], None)
             return total.view(tensor.shape)
-        payload, meta, _ = current if sent == before else least
+        payload, meta = current if sent == before else least
         compressor = method.compressor(sent)
         method.keep(state, sent, payload, meta)
         if compressor.summable:

@@ -127,7 +127,7 @@ class TernGrad(Compressor):
 
     def aggregate(self, payloads: list[Payload], meta: Any) -> torch.Tensor:
         shape, n = meta
-        scales = torch.cat([payload[0] for payload in payloads])
+        scales = stacked([payload[0].reshape(1) for payload in payloads])[:, 0]  # gathered: a view, no copy
         packed = [payload[1] for payload in payloads]
         kernels = kernels_for(scales.device)
         if kernels is not None:

@@ -1,9 +1,10 @@
 """Fused Triton kernels: the CUDA path of the quantizers and of random-k, with the same functions, arguments, wire
 format and draws as the CPU kernels of ``hvdcomp/kernels/*.cpp`` (``ternary.py`` for TernGrad and the tensor-wide
 moments, ``quant.py`` for the bucketed quantizers, ``randomk.py`` for random-k's selection, ``common.py`` for the
-generator and the bit packing), the sparsifiers' exact top-k selection on the device (``select.py``),
-the homomorphic sketch's deterministic encoding and peeling (``sketch.py``), PowerSGD's orthogonalization
-(``lowrank.py``), and the memory's update, momentum correction with error feedback's accumulation (``memory.py``).
+generator and the bit packing), the sparsifiers' exact top-k selection on the device (``select.py``), the homomorphic
+sketch's deterministic encoding and peeling (``sketch.py``), PowerSGD's orthogonalization (``lowrank.py``), the memory's
+update, momentum correction with error feedback's accumulation (``memory.py``), and GraVAC's squared norms of several
+tensors at once (``norms.py``).
 
 Scalars the CPU kernels take or return as host values (TernGrad's scaler and clip bound, the sign family's scale)
 stay on the device here, so nothing waits for the GPU. Sizes, seeds and counts are not specialized on
@@ -22,6 +23,7 @@ the launches those tests made through Triton's compiler front end for a Hopper G
 
 from hvdcomp.kernels.gpu.lowrank import orthogonalize
 from hvdcomp.kernels.gpu.memory import momentum_step
+from hvdcomp.kernels.gpu.norms import MAX_NORMS, squared_norms
 from hvdcomp.kernels.gpu.quant import (
     MAX_BUCKET,
     decode_subtract,
@@ -36,7 +38,7 @@ from hvdcomp.kernels.gpu.select import excess_moments, threshold_fit, topk
 from hvdcomp.kernels.gpu.sketch import sketch_candidates, sketch_encode, sketch_peel
 from hvdcomp.kernels.gpu.ternary import abs_mean, ternarize_pack, ternary_statistics, unpack_sum
 
-__all__ = ["MAX_BUCKET", "abs_mean", "decode_subtract", "decode_sum", "excess_moments", "momentum_step",
+__all__ = ["MAX_BUCKET", "MAX_NORMS", "abs_mean", "decode_subtract", "decode_sum", "excess_moments", "momentum_step",
            "orthogonalize", "pack_signs", "quantize_binary", "quantize_levels", "randomk_select", "sign_vote",
-           "sketch_candidates", "sketch_encode", "sketch_peel", "ternarize_pack", "ternary_statistics", "threshold_fit",
-           "topk", "unpack_sum"]
+           "sketch_candidates", "sketch_encode", "sketch_peel", "squared_norms", "ternarize_pack", "ternary_statistics",
+           "threshold_fit", "topk", "unpack_sum"]

@@ -126,8 +126,8 @@ def ternarize_pack(x: torch.Tensor, scaler: torch.Tensor, bound: torch.Tensor, s
     return out
 
 
-@triton.jit(do_not_specialize=["ranks", "n", "row_stride"])
-def _unpack_sum_kernel(packed_ptr, scales_ptr, out_ptr, ranks, n, row_stride, BLOCK: tl.constexpr):
+@triton.jit(do_not_specialize=["ranks", "n", "row_stride", "scale_stride"])
+def _unpack_sum_kernel(packed_ptr, scales_ptr, out_ptr, ranks, n, row_stride, scale_stride, BLOCK: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     offsets = pid * BLOCK + tl.arange(0, BLOCK)
     mask = offsets < n
@@ -136,21 +136,22 @@ def _unpack_sum_kernel(packed_ptr, scales_ptr, out_ptr, ranks, n, row_stride, BL
     while rank < ranks:  # in rank order, the same bits on every rank
         byte = tl.load(packed_ptr + rank.to(tl.int64) * row_stride + offsets // 4, mask=mask, other=0).to(tl.int32)
         code = (byte >> ((offsets % 4) * 2).to(tl.int32)) & 3
-        total += tl.load(scales_ptr + rank) * ((code & 1) - (code >> 1)).to(tl.float32)
+        total += tl.load(scales_ptr + rank.to(tl.int64) * scale_stride) * ((code & 1) - (code >> 1)).to(tl.float32)
         rank += 1
     tl.store(out_ptr + offsets, total, mask=mask)
 
 
 def unpack_sum(packed: torch.Tensor, scales: torch.Tensor, n: int) -> torch.Tensor:
     """Sum over ranks of scale_r times the decoded ternary codes: ``packed`` uint8 [R, ceil(n / 4)] (rows at any
-    stride), ``scales`` float32 [R]; float32 [n], added in rank order."""
+    stride), ``scales`` [R] (at any stride: gathered scalars lie at a step); float32 [n], added in rank order."""
     ranks, nbytes = packed.shape
-    if nbytes != -(-n // 4) or scales.numel() != ranks or (nbytes > 1 and packed.stride(1) != 1):
+    if nbytes != -(-n // 4) or scales.dim() != 1 or scales.numel() != ranks or (nbytes > 1 and packed.stride(1) != 1):
         raise ValueError(f"unpack_sum: {ranks} payloads of {nbytes} bytes and {scales.numel()} scales cannot hold "
                          f"{n} elements (expected {-(-n // 4)} contiguous bytes and {ranks} scales)")
     out = torch.empty(n, dtype=torch.float32, device=packed.device)
     if n:
         block = min(_PACK_BLOCK, max(triton.next_power_of_2(n), 16))
-        _unpack_sum_kernel[(math.ceil(n / block),)](packed, scales.to(torch.float32), out, ranks, n,
-                                                    packed.stride(0), BLOCK=block, enable_fp_fusion=False)
+        scales = scales.to(torch.float32)
+        _unpack_sum_kernel[(math.ceil(n / block),)](packed, scales, out, ranks, n, packed.stride(0), scales.stride(0),
+                                                    BLOCK=block, enable_fp_fusion=False)
     return out
