@@ -420,17 +420,24 @@ def test_topk_over_gathered_candidates_equals_the_whole_tensor(name: str, monkey
     assert plans == ([default] if default else [])
 
 
-def test_threshold_fit_on_the_device_equals_the_cpu_fit(cpu: object) -> None:
-    """Threshold's whole fit on the device (two launches a stage) gives the fit of the CPU kernels to float rounding,
-    from one block to several."""
+def test_threshold_fit_on_the_device_equals_the_cpu_fit(cpu: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Threshold's whole fit on the device gives the fit of the CPU kernels to float rounding, from one block to
+    several; each of its ways (one program, a launch a stage, two a stage) gives the same bits."""
+    from hvdcomp.kernels.gpu import select
     from hvdcomp.methods.threshold import fitted_threshold
 
+    ways = {}
     for n in (1, 1000, 20_000):
         x = gaussian(n, n)
         for density in (0.1, 0.01):
             stages = math.ceil(math.log10(1 / density)) + 1  # the method's (hvdcomp.methods.threshold)
-            got = gpu.threshold_fit(*on_device(x), stages, math.log(1 / density) / stages)
-            torch.testing.assert_close(got.cpu(), fitted_threshold(x, density), rtol=1e-5, atol=0)
+            for way in ("one program", "a launch a stage", "two a stage"):
+                monkeypatch.setattr(select, "_fit_way", lambda blocks, way=way: way)
+                ways[way] = gpu.threshold_fit(*on_device(x), stages, math.log(1 / density) / stages)
+            torch.testing.assert_close(ways["two a stage"].cpu(), fitted_threshold(x, density), rtol=1e-5, atol=0)
+            for way in ("one program", "a launch a stage"):
+                if n <= 4096 or way != "one program":  # one program reads one block
+                    same(ways["two a stage"].cpu(), ways[way], f"{way}, {n} entries, density {density}")
 
 
 def test_threshold_fit_passes_equal_the_cpu_kernels(cpu: object) -> None:

@@ -39,6 +39,9 @@ import triton.language as tl
 
 _BLOCK = 4096
 _DIGITS = 256
+#: threshold's fit: the blocks' sums one program adds per iteration; up to this many blocks each stage's programs
+#: move t themselves (one launch a stage)
+_CHUNK = 1024
 #: the keys the gathering's bound is taken from, one in each stretch of n / _SAMPLE entries: one program's block
 _SAMPLE = 4096
 #: tensors of at least this many entries (16 MiB of float32) gather candidates first: there a pass over the tensor
@@ -378,20 +381,27 @@ def _select_blocks(x: torch.Tensor, k: int, values: torch.Tensor, indices: torch
     return values, indices
 
 
+@triton.jit
+def _block_excess(x_ptr, t, block, n, BLOCK: tl.constexpr):
+    """(sum of max(|x| - t, 0), count of |x| > t) over one block of x, float32."""
+    offsets = block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offsets, mask=offsets < n, other=0.0).to(tl.float32)
+    over = tl.abs(x) - t
+    return tl.sum(tl.where(over > 0, over, 0.0)), tl.sum((over > 0).to(tl.float32))
+
+
 @triton.jit(do_not_specialize=["n"])
 def _excess_kernel(x_ptr, threshold_ptr, partial_ptr, n, BLOCK: tl.constexpr):
     pid = tl.program_id(0)
-    offsets = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    x = tl.load(x_ptr + offsets, mask=offsets < n, other=0.0).to(tl.float32)
-    over = tl.abs(x) - tl.load(threshold_ptr)
-    tl.store(partial_ptr + 2 * pid, tl.sum(tl.where(over > 0, over, 0.0)))
-    tl.store(partial_ptr + 2 * pid + 1, tl.sum((over > 0).to(tl.float32)))
+    excess, count = _block_excess(x_ptr, tl.load(threshold_ptr), pid, n, BLOCK)
+    tl.store(partial_ptr + 2 * pid, excess)
+    tl.store(partial_ptr + 2 * pid + 1, count)
 
 
-@triton.jit(do_not_specialize=["blocks", "step"])
-def _fit_step_kernel(partial_ptr, t_ptr, blocks, step, CHUNK: tl.constexpr):
-    """One program: the blocks' sums of one stage of the fit added in float64 (in chunks of the block order), and
-    t moved by the stage's mean excess times ``step``: t + float32(excess / max(count, 1) * step)."""
+@triton.jit
+def _moved(partial_ptr, t, blocks, step, CHUNK: tl.constexpr):
+    """t moved by one stage's mean excess times ``step``: the blocks' sums added in float64 (in chunks of the block
+    order), t + float32(excess / max(count, 1) * step)."""
     offsets = tl.arange(0, CHUNK)
     excess = tl.zeros([CHUNK], dtype=tl.float64)
     count = tl.zeros([CHUNK], dtype=tl.float64)
@@ -402,22 +412,79 @@ def _fit_step_kernel(partial_ptr, t_ptr, blocks, step, CHUNK: tl.constexpr):
         count += tl.load(partial_ptr + 2 * (start + offsets) + 1, mask=mask, other=0.0).to(tl.float64)
         start += CHUNK
     mean = tl.sum(excess, axis=0) / tl.maximum(tl.sum(count, axis=0), 1.0)
-    tl.store(t_ptr, tl.load(t_ptr) + (mean * step).to(tl.float32))
+    return t + (mean * step).to(tl.float32)
+
+
+@triton.jit(do_not_specialize=["blocks", "step"])
+def _fit_step_kernel(partial_ptr, t_ptr, blocks, step, CHUNK: tl.constexpr):
+    """One program: t[0] moved by the stage whose blocks' sums are in ``partial``, into t[1]."""
+    tl.store(t_ptr + 1, _moved(partial_ptr, tl.load(t_ptr), blocks, step, CHUNK))
+
+
+@triton.jit(do_not_specialize=["n", "blocks", "step"])
+def _fit_stage_kernel(x_ptr, t_ptr, previous_ptr, partial_ptr, n, blocks, step, FIRST: tl.constexpr,
+                      BLOCK: tl.constexpr, CHUNK: tl.constexpr):
+    """A stage of the fit over at most CHUNK blocks: every program first moves t by the last stage's sums
+    (``previous``; t[0] is that stage's t, and program 0 keeps the moved t in t[1]), then sums its block's excess
+    over it. Each program finds the same t: the same sums, added in the same order."""
+    pid = tl.program_id(0)
+    t = tl.load(t_ptr)
+    if not FIRST:
+        t = _moved(previous_ptr, t, blocks, step, CHUNK)
+        if pid == 0:
+            tl.store(t_ptr + 1, t)
+    excess, count = _block_excess(x_ptr, t, pid, n, BLOCK)
+    tl.store(partial_ptr + 2 * pid, excess)
+    tl.store(partial_ptr + 2 * pid + 1, count)
+
+
+@triton.jit(do_not_specialize=["n", "stages", "step"])
+def _fit_one_block_kernel(x_ptr, t_ptr, n, stages, step, BLOCK: tl.constexpr):
+    """Every stage of the fit of a tensor of one block, in one program: the sums as the stage kernels take them."""
+    t = tl.zeros([], dtype=tl.float32)
+    stage = 0
+    while stage < stages:
+        excess, count = _block_excess(x_ptr, t, tl.program_id(0), n, BLOCK)
+        mean = excess.to(tl.float64) / tl.maximum(count.to(tl.float64), 1.0)
+        t = t + (mean * step).to(tl.float32)
+        stage += 1
+    tl.store(t_ptr, t)
+
+
+def _fit_way(blocks: int) -> str:
+    """How :func:`threshold_fit` runs over ``blocks`` blocks: "one program", "a launch a stage" or "two a stage"."""
+    return "one program" if blocks == 1 else "a launch a stage" if blocks <= _CHUNK else "two a stage"
 
 
 def threshold_fit(x: torch.Tensor, stages: int, step: float) -> torch.Tensor:
     """Threshold's multi-stage fit (:func:`hvdcomp.methods.threshold.fitted_threshold`) of the flat float32 ``x``
-    on the device, from t = 0: per stage one pass over x (:func:`excess_moments`' blocks) and one program that moves
-    t, two launches a stage. Returns t, float32 [1]. The blocks' sums are added in another order than
-    :func:`excess_moments`' ``sum``: t agrees with it to float rounding."""
+    on the device, from t = 0. Returns t, float32 [1]. Each stage is one pass over x (:func:`excess_moments`' blocks)
+    and a move of t by its sums: a tensor of one block takes one launch for every stage; up to 1,024 blocks, one
+    launch a stage (each moves t by the last stage's sums, then passes over x) and one to move t at the end; beyond,
+    two a stage. The blocks' sums are added in another order than :func:`excess_moments`' ``sum``: t agrees with it to
+    float rounding, and with itself, bit for bit, whichever way it was found."""
     n = x.numel()
     blocks = max(1, triton.cdiv(n, _BLOCK))
-    t = torch.zeros(1, dtype=torch.float32, device=x.device)
-    partial = torch.empty(blocks, 2, dtype=torch.float32, device=x.device)
-    for _ in range(stages):
-        _excess_kernel[(blocks,)](x, t, partial, n, BLOCK=_BLOCK, enable_fp_fusion=False)
-        _fit_step_kernel[(1,)](partial, t, blocks, float(step), CHUNK=1024, enable_fp_fusion=False)
-    return t
+    way = _fit_way(blocks)
+    if way == "one program":
+        t = torch.empty(1, dtype=torch.float32, device=x.device)
+        _fit_one_block_kernel[(1,)](x, t, n, stages, float(step), BLOCK=_BLOCK, enable_fp_fusion=False)
+        return t
+    ts = torch.zeros(stages + 1, dtype=torch.float32, device=x.device)  # t of each stage, t_0 = 0
+    partial = torch.empty(2, blocks, 2, dtype=torch.float32, device=x.device)  # this stage's sums and the last's
+    for stage in range(stages):
+        sums = partial[stage % 2]
+        if way == "a launch a stage":
+            _fit_stage_kernel[(blocks,)](x, ts[max(stage - 1, 0):], partial[(stage + 1) % 2], sums, n, blocks,
+                                         float(step), FIRST=stage == 0, BLOCK=_BLOCK, CHUNK=_CHUNK,
+                                         enable_fp_fusion=False)
+        else:
+            _excess_kernel[(blocks,)](x, ts[stage:], sums, n, BLOCK=_BLOCK, enable_fp_fusion=False)
+            if stage + 1 < stages:
+                _fit_step_kernel[(1,)](sums, ts[stage:], blocks, float(step), CHUNK=_CHUNK, enable_fp_fusion=False)
+    _fit_step_kernel[(1,)](partial[(stages - 1) % 2], ts[stages - 1:], blocks, float(step), CHUNK=_CHUNK,
+                           enable_fp_fusion=False)
+    return ts[stages:]
 
 
 def excess_moments(x: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
