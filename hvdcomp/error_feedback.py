@@ -108,7 +108,7 @@ class _Wrapper(Compressor):
 
 def corrected(tensor: torch.Tensor, u: torch.Tensor | None, momentum: float, average: bool) -> torch.Tensor:
     """u_t (momentum correction, module docstring) from the gradient ``tensor`` and u_{t-1} in ``u``, which is updated
-    in place and returned: m u + g where ``average``, else g / (1 - m) (written to ``u`` where given)."""
+    in place and returned: m u + g where ``average`` (``u`` needed), else g / (1 - m) (written to ``u`` where given)."""
     if average:
         return u.mul_(momentum).add_(tensor)
     return torch.mul(tensor, 1 / (1 - momentum), out=u)
@@ -169,7 +169,7 @@ class ErrorFeedback(_Wrapper):
                  agreed: torch.Tensor | None = None) -> tuple[Payload, Any]:
         residual = state["residual"]
         if self.momentum:
-            momentum_step(tensor, state.get("momentum"), residual, self.momentum, self.average)
+            momentum_step(tensor, state["momentum"] if self.average else None, residual, self.momentum, self.average)
         else:
             residual.add_(tensor)
         compensated = residual  # p_t, built in the residual's buffer: no allocation

@@ -172,8 +172,9 @@ class BucketQuantizer(Compressor):
             return
         bucket = self.bucket(n)
         grid = self.grid(residual.device)
-        kernels.decode_subtract(residual.view(-1), payload[1].unsqueeze(0), payload[0].reshape(1, -(-n // bucket), -1)
-                                .float(), torch.empty(0, device=residual.device) if grid is None else grid,
+        tables = payload[0].reshape(1, -(-n // bucket), -1).float()
+        kernels.decode_subtract(residual.view(-1), payload[1].unsqueeze(0), tables,
+                                torch.empty(0, dtype=torch.float32, device=residual.device) if grid is None else grid,
                                 self.bits, bucket)
 
     def aggregate(self, payloads: list[Payload], meta: Any) -> torch.Tensor:

@@ -176,6 +176,7 @@ def test_the_memory_on_the_kernels_equals_its_pytorch_path(method: str, monkeypa
     momentum alone, DGC's own): the same payloads and state, bit for bit, with the fused kernels and without. (The
     methods chosen select alike on both paths; fp16 stands in for the sign family and random-k, whose
     PyTorch paths draw or sum apart from their kernels.)"""
+    assert cpu_kernels() is not None, "the fused CPU kernels did not build"
     gradients = torch.randn(3, 64, 50, generator=torch.Generator().manual_seed(7))
 
     def steps() -> list[torch.Tensor]:

@@ -205,8 +205,9 @@ def test_decoding_sums_the_ranks_as_the_cpu_kernels(cpu: object, n: int) -> None
                      gpu.decode_sum(*on_device(packed, scales, grid), bits, bucket, n), f"grid, {bits} bits")
         ternary = torch.stack([pack_bits(c, 2) for c in
                                torch.randint(0, 3, (ranks, n), generator=generator, dtype=torch.uint8)])
-        scale = torch.rand(ranks, 2, generator=generator)[:, 0]  # at a stride, as gathered
-        same(cpu.unpack_sum(ternary, scale, n), gpu.unpack_sum(*on_device(ternary, scale), n), "ternary sum")
+        scales = torch.rand(ranks, 2, generator=generator)  # read at a stride, as gathered
+        same(cpu.unpack_sum(ternary, scales[:, 0], n), gpu.unpack_sum(ternary.to(DEVICE), scales.to(DEVICE)[:, 0], n),
+             "ternary sum")
 
 
 @pytest.mark.parametrize("n", SIZES)
@@ -217,8 +218,8 @@ def test_the_vote_and_the_subtraction_equal_the_cpu_kernels(cpu: object, n: int)
     for ranks in (1, 2, 3, 4):
         votes = torch.stack([pack_bits(c, 1) for c in torch.randint(0, 2, (ranks, n), generator=generator,
                                                                     dtype=torch.uint8)])
-        scales = torch.rand(ranks, 2, generator=generator)[:, 0]
-        same(cpu.sign_vote(votes, scales, n), gpu.sign_vote(*on_device(votes), scales.to(DEVICE), n), "vote")
+        scales = torch.rand(ranks, 2, generator=generator)
+        same(cpu.sign_vote(votes, scales[:, 0], n), gpu.sign_vote(votes.to(DEVICE), scales.to(DEVICE)[:, 0], n), "vote")
     for bits in range(1, 9):
         bucket = 8 if bits % 2 else max(n, 8)
         codes = pack_bits(torch.randint(0, 1 << bits, (n,), generator=generator, dtype=torch.uint8), bits)[None]
@@ -254,6 +255,7 @@ def test_gravac_agrees_on_norms_summed_in_two_launches(monkeypatch: pytest.Monke
     """GraVAC's agreed inputs, the squared norms of p, C_c(p) and C_min(p) then the step time: on the Triton kernels
     the sums of PyTorch's path (dyadic values: exact in any order) from a fill and two launches; a half-precision
     payload is summed in float32."""
+    from hvdcomp.kernels.gpu import norms
     from hvdcomp.methods.gravac import agreed_inputs
 
     tensors = [dyadic(3000, 1), dyadic(2049, 2), dyadic(1, 3).half()]
@@ -263,6 +265,11 @@ def test_gravac_agrees_on_norms_summed_in_two_launches(monkeypatch: pytest.Monke
         got = agreed_inputs(on_device(*tensors), 0.25)
     same(expected, got, "agreed inputs")
     assert not {"aten.pow", "aten.sum", "aten.stack", "aten.cat"} & set(count.calls), count.calls  # Triton's two
+    monkeypatch.setattr(norms, "_CHUNK", 16)  # 20 blocks: the finish kernel's loop takes two chunks
+    tensors = [dyadic(20 * 1024 - 3, 4), torch.zeros(0), dyadic(5, 5)]
+    got = torch.full((4,), -1.0, device=DEVICE)
+    gpu.squared_norms(on_device(*tensors), got)
+    same(torch.tensor([float(t.double().square().sum()) for t in tensors] + [-1.0]), got, "squared norms")
     with pytest.raises(ValueError, match="1 to 3 contiguous tensors"):
         gpu.squared_norms(on_device(*tensors, *tensors), torch.empty(6, device=DEVICE))
 
@@ -438,6 +445,10 @@ def test_threshold_fit_on_the_device_equals_the_cpu_fit(cpu: object, monkeypatch
             for way in ("one program", "a launch a stage"):
                 if n <= 4096 or way != "one program":  # one program reads one block
                     same(ways["two a stage"].cpu(), ways[way], f"{way}, {n} entries, density {density}")
+    monkeypatch.undo()
+    assert [select._fit_way(blocks) for blocks in (1, 2, 1024, 1025)] == [
+        "one program", "a launch a stage", "a launch a stage", "two a stage"]
+    assert gpu.threshold_fit(*on_device(gaussian(9000)), 0, 1.0).item() == 0, "no stage: t = 0"
 
 
 def test_threshold_fit_passes_equal_the_cpu_kernels(cpu: object) -> None:

@@ -13,8 +13,8 @@ void momentum_step(const torch::Tensor& g, const std::optional<torch::Tensor>& u
   for (const auto* buffer : {&u, &residual}) {
     if (!buffer->has_value()) continue;
     check_float_contiguous(**buffer, "momentum_step: u and residual");
-    TORCH_CHECK((*buffer)->numel() == n, "momentum_step: buffers of ", (*buffer)->numel(), " elements for a gradient of ",
-                n);
+    TORCH_CHECK((*buffer)->numel() == n, "momentum_step: buffers of ", (*buffer)->numel(),
+                " elements for a gradient of ", n);
   }
   const float m = static_cast<float>(momentum);
   const float* src = g.data_ptr<float>();

@@ -396,7 +396,7 @@ void decode_into(const torch::Tensor& packed, const torch::Tensor& tables, const
   if (n == 0) return;  // whatever tables a whole-tensor bucket came with
   TORCH_CHECK(tables.device().is_cpu() && tables.scalar_type() == torch::kFloat32, what,
               ": tables must be a CPU float32 tensor");
-  check_float_contiguous(grid, "decode_sum: grid");
+  check_float_contiguous(grid, (std::string(what) + ": grid").c_str());
   const int64_t ranks = packed.size(0), nbytes = packed.size(1), levels = int64_t{1} << bits;
   const int64_t buckets = (n + bucket - 1) / bucket;
   TORCH_CHECK(nbytes == packed_bytes(n, bits), what, ": ", nbytes, " bytes per payload cannot hold ", n,
@@ -500,6 +500,12 @@ torch::Tensor sign_vote(const torch::Tensor& packed, const torch::Tensor& scales
   const uint8_t* src = packed.data_ptr<uint8_t>();
   float* dst = out.data_ptr<float>();
   constexpr int64_t kChunk = 512;  // bytes of signs whose votes one pass over the ranks counts
+  static const auto lut = [] {  // lut[byte][j]: the vote (+1 or -1) of bit j
+    std::vector<int8_t> t(256 * 8);
+    for (int byte = 0; byte < 256; ++byte)
+      for (int j = 0; j < 8; ++j) t[byte * 8 + j] = ((byte >> j) & 1) ? 1 : -1;
+    return t;
+  }();
   at::parallel_for(0, nbytes, kGrain / 8, [&](int64_t begin, int64_t end) {
     int32_t votes[8 * kChunk];
     for (int64_t first = begin; first < end; first += kChunk) {
@@ -507,13 +513,15 @@ torch::Tensor sign_vote(const torch::Tensor& packed, const torch::Tensor& scales
       std::fill(votes, votes + 8 * (last - first), 0);
       for (int64_t r = 0; r < ranks; ++r) {
         const uint8_t* codes = src + r * stride;
-        for (int64_t b = first; b < last; ++b)
-          for (int j = 0; j < 8; ++j) votes[8 * (b - first) + j] += 2 * ((codes[b] >> j) & 1) - 1;
+        for (int64_t b = first; b < last; ++b) {
+          const int8_t* vote = &lut[codes[b] * 8];
+          int32_t* v = votes + 8 * (b - first);
+          for (int j = 0; j < 8; ++j) v[j] += vote[j];
+        }
       }
-      for (int64_t i = 8 * first; i < std::min(n, 8 * last); ++i) {
-        const int32_t v = votes[i - 8 * first];
-        dst[i] = (v > 0 ? 1.f : (v < 0 ? -1.f : 0.f)) * scale;
-      }
+      const int64_t count = std::min(n, 8 * last) - 8 * first;
+      float* o = dst + 8 * first;
+      for (int64_t i = 0; i < count; ++i) o[i] = static_cast<float>((votes[i] > 0) - (votes[i] < 0)) * scale;
     }
   });
   return out;

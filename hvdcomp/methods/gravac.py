@@ -315,7 +315,8 @@ class GraVACReduction(ReductionMethod):
         p = method.compensate(tensor, state, ctx)
         current = method.encode(state["cf"], p, state, ctx)
         least = current if state["cf"] == 0 else method.encode(0, p, state, ctx)
-        local = agreed_inputs([p, method.sent(state["cf"], *current), method.sent(0, *least)], step_time)
+        sent_now = method.sent(state["cf"], *current)
+        local = agreed_inputs([p, sent_now, sent_now if least is current else method.sent(0, *least)], step_time)
         before = state["cf"]
         sums = yield Agree(local, "sum")
         sent = method.decide(state, ctx.step, sums.tolist(), ctx.size)

@@ -46,7 +46,7 @@ def fitted_threshold(x: torch.Tensor, density: float) -> torch.Tensor:
     stages = math.ceil(math.log10(1 / density)) + 1
     step = math.log(1 / density) / stages
     kernels = kernels_for(x.device)
-    if is_triton(kernels):  # every stage on the device, two launches each
+    if is_triton(kernels):  # every stage on the device, at most two launches a stage
         return kernels.threshold_fit(x.float().contiguous(), stages, step)
     t = torch.zeros(1, dtype=torch.float32, device=x.device)
     if kernels is not None:

@@ -3,8 +3,9 @@
 tensor and a ``stack`` after them.
 
 The first launch sums the squares of each block of 1,024 entries of every tensor (one program per block, the tensors'
-blocks one after the other); the second, one program, adds each tensor's blocks in float64 in block order and writes
-the sums as float32. Deterministic: no atomics, the same sums on every run.
+blocks one after the other); the second, one program, adds each tensor's block sums in float64 (block i in lane
+i mod 1,024, the lanes then summed) and writes the sums as float32. Deterministic: no atomics, the same order every
+run.
 """
 
 from __future__ import annotations
@@ -66,5 +67,6 @@ def squared_norms(tensors: list[torch.Tensor], out: torch.Tensor) -> None:
     pointers = [*tensors, *[tensors[0]] * (MAX_NORMS - len(tensors))]  # (past COUNT: never read)
     partial = torch.empty(max(1, sum(blocks)), dtype=torch.float32, device=out.device)
     if sum(blocks):
-        _partial_kernel[(sum(blocks),)](*pointers, partial, *sizes, blocks[0], blocks[1], BLOCK=_BLOCK)
-    _finish_kernel[(1,)](partial, out, *blocks, COUNT=len(tensors), CHUNK=_CHUNK)
+        _partial_kernel[(sum(blocks),)](*pointers, partial, *sizes, blocks[0], blocks[1], BLOCK=_BLOCK,
+                                        enable_fp_fusion=False)
+    _finish_kernel[(1,)](partial, out, *blocks, COUNT=len(tensors), CHUNK=_CHUNK, enable_fp_fusion=False)

@@ -307,7 +307,7 @@ def _decode_kernel(packed_ptr, tables_ptr, grid_ptr, out_ptr, ranks, n, nbytes, 
             value = tl.load(entry + codes, mask=mask, other=0.0)
         total += value
         rank += 1
-    if SUBTRACT:  # error feedback's residual, in place (one payload: total is its value, exactly)
+    if SUBTRACT:  # error feedback's residual, in place (one payload: total is its value, up to a zero's sign)
         total = tl.load(out_ptr + elements, mask=mask, other=0.0) - total
     tl.store(out_ptr + elements, total, mask=mask)
 

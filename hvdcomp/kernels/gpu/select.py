@@ -421,18 +421,18 @@ def _fit_step_kernel(partial_ptr, t_ptr, blocks, step, CHUNK: tl.constexpr):
     tl.store(t_ptr + 1, _moved(partial_ptr, tl.load(t_ptr), blocks, step, CHUNK))
 
 
-@triton.jit(do_not_specialize=["n", "blocks", "step"])
-def _fit_stage_kernel(x_ptr, t_ptr, previous_ptr, partial_ptr, n, blocks, step, FIRST: tl.constexpr,
-                      BLOCK: tl.constexpr, CHUNK: tl.constexpr):
-    """A stage of the fit over at most CHUNK blocks: every program first moves t by the last stage's sums
-    (``previous``; t[0] is that stage's t, and program 0 keeps the moved t in t[1]), then sums its block's excess
-    over it. Each program finds the same t: the same sums, added in the same order."""
+@triton.jit(do_not_specialize=["n", "blocks", "step", "stage"])
+def _fit_stage_kernel(x_ptr, ts_ptr, previous_ptr, partial_ptr, n, blocks, step, stage, BLOCK: tl.constexpr,
+                      CHUNK: tl.constexpr):
+    """Stage ``stage`` of the fit over at most CHUNK blocks: every program finds the stage's t, 0 at first, else the
+    last stage's (ts[stage - 1]) moved by that stage's sums (``previous``), then sums its block's excess over it;
+    program 0 keeps t in ts[stage]. Each program finds the same t: the same sums, added in the same order."""
     pid = tl.program_id(0)
-    t = tl.load(t_ptr)
-    if not FIRST:
-        t = _moved(previous_ptr, t, blocks, step, CHUNK)
-        if pid == 0:
-            tl.store(t_ptr + 1, t)
+    t = tl.zeros([], dtype=tl.float32)
+    if stage > 0:
+        t = _moved(previous_ptr, tl.load(ts_ptr + stage - 1), blocks, step, CHUNK)
+    if pid == 0:
+        tl.store(ts_ptr + stage, t)
     excess, count = _block_excess(x_ptr, t, pid, n, BLOCK)
     tl.store(partial_ptr + 2 * pid, excess)
     tl.store(partial_ptr + 2 * pid + 1, count)
@@ -466,18 +466,20 @@ def threshold_fit(x: torch.Tensor, stages: int, step: float) -> torch.Tensor:
     n = x.numel()
     blocks = max(1, triton.cdiv(n, _BLOCK))
     way = _fit_way(blocks)
+    if stages < 1:
+        return torch.zeros(1, dtype=torch.float32, device=x.device)
     if way == "one program":
         t = torch.empty(1, dtype=torch.float32, device=x.device)
         _fit_one_block_kernel[(1,)](x, t, n, stages, float(step), BLOCK=_BLOCK, enable_fp_fusion=False)
         return t
-    ts = torch.zeros(stages + 1, dtype=torch.float32, device=x.device)  # t of each stage, t_0 = 0
+    # t of each stage (t_0 = 0: written by the first stage's kernel, or filled for two a stage)
+    ts = (torch.empty if way == "a launch a stage" else torch.zeros)(stages + 1, dtype=torch.float32, device=x.device)
     partial = torch.empty(2, blocks, 2, dtype=torch.float32, device=x.device)  # this stage's sums and the last's
     for stage in range(stages):
         sums = partial[stage % 2]
         if way == "a launch a stage":
-            _fit_stage_kernel[(blocks,)](x, ts[max(stage - 1, 0):], partial[(stage + 1) % 2], sums, n, blocks,
-                                         float(step), FIRST=stage == 0, BLOCK=_BLOCK, CHUNK=_CHUNK,
-                                         enable_fp_fusion=False)
+            _fit_stage_kernel[(blocks,)](x, ts, partial[(stage + 1) % 2], sums, n, blocks, float(step), stage,
+                                         BLOCK=_BLOCK, CHUNK=_CHUNK, enable_fp_fusion=False)
         else:
             _excess_kernel[(blocks,)](x, ts[stage:], sums, n, BLOCK=_BLOCK, enable_fp_fusion=False)
             if stage + 1 < stages:
