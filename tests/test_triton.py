@@ -156,14 +156,32 @@ def test_binary_levels_and_codes_equal_the_cpu_kernels(cpu: object, n: int) -> N
     same(packed, got[1], "bingrad codes of a Gaussian tensor")
 
 
-@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("n", (*SIZES, 9000))
 def test_signs_and_moments_equal_the_cpu_kernels(cpu: object, n: int) -> None:
+    """The signs, the mean magnitude, and both from the one pass that packs the signs (9,000: three blocks)."""
     x = dyadic(n)  # a tenth are exact zeros: they vote on a coin
-    for seed in (5, -1):
-        same(cpu.pack_signs(x, seed), gpu.pack_signs(*on_device(x), seed), f"signs, seed {seed}")
     moments = cpu.moments(x)
     expected = torch.tensor([[moments[3].item() / max(n, 1)]], dtype=torch.float32)
+    for seed in (5, -1):
+        signs = cpu.pack_signs(x, seed)
+        same(signs, gpu.pack_signs(*on_device(x), seed), f"signs, seed {seed}")
+        scale, packed = gpu.pack_signs_abs_mean(*on_device(x), seed)
+        same(signs, packed, f"signs with the scale, seed {seed}")
+        same(expected, scale, "mean |x| with the signs")
     same(expected, gpu.abs_mean(*on_device(x)), "mean |x|")
+
+
+def test_dgc_releases_the_sent_entries_in_one_launch() -> None:
+    """DGC's release: zeros at the sent indices (int32 or int64) in one buffer or two, as ``index_fill_``."""
+    generator = torch.Generator().manual_seed(8)
+    indices = torch.randperm(5000, generator=generator)[:1500]
+    for dtype in (torch.int32, torch.int64):
+        buffers = [torch.randn(5000, generator=generator) for _ in range(2)]
+        for count in (1, 2):
+            got = [buffer.to(DEVICE) for buffer in buffers[:count]]
+            gpu.release(got, indices.to(dtype).to(DEVICE))
+            for buffer, result in zip(buffers, got, strict=False):
+                same(buffer.clone().index_fill_(0, indices, 0), result, f"{count} buffers, {dtype}")
 
 
 @pytest.mark.parametrize("n", SIZES)

@@ -56,6 +56,7 @@ import torch
 from hvdcomp import check
 from hvdcomp.compressor import MEASURED, Context, State
 from hvdcomp.error_feedback import momentum_step
+from hvdcomp.kernels import is_triton, kernels_for
 from hvdcomp.methods.topk import Sparse, top_entries, without_zeros
 from hvdcomp.wire import Payload
 
@@ -122,6 +123,10 @@ class DGC(Sparse):
     def release(self, state: State, indices: torch.Tensor | None) -> None:
         """v zeroed where sent (``None``: everywhere, after a dense send), and u too with factor masking."""
         masked = (state["momentum"], state["accumulated"]) if self.momentum_masking else (state["accumulated"],)
+        kernels = kernels_for(masked[0].device)
+        if indices is not None and is_triton(kernels):  # one launch, the indices as the selection wrote them
+            kernels.release(list(masked), indices)
+            return
         for buffer in masked:
             if indices is None:
                 buffer.zero_()

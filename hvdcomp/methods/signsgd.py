@@ -69,6 +69,7 @@ class EFSignSGD(BucketQuantizer):
         self.momentum = check.number(self.name, "momentum", momentum, ge=0, lt=1)  # the memory policy reads it
     bits = 1
     bucket_size = None  # one scale per tensor
+    scaled = True  # (signSGD's option; EF-signSGD always scales)
 
     def accuracy_risk(self) -> str | None:
         if self.momentum:
@@ -89,6 +90,8 @@ class EFSignSGD(BucketQuantizer):
         return (x.abs().sum() / max(x.numel(), 1)).reshape(1, 1)
 
     def quantize_kernel(self, kernels: Any, x: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if is_triton(kernels) and self.scaled:  # the scale's sums in the pass that packs the signs
+            return kernels.pack_signs_abs_mean(x, seed)
         return self.scale_kernel(kernels, x), kernels.pack_signs(x, seed)
 
     def quantize_torch(self, x: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -3,7 +3,8 @@ feedback's accumulation in one pass, the GPU counterpart of ``hvdcomp/kernels/me
 
 u <- m u + g (``average``) or u = m g (m the momentum's gain 1 / (1 - momentum)), then residual <- residual + u: one
 launch where PyTorch takes three (``mul_``, ``add_``, ``add_``), and the gradient, u and the residual read once. The
-multiply and the add round apart (``enable_fp_fusion=False``), as PyTorch's separate operations do.
+multiply and the add round apart (``enable_fp_fusion=False``), as PyTorch's separate operations do. And DGC's
+release of the entries it sent (:func:`release`), in one launch for its one or two buffers.
 """
 
 from __future__ import annotations
@@ -45,3 +46,25 @@ def momentum_step(g: torch.Tensor, u: torch.Tensor | None, residual: torch.Tenso
                                                     else g, n, momentum, AVERAGE=average, STORE_U=u is not None,
                                                     RESIDUAL=residual is not None, BLOCK=_BLOCK,
                                                     enable_fp_fusion=False)
+
+
+@triton.jit(do_not_specialize=["k"])
+def _release_kernel(first_ptr, second_ptr, indices_ptr, k, SECOND: tl.constexpr, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < k
+    index = tl.load(indices_ptr + offsets, mask=mask, other=0).to(tl.int64)
+    tl.store(first_ptr + index, 0.0, mask=mask)
+    if SECOND:
+        tl.store(second_ptr + index, 0.0, mask=mask)
+
+
+def release(buffers: list[torch.Tensor], indices: torch.Tensor) -> None:
+    """DGC's release of the sent entries: zeros at ``indices`` (int32 or int64, as the selection wrote them) in one or
+    two flat float32 buffers, in one launch, where PyTorch's ``index_fill_`` takes one per buffer and int64 indices
+    (a conversion)."""
+    if not 1 <= len(buffers) <= 2 or any(b.dtype != torch.float32 or not b.is_contiguous() for b in buffers):
+        raise ValueError(f"release: one or two float32 contiguous buffers, got {len(buffers)}")
+    k = indices.numel()
+    if k:
+        _release_kernel[(triton.cdiv(k, _BLOCK),)](buffers[0], buffers[-1], indices, k, SECOND=len(buffers) == 2,
+                                                   BLOCK=_BLOCK)

@@ -17,11 +17,13 @@ import triton
 import triton.language as tl
 
 from hvdcomp.kernels.gpu.common import load_codes, random_bits, seed_key, store_packed, uniforms
+from hvdcomp.kernels.gpu.ternary import ABS_MEAN, STATS_BLOCK, abs_mean, finish_moments
 
 #: the largest bucket a program holds in registers; larger buckets take the PyTorch path
 MAX_BUCKET = 8192
 _ELEMENTS_PER_PROGRAM = 2048
 _DECODE_BLOCK = 2048
+_SIGN_GROUPS = STATS_BLOCK // 8  # bytes of signs a program packs: its block is a block of the moments
 _KIND_ORQ, _KIND_QSGD_L2, _KIND_QSGD_MAX = 0, 1, 2
 _KIND_BINGRAD, _KIND_ONEBIT = 0, 1
 
@@ -263,11 +265,20 @@ def quantize_binary(x: torch.Tensor, bucket: int, kind: int, iterations: int) ->
 
 
 @triton.jit(do_not_specialize=["n", "key"])
-def _signs_kernel(x_ptr, packed_ptr, n, key, COIN: tl.constexpr, GROUPS: tl.constexpr):
-    groups = tl.program_id(0).to(tl.int64) * GROUPS + tl.arange(0, GROUPS)
+def _signs_kernel(x_ptr, packed_ptr, partial_ptr, n, key, COIN: tl.constexpr, MOMENTS: tl.constexpr,
+                  GROUPS: tl.constexpr):
+    pid = tl.program_id(0).to(tl.int64)
+    groups = pid * GROUPS + tl.arange(0, GROUPS)
     lane = tl.arange(0, 8)
     elements = groups[:, None] * 8 + lane[None, :]
     x = tl.load(x_ptr + elements, mask=elements < n, other=1.0)
+    if MOMENTS:  # the block's row of the moments (ternary._moments_kernel's), for the sign family's scale
+        values = tl.reshape(tl.where(elements < n, x, 0.0), [GROUPS * 8])
+        magnitude = tl.abs(values)
+        tl.store(partial_ptr + pid * 4 + 0, tl.sum(values))
+        tl.store(partial_ptr + pid * 4 + 1, tl.sum(values * values))
+        tl.store(partial_ptr + pid * 4 + 2, tl.max(magnitude))
+        tl.store(partial_ptr + pid * 4 + 3, tl.sum(magnitude))
     if COIN:  # an exact zero votes on a fair coin: bit j of splitmix64(key + group)
         coins = ((random_bits(key, groups)[:, None] >> lane[None, :].to(tl.uint64)) & 1).to(tl.int1)
     else:
@@ -283,10 +294,23 @@ def pack_signs(x: torch.Tensor, seed: int) -> torch.Tensor:
     n = x.numel()
     packed = torch.empty(-(-n // 8), dtype=torch.uint8, device=x.device)
     if n:
-        groups = 512
-        _signs_kernel[(triton.cdiv(packed.numel(), groups),)](x, packed, n, seed_key(max(seed, 0)), COIN=seed >= 0,
-                                                              GROUPS=groups)
+        _signs_kernel[(triton.cdiv(packed.numel(), _SIGN_GROUPS),)](x, packed, packed, n, seed_key(max(seed, 0)),
+                                                                    COIN=seed >= 0, MOMENTS=False, GROUPS=_SIGN_GROUPS)
     return packed
+
+
+def pack_signs_abs_mean(x: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sign family's payload, (||x||_1 / n as float32 [1, 1], :func:`pack_signs`), in two launches where
+    ``abs_mean`` and ``pack_signs`` take three: the pass that packs the signs also sums each block's magnitudes."""
+    n = x.numel()
+    if n == 0:
+        return abs_mean(x), pack_signs(x, seed)
+    packed = torch.empty(-(-n // 8), dtype=torch.uint8, device=x.device)
+    blocks = triton.cdiv(packed.numel(), _SIGN_GROUPS)
+    buffer = torch.empty(1 + 4 * blocks, dtype=torch.float32, device=x.device)
+    _signs_kernel[(blocks,)](x, packed, buffer[1:], n, seed_key(max(seed, 0)), COIN=seed >= 0, MOMENTS=True,
+                             GROUPS=_SIGN_GROUPS, enable_fp_fusion=False)
+    return finish_moments(buffer, blocks, n, ABS_MEAN, 0.0, 1).view(1, 1), packed
 
 
 @triton.jit(do_not_specialize=["ranks", "n", "nbytes", "packed_stride", "tables_stride"])

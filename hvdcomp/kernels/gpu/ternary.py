@@ -24,11 +24,12 @@ import triton.language as tl
 
 from hvdcomp.kernels.gpu.common import seed_key, uniforms
 
-_STATS_BLOCK = 4096
+#: the entries one program of the moments' first pass sums (``finish_moments`` takes rows of this many)
+STATS_BLOCK = 4096
 _PACK_BLOCK = 4096
 _FINAL_BLOCK = 1024
 #: what the finalizing program computes from the moments
-_TERNARY, _ABS_MEAN = 0, 1
+_TERNARY, ABS_MEAN = 0, 1
 
 
 @triton.jit(do_not_specialize=["n"])
@@ -78,11 +79,17 @@ def _moments(x: torch.Tensor, mode: int, clip: float, results: int) -> torch.Ten
     n = x.numel()
     if n == 0:
         return torch.zeros(results, dtype=torch.float32, device=x.device)
-    blocks = triton.cdiv(n, _STATS_BLOCK)
+    blocks = triton.cdiv(n, STATS_BLOCK)
     buffer = torch.empty(results + 4 * blocks, dtype=torch.float32, device=x.device)
-    partial = buffer[results:]
-    _moments_kernel[(blocks,)](x, partial, n, BLOCK=_STATS_BLOCK, enable_fp_fusion=False)
-    _finish_kernel[(1,)](partial, buffer, blocks, n, clip, MODE=mode, BLOCK=_FINAL_BLOCK, enable_fp_fusion=False)
+    _moments_kernel[(blocks,)](x, buffer[results:], n, BLOCK=STATS_BLOCK, enable_fp_fusion=False)
+    return finish_moments(buffer, blocks, n, mode, clip, results)
+
+
+def finish_moments(buffer: torch.Tensor, blocks: int, n: int, mode: int, clip: float, results: int) -> torch.Tensor:
+    """The ``results`` values of ``mode`` from the partial rows of ``blocks`` blocks of ``STATS_BLOCK`` entries (sum,
+    sum of squares, max |x|, sum |x|) that follow them in ``buffer``: one program."""
+    _finish_kernel[(1,)](buffer[results:], buffer, blocks, n, clip, MODE=mode, BLOCK=_FINAL_BLOCK,
+                         enable_fp_fusion=False)
     return buffer[:results]
 
 
@@ -95,7 +102,7 @@ def ternary_statistics(x: torch.Tensor, clip: float | None) -> tuple[torch.Tenso
 
 def abs_mean(x: torch.Tensor) -> torch.Tensor:
     """||x||_1 / n of a flat float32 tensor as a float32 tensor [1, 1] on its device (0 when empty)."""
-    return _moments(x, _ABS_MEAN, 0.0, 1).view(1, 1)
+    return _moments(x, ABS_MEAN, 0.0, 1).view(1, 1)
 
 
 @triton.jit(do_not_specialize=["n", "nbytes", "key"])
