@@ -133,6 +133,12 @@ def test_timeline_charges_the_checks_and_the_averaging() -> None:
     before = timeline.simulate(dataclasses.replace(base, compressors=gathered), cluster, "g", 2).step_s
     after = timeline.simulate(dataclasses.replace(checked, compressors=finished), cluster, "g", 2).step_s
     assert after - before == pytest.approx(0.002 + 0.003 + 0.004, rel=1e-6)  # input check, averaging, output checks
+    # a profile that measured synchronize()'s one call over every gradient (on CUDA a few launches however many)
+    batched = dataclasses.replace(checked, check_all_ms=0.5)
+    once = timeline.simulate(batched, cluster, "none", 2).step_s - timeline.simulate(base, cluster, "none", 2).step_s
+    assert once == pytest.approx(0.0005, rel=1e-6)
+    assert schema.parse_profile({**PROFILE, "check_all_ms": 0.5}, "x").check_all_ms == 0.5
+    assert schema.parse_profile(PROFILE, "x").check_all_ms is None, "older profiles: the sum"
 
 
 def test_timeline_rejects_unknown_method_and_collective() -> None:

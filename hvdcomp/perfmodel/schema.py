@@ -194,7 +194,9 @@ class Gradient:
     numel: int
     bytes: int
     ready_ms: float  # since the start of backward
-    check_ms: float = 0.0  # synchronize()'s non-finite check of the reduced gradient (and of the input, if gathered)
+    #: the non-finite check of this gradient alone: of the input in its backward hook, where a method can hide a NaN
+    #: (synchronize()'s check of the reduced gradients: Profile.sync_check_ms)
+    check_ms: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -243,6 +245,15 @@ class Profile:
     optimizer_ms: float
     gradients: tuple[Gradient, ...]  # in the order they become ready in backward
     compressors: Mapping[str, CompressorProfile]
+    #: synchronize()'s non-finite check of every reduced gradient, in the one call the optimizer makes (on CUDA a
+    #: few launches however many gradients; on CPU a pass per tensor); None in profiles measured before the field:
+    #: the sum of the gradients' ``check_ms``
+    check_all_ms: float | None = None
+
+    @property
+    def sync_check_ms(self) -> float:
+        """synchronize()'s check of every reduced gradient."""
+        return sum(g.check_ms for g in self.gradients) if self.check_all_ms is None else self.check_all_ms
 
     @property
     def dense_bytes(self) -> int:
@@ -299,7 +310,8 @@ def parse_profile(data: Any, where: str) -> Profile:
     section.done()
     profile = Profile(top.string("model"), top.integer("batch_size", 1), top.string("device"),
                       top.number("forward_ms"), top.number("backward_ms"), top.number("optimizer_ms"),
-                      tuple(sorted(gradients, key=lambda g: g.ready_ms)), compressors)
+                      tuple(sorted(gradients, key=lambda g: g.ready_ms)), compressors,
+                      top.number("check_all_ms") if "check_all_ms" in top.data else None)
     top.informational("source", "measured", "autocast")
     top.done()
     return profile

@@ -335,7 +335,7 @@ def _timeline(profile: Profile, cluster: Cluster, workers: int, chosen: Mapping[
     for gradient in profile.gradients:
         if gradient.name not in chosen:
             now = max(now, thread.wait(ops[gradient.name]))
-    checks = sum(g.check_ms for g in profile.gradients) * ms  # every reduced gradient, once all are in
+    checks = profile.sync_check_ms * ms  # every reduced gradient, in one call once all are in
     now += checks
     decode_total += checks
     step = now + optimizer
