@@ -494,7 +494,7 @@ def test_profile_any_model_from_python(capsys: pytest.CaptureFixture[str]) -> No
     assert "left out (as if frozen): spare.bias, spare.weight" in capsys.readouterr().err
     assert set(document["compressors"]) == {"topk", "fp16"}
     assert set(document["compressors"]["topk"]["gradients"]) == {"left.weight", "right.weight"}  # min_numel 1024
-    assert document["forward_ms"] > 0 and document["backward_ms"] > 0
+    assert document["forward_ms"] > 0 and document["backward_ms"] > 0 and document["check_all_ms"] > 0
     assert document["measured"]["clock"] == "host" and "autocast" not in document
 
 

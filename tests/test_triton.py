@@ -171,6 +171,30 @@ def test_signs_and_moments_equal_the_cpu_kernels(cpu: object, n: int) -> None:
     same(expected, gpu.abs_mean(*on_device(x)), "mean |x|")
 
 
+@pytest.mark.parametrize("masking", [False, True])
+def test_dgc_memory_on_the_triton_kernels_equals_the_cpu_path(masking: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """DGC's own memory over two steps (momentum, accumulation, the release of what was sent, with and without
+    factor masking): its buffers bit for bit as on the CPU kernels' path."""
+    options = {"density": 0.05, "warmup_steps": 1, "momentum_masking": masking}
+    grads = [gaussian(3 * 700, seed).view(3, 700) for seed in range(2)]
+
+    def steps(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        compressor = make_compressor("dgc", options)
+        ctx = replace(Context.local(tensors[0], seed=3), step=10)  # past the warm-up
+        state = compressor.init_state(tensors[0], ctx)
+        for step, grad in enumerate(tensors):
+            compressor.compress(grad, state, replace(ctx, step=10 + step))
+        return [state["momentum"], state["accumulated"]]
+
+    expected = steps(grads)
+    if not CUDA:
+        monkeypatch.setenv("HVDCOMP_KERNELS", "triton")
+    with no_sync():
+        got = steps([grad.to(DEVICE) for grad in grads])
+    for name, want, have in zip(("momentum", "accumulated"), expected, got, strict=True):
+        same(want, have, f"{name}, masking {masking}")
+
+
 def test_dgc_releases_the_sent_entries_in_one_launch() -> None:
     """DGC's release: zeros at the sent indices (int32 or int64) in one buffer or two, as ``index_fill_``."""
     generator = torch.Generator().manual_seed(8)
@@ -575,6 +599,8 @@ def test_bad_arguments_are_refused_with_their_name() -> None:
     with pytest.raises(ValueError, match="subtracts one payload from a float32 contiguous residual, got 2"):
         gpu.decode_subtract(x, torch.zeros(2, 8, dtype=torch.uint8, device=DEVICE), torch.zeros(2, 1, 1, device=DEVICE),
                             torch.zeros(2, device=DEVICE), 1, 64)
+    with pytest.raises(ValueError, match="indices must be a contiguous 1-D int32 or int64 tensor"):
+        gpu.release([x], torch.zeros(4, 2, dtype=torch.int32, device=DEVICE))
     with pytest.raises(ValueError, match="u needed to average"):
         gpu.momentum_step(x, None, x.clone(), 0.9, True)
     with pytest.raises(ValueError, match="do not hold 64 signs"):

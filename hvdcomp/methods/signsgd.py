@@ -82,16 +82,16 @@ class EFSignSGD(BucketQuantizer):
         return self.cached_grid("sign", 1, device, lambda codes: codes * 2 - 1)
 
     def scale_kernel(self, kernels: Any, x: torch.Tensor) -> torch.Tensor:
-        if is_triton(kernels):  # on the device: no sync
-            return kernels.abs_mean(x)
+        """||x||_1 / d by the CPU kernels (the Triton kernels take it in :meth:`quantize_kernel`'s pass)."""
         return torch.tensor([[kernels.moments(x)[3].item() / max(x.numel(), 1)]], dtype=torch.float32)
 
     def scale_torch(self, x: torch.Tensor) -> torch.Tensor:
         return (x.abs().sum() / max(x.numel(), 1)).reshape(1, 1)
 
     def quantize_kernel(self, kernels: Any, x: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if is_triton(kernels) and self.scaled:  # the scale's sums in the pass that packs the signs
-            return kernels.pack_signs_abs_mean(x, seed)
+        if is_triton(kernels):  # the scale on the device (no sync), its sums in the pass that packs the signs
+            return kernels.pack_signs_abs_mean(x, seed) if self.scaled else (x.new_ones(1, 1),
+                                                                            kernels.pack_signs(x, seed))
         return self.scale_kernel(kernels, x), kernels.pack_signs(x, seed)
 
     def quantize_torch(self, x: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -276,8 +276,8 @@ def measure_steps(model: nn.Module, batch: Batch, loss_fn: LossFn, repeats: int,
     every = [p.grad._values() if p.grad.is_sparse else p.grad for _, p in used]
     result = {key: round(ranks.slowest(statistics.median(values) * 1e3), 4) for key, values in phases.items()}
     return {"forward_ms": result["forward"], "backward_ms": result["backward"], "optimizer_ms": result["optimizer"],
-            "check_all_ms": round(median_ms(lambda: nonfinite(every), repeats, ranks, device=device), 4) if every
-            else 0.0, "gradients": gradients}
+            "check_all_ms": round(median_ms(lambda: nonfinite(every), repeats, ranks, device=device), 4),
+            "gradients": gradients}
 
 
 def measure_encoded(compressor: Compressor, grad: torch.Tensor, repeats: int, ranks: Ranks) -> dict[str, Any]:

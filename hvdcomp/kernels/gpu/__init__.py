@@ -3,8 +3,8 @@ format and draws as the CPU kernels of ``hvdcomp/kernels/*.cpp`` (``ternary.py``
 moments, ``quant.py`` for the bucketed quantizers, ``randomk.py`` for random-k's selection, ``common.py`` for the
 generator and the bit packing), the sparsifiers' exact top-k selection on the device (``select.py``), the homomorphic
 sketch's deterministic encoding and peeling (``sketch.py``), PowerSGD's orthogonalization (``lowrank.py``), the memory's
-update, momentum correction with error feedback's accumulation (``memory.py``), and GraVAC's squared norms of several
-tensors at once (``norms.py``).
+update, momentum correction with error feedback's accumulation, and DGC's release (``memory.py``), and GraVAC's squared
+norms of several tensors at once (``norms.py``).
 
 Scalars the CPU kernels take or return as host values (TernGrad's scaler and clip bound, the sign family's scale)
 stay on the device here, so nothing waits for the GPU. Sizes, seeds and counts are not specialized on

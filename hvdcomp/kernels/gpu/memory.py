@@ -59,11 +59,16 @@ def _release_kernel(first_ptr, second_ptr, indices_ptr, k, SECOND: tl.constexpr,
 
 
 def release(buffers: list[torch.Tensor], indices: torch.Tensor) -> None:
-    """DGC's release of the sent entries: zeros at ``indices`` (int32 or int64, as the selection wrote them) in one or
-    two flat float32 buffers, in one launch, where PyTorch's ``index_fill_`` takes one per buffer and int64 indices
-    (a conversion)."""
-    if not 1 <= len(buffers) <= 2 or any(b.dtype != torch.float32 or not b.is_contiguous() for b in buffers):
-        raise ValueError(f"release: one or two float32 contiguous buffers, got {len(buffers)}")
+    """DGC's release of the sent entries: zeros at ``indices`` (int32 or int64, as the selection wrote them: in range,
+    which is not checked, as that would read them on the host) in one or two flat float32 buffers of one size, in one
+    launch, where PyTorch's ``index_fill_`` takes one per buffer and int64 indices (a conversion)."""
+    if not 1 <= len(buffers) <= 2 or any(b.dtype != torch.float32 or not b.is_contiguous() or b.numel() !=
+                                         buffers[0].numel() for b in buffers):
+        raise ValueError(f"release: one or two float32 contiguous buffers of one size, got "
+                         f"{[(b.dtype, tuple(b.shape)) for b in buffers]}")
+    if indices.dim() != 1 or not indices.is_contiguous() or indices.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"release: indices must be a contiguous 1-D int32 or int64 tensor, got {indices.dtype} "
+                         f"{tuple(indices.shape)}")
     k = indices.numel()
     if k:
         _release_kernel[(triton.cdiv(k, _BLOCK),)](buffers[0], buffers[-1], indices, k, SECOND=len(buffers) == 2,

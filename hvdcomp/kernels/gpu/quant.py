@@ -272,7 +272,7 @@ def _signs_kernel(x_ptr, packed_ptr, partial_ptr, n, key, COIN: tl.constexpr, MO
     lane = tl.arange(0, 8)
     elements = groups[:, None] * 8 + lane[None, :]
     x = tl.load(x_ptr + elements, mask=elements < n, other=1.0)
-    if MOMENTS:  # the block's row of the moments (ternary._moments_kernel's), for the sign family's scale
+    if MOMENTS:  # the block's row of the moments (of the elements ternary._moments_kernel's block holds), for the scale
         values = tl.reshape(tl.where(elements < n, x, 0.0), [GROUPS * 8])
         magnitude = tl.abs(values)
         tl.store(partial_ptr + pid * 4 + 0, tl.sum(values))
