@@ -75,6 +75,12 @@ def stacked(parts: list[torch.Tensor]) -> torch.Tensor:
     return torch.stack(parts)
 
 
+def stacked_scalars(parts: list[torch.Tensor]) -> torch.Tensor:
+    """The ranks' one-element parts (a scale per payload) as one [R] tensor for the decoding kernels: a view at a
+    stride where gathered, as :func:`stacked` takes them."""
+    return stacked([part.reshape(1) for part in parts])[:, 0]
+
+
 def decode_sum(packed: list[torch.Tensor], tables: list[torch.Tensor], grid: torch.Tensor | None, bits: int,
                bucket: int, n: int) -> torch.Tensor:
     """Sum over payloads of their decoded values, float32 [n], added in payload (rank) order. Tables may arrive

@@ -49,7 +49,7 @@ from hvdcomp import check
 from hvdcomp.compressor import MEASURED
 from hvdcomp.kernels import is_triton, kernels_for
 from hvdcomp.packing import pack_bits
-from hvdcomp.quantization import BucketQuantizer, decode_sum, generator, stacked
+from hvdcomp.quantization import BucketQuantizer, decode_sum, generator, stacked, stacked_scalars
 from hvdcomp.wire import Payload
 
 
@@ -137,7 +137,7 @@ class SignSGD(EFSignSGD):
         optimizer's average then applies the mean scale): one pass of the fused kernels where they apply."""
         shape, n = meta
         device = payloads[0][1].device
-        scales = stacked([payload[0].reshape(1) for payload in payloads])[:, 0]  # gathered: a view, no copy
+        scales = stacked_scalars([payload[0] for payload in payloads])
         kernels = kernels_for(device)
         if kernels is not None:
             return kernels.sign_vote(stacked([payload[1] for payload in payloads]), scales, n).view(shape)

@@ -35,7 +35,7 @@ from hvdcomp import check
 from hvdcomp.compressor import Compressor, Context, State, derive_seed
 from hvdcomp.kernels import is_triton, kernels_for
 from hvdcomp.packing import pack_bits, unpack_bits
-from hvdcomp.quantization import generator, stacked
+from hvdcomp.quantization import generator, stacked, stacked_scalars
 from hvdcomp.requests import Agree
 from hvdcomp.wire import Payload
 
@@ -127,7 +127,7 @@ class TernGrad(Compressor):
 
     def aggregate(self, payloads: list[Payload], meta: Any) -> torch.Tensor:
         shape, n = meta
-        scales = stacked([payload[0].reshape(1) for payload in payloads])[:, 0]  # gathered: a view, no copy
+        scales = stacked_scalars([payload[0] for payload in payloads])
         packed = [payload[1] for payload in payloads]
         kernels = kernels_for(scales.device)
         if kernels is not None:

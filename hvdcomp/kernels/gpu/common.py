@@ -53,6 +53,20 @@ def uniforms(key, first_pair, ROWS: tl.constexpr, COLS: tl.constexpr, ROW_PAIRS)
 
 
 @triton.jit
+def float64_total(ptr, count, STRIDE: tl.constexpr, CHUNK: tl.constexpr):
+    """The float64 sum of the ``count`` float32 values at ``ptr``, ``ptr + STRIDE``, ... (per-block partial sums), in
+    one program and a fixed order: value i in lane i mod CHUNK, the lanes then summed."""
+    offsets = tl.arange(0, CHUNK)
+    total = tl.zeros([CHUNK], dtype=tl.float64)
+    start = 0
+    while start < count:  # (while, not range: Triton 3.6's interpreter fails on range(runtime value))
+        mask = start + offsets < count
+        total += tl.load(ptr + (start + offsets) * STRIDE, mask=mask, other=0.0).to(tl.float64)
+        start += CHUNK
+    return tl.sum(total, axis=0)
+
+
+@triton.jit
 def store_packed(dst_ptr, codes, first_group, ROWS: tl.constexpr, COLS: tl.constexpr, ROW_GROUPS, valid_groups,
                  nbytes, BITS: tl.constexpr):
     """Packs ``codes`` [ROWS, COLS] (values < 2^BITS; padding codes 0) as BITS bytes per group of 8 and stores

@@ -14,6 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
+from hvdcomp.kernels.gpu.common import float64_total
+
 _BLOCK = 1024
 _CHUNK = 1024
 #: the most tensors one call takes
@@ -41,17 +43,10 @@ def _partial_kernel(x0_ptr, x1_ptr, x2_ptr, partial_ptr, n0, n1, n2, b0, b1, BLO
 
 @triton.jit(do_not_specialize=["b0", "b1", "b2"])
 def _finish_kernel(partial_ptr, out_ptr, b0, b1, b2, COUNT: tl.constexpr, CHUNK: tl.constexpr):
-    offsets = tl.arange(0, CHUNK)
     start = 0
     for t in tl.static_range(COUNT):
         blocks = b0 if t == 0 else (b1 if t == 1 else b2)
-        total = tl.zeros([CHUNK], dtype=tl.float64)
-        first = 0
-        while first < blocks:  # (while: Triton 3.6's interpreter fails on range(runtime value))
-            mask = first + offsets < blocks
-            total += tl.load(partial_ptr + start + first + offsets, mask=mask, other=0.0).to(tl.float64)
-            first += CHUNK
-        tl.store(out_ptr + t, tl.sum(total, axis=0).to(tl.float32))
+        tl.store(out_ptr + t, float64_total(partial_ptr + start, blocks, 1, CHUNK).to(tl.float32))
         start += blocks
 
 

@@ -37,6 +37,8 @@ import torch
 import triton
 import triton.language as tl
 
+from hvdcomp.kernels.gpu.common import float64_total
+
 _BLOCK = 4096
 _DIGITS = 256
 #: threshold's fit: the blocks' sums one program adds per iteration; up to this many blocks each stage's programs
@@ -402,17 +404,9 @@ def _excess_kernel(x_ptr, threshold_ptr, partial_ptr, n, BLOCK: tl.constexpr):
 def _moved(partial_ptr, t, blocks, step, CHUNK: tl.constexpr):
     """t moved by one stage's mean excess times ``step``: the blocks' sums added in float64 (in chunks of the block
     order), t + float32(excess / max(count, 1) * step)."""
-    offsets = tl.arange(0, CHUNK)
-    excess = tl.zeros([CHUNK], dtype=tl.float64)
-    count = tl.zeros([CHUNK], dtype=tl.float64)
-    start = 0
-    while start < blocks:  # (while, not range: Triton 3.6's interpreter fails on range(runtime value))
-        mask = start + offsets < blocks
-        excess += tl.load(partial_ptr + 2 * (start + offsets), mask=mask, other=0.0).to(tl.float64)
-        count += tl.load(partial_ptr + 2 * (start + offsets) + 1, mask=mask, other=0.0).to(tl.float64)
-        start += CHUNK
-    mean = tl.sum(excess, axis=0) / tl.maximum(tl.sum(count, axis=0), 1.0)
-    return t + (mean * step).to(tl.float32)
+    excess = float64_total(partial_ptr, blocks, 2, CHUNK)
+    count = float64_total(partial_ptr + 1, blocks, 2, CHUNK)
+    return t + (excess / tl.maximum(count, 1.0) * step).to(tl.float32)
 
 
 @triton.jit(do_not_specialize=["blocks", "step"])
