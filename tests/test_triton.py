@@ -18,7 +18,7 @@ import math
 import os
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 
 import pytest
@@ -189,8 +189,9 @@ def test_dgc_memory_on_the_triton_kernels_equals_the_cpu_path(masking: bool, mon
     expected = steps(grads)
     if not CUDA:
         monkeypatch.setenv("HVDCOMP_KERNELS", "triton")
+    moved = on_device(*grads)  # (a copy from the host synchronizes: before no_sync)
     with no_sync():
-        got = steps([grad.to(DEVICE) for grad in grads])
+        got = steps(moved)
     for name, want, have in zip(("momentum", "accumulated"), expected, got, strict=True):
         same(want, have, f"{name}, masking {masking}")
 
@@ -286,8 +287,9 @@ def test_the_memory_update_equals_the_cpu_kernels(cpu: object, average: bool) ->
         expected = [u.clone() if keep_u else None, residual.clone() if keep_residual else None]
         cpu.momentum_step(g, *expected, factor, average)
         got = [u.to(DEVICE) if keep_u else None, residual.to(DEVICE) if keep_residual else None]
+        g_on_device = g.to(DEVICE)
         with no_sync():
-            gpu.momentum_step(g.to(DEVICE), *got, factor, average)
+            gpu.momentum_step(g_on_device, *got, factor, average)
         for name, want, have in zip(("u", "residual"), expected, got, strict=True):
             if want is not None:
                 same(want, have, f"{name}, average={average}")
@@ -303,8 +305,9 @@ def test_gravac_agrees_on_norms_summed_in_two_launches(monkeypatch: pytest.Monke
     tensors = [dyadic(3000, 1), dyadic(2049, 2), dyadic(1, 3).half()]
     expected = agreed_inputs(tensors, 0.25)
     monkeypatch.setenv("HVDCOMP_KERNELS", "triton")
+    moved = on_device(*tensors)
     with no_sync(), Operators() as count:
-        got = agreed_inputs(on_device(*tensors), 0.25)
+        got = agreed_inputs(moved, 0.25)
     same(expected, got, "agreed inputs")
     assert not {"aten.pow", "aten.sum", "aten.stack", "aten.cat"} & set(count.calls), count.calls  # Triton's two
     monkeypatch.setattr(norms, "_CHUNK", 16)  # 20 blocks: the finish kernel's loop takes two chunks
@@ -517,8 +520,9 @@ def test_sparsifiers_on_the_triton_selection_decode_as_on_the_cpu(method: str,
         with monkeypatch.context() as patched:
             if not CUDA:
                 patched.setenv("HVDCOMP_KERNELS", "triton")
+            moved = on_device(*grads)
             with no_sync():
-                results = _through_method(method, [grad.to(DEVICE) for grad in grads], options)
+                results = _through_method(method, moved, options)
         for expected, got in zip(reference[-2:], results[-2:], strict=True):
             same(expected, got, f"{method}, {zeros:.0%} zeros")
         values = results[0:-2:2]
@@ -559,27 +563,29 @@ def test_powersgd_on_the_triton_kernels_equals_its_cpu_path(monkeypatch: pytest.
     its CPU path's sums and next Q to float rounding."""
     from hvdcomp.methods.powersgd import PowerSGD, PowerSGDReduction
 
-    def step(device: torch.device) -> list[torch.Tensor]:
+    def step(grads: list[torch.Tensor], sync_free: bool = False) -> list[torch.Tensor]:
+        """Both ways' reductions; with ``sync_free``, under no_sync from the first reduction on (the states' Q are
+        drawn on the host, then copied to the device: set-up, which synchronizes)."""
         reduction = PowerSGDReduction(PowerSGD(start_iter=0, batch_tensors_with_same_shape=True))
-        grads = [gaussian(40 * 30, seed).view(40, 30).to(device) for seed in range(3)]
         contexts = [Context.local(grads[0], seed=2, name=f"w{i}") for i in range(3)]
         states = [reduction.init_state(grad, ctx) for grad, ctx in zip(grads, contexts, strict=True)]
         results = []
-        for steps in (reduction.reduce(grads[0].clone(), states[0], contexts[0]),
-                      reduction.reduce_batch([grad.clone() for grad in grads[1:]], states[1:], contexts[1:])):
-            request = next(steps)
-            try:
-                while True:
-                    request = steps.send(request.tensors)
-            except StopIteration as done:
-                results += [done.value] if isinstance(done.value, torch.Tensor) else done.value
+        with no_sync() if sync_free else nullcontext():
+            for steps in (reduction.reduce(grads[0].clone(), states[0], contexts[0]),
+                          reduction.reduce_batch([grad.clone() for grad in grads[1:]], states[1:], contexts[1:])):
+                request = next(steps)
+                try:
+                    while True:
+                        request = steps.send(request.tensors)
+                except StopIteration as done:
+                    results += [done.value] if isinstance(done.value, torch.Tensor) else done.value
         return [*results, *(state["q"] for state in states)]
 
-    reference = step(torch.device("cpu"))
+    grads = [gaussian(40 * 30, seed).view(40, 30) for seed in range(3)]
+    reference = step(grads)
     if not CUDA:
         monkeypatch.setenv("HVDCOMP_KERNELS", "triton")
-    with no_sync():
-        results = step(DEVICE)
+    results = step(on_device(*grads), sync_free=True)
     for expected, got in zip(reference, results, strict=True):
         torch.testing.assert_close(got.cpu(), expected, rtol=1e-4, atol=1e-5)
 
@@ -704,8 +710,9 @@ def test_sketch_encoding_adds_each_cell_in_item_order() -> None:
         for dtype in (torch.float32, torch.float64):
             for rows, index in ((values.float(), items), (values, items.int())):
                 expected = sketch.encode(rows, index, 9, c3, dtype)
+                moved = on_device(rows, index)
                 with no_sync():
-                    got = gpu.sketch_encode(*on_device(rows, index), 9, c3, dtype)
+                    got = gpu.sketch_encode(*moved, 9, c3, dtype)
                 same(expected, got, f"sketch of {k} items, width {width}, {c3} cells per sub-table, {dtype}")
         if k > 100:
             reordered = sketch.encode(values.flip(0), items.flip(0), 9, c3, torch.float64)
