@@ -11,11 +11,14 @@
 # 1. tests/test_triton.py on the GPU, compiled (TRITON_INTERPRET unset), against the CPU kernels (built here by
 #    PyTorch's extension builder); each method's CUDA path runs under torch.cuda.set_sync_debug_mode("error"), so
 #    that a host synchronization fails it; and tests/test_devices.py but its one Horovod test (every method on CUDA
-#    against its CPU path, determinism, no host sync in compression) (test_triton.log);
+#    against its CPU path, determinism, no host sync in compression) (test_triton.log; each failure's message in
+#    failures.txt as it fails, perf/gpu/report_failures.py, kept where the stage's time limit cuts pytest off);
 # 2. perf/gpu/buckets.py --device cuda: the same gradients' compression per step, each alone against in buckets of
 #    25 MiB (bucket_cap_mb), per bucketable method (buckets.jsonl, buckets.log); and perf/gpu/checks.py --device cuda,
 #    the optimizer's NaN/Inf check of the step's gradients both ways (checks.jsonl); and perf/gpu/selection.py, the
-#    top-k selection over the whole tensor against over gathered candidates, by size (selection.jsonl);
+#    top-k selection over the whole tensor against over gathered candidates, by size (selection.jsonl); and
+#    perf/gpu/kernel_times.py, the sparsifiers', the sketch's and PowerSGD's kernels at 25 M elements, each one's
+#    device time by PyTorch's profiler (kernel_times.jsonl);
 # 3. `bench compress --device cuda` (CUDA events, L2 flushed between calls) for every method, at 25,000,000 elements
 #    (fraction_of_copy: their speed against a copy; PowerSGD gets a 5000 x 5000 matrix) and at 1,024 (compress_us +
 #    decompress_us), one process per method (bench-cuda.jsonl, JSON lines; bench.log);
@@ -23,7 +26,7 @@
 #    decode time summed over a step's gradients beside forward + backward (profile-resnet50-cuda.yaml,
 #    profile.log); skipped, with the reason, where torchvision is missing or the profiler does not import here;
 # then summary.txt (printed too): per method fraction_of_copy against the issues' targets and the 1,024-element
-# times. environment.txt records the GPU and the versions. At most 11 files in OUT_DIR. A failing stage does not stop
+# times. environment.txt records the GPU and the versions. At most 13 files in OUT_DIR. A failing stage does not stop
 # the next ones; the exit status is then 1. It takes a few minutes on an H100 or H200. Each stage has a time limit
 # (STAGE_TIMEOUT_*, below, in seconds, to be set in the environment), cut to what is left of BUDGET_S (default 570 s)
 # less 20 s for the summary, so that the script ends within BUDGET_S even where every stage hangs.
@@ -46,6 +49,7 @@ STAGE_TIMEOUT_PROFILE=${STAGE_TIMEOUT_PROFILE:-150}
 STAGE_TIMEOUT_BUCKETS=${STAGE_TIMEOUT_BUCKETS:-60}
 STAGE_TIMEOUT_CHECKS=${STAGE_TIMEOUT_CHECKS:-30}
 STAGE_TIMEOUT_SELECTION=${STAGE_TIMEOUT_SELECTION:-60}
+STAGE_TIMEOUT_KERNEL_TIMES=${STAGE_TIMEOUT_KERNEL_TIMES:-60}
 BUDGET_S=${BUDGET_S:-570}
 status=0
 say() { echo "gpu_kernels: $*"; }
@@ -69,19 +73,22 @@ say "1/4 tests/test_triton.py, tests/test_devices.py"
 parallel=()
 "$py" -c 'import xdist' 2>/dev/null && parallel=(-n "$(( $(nproc) < 8 ? $(nproc) : 8 ))")
 # SIGINT at the limit: pytest then still prints why each test failed (a kill would lose it)
-timeout -s INT -k 10 "$(limit "$STAGE_TIMEOUT_TESTS")" "$py" -m pytest -p no:cacheprovider -rfEs --tb=short "${parallel[@]}" \
-    tests/test_triton.py tests/test_devices.py -k "not test_reductions_on_one_rank" 2>&1 | tee "$out/test_triton.log" ||
+REPORT_FAILURES="$out/failures.txt" PYTHONPATH="$PYTHONPATH:$repo/perf/gpu" \
+    timeout -s INT -k 10 "$(limit "$STAGE_TIMEOUT_TESTS")" "$py" -m pytest -p no:cacheprovider -p report_failures \
+    -rfEs --tb=short "${parallel[@]}" tests/test_triton.py tests/test_devices.py -k "not test_reductions_on_one_rank" 2>&1 | tee "$out/test_triton.log" ||
     { status=1; say "FAILED: the Triton tests or the device tests" >&2; }
 
 # 2. a step's compression, each gradient alone against in buckets, the NaN/Inf check and the selection both ways:
 # new, so before the bench
-say "2/4 perf/gpu/buckets.py, checks.py --device cuda and selection.py"
+say "2/4 perf/gpu/buckets.py, checks.py --device cuda, selection.py and kernel_times.py"
 timeout -k 5 "$(limit "$STAGE_TIMEOUT_BUCKETS")" "$py" perf/gpu/buckets.py --device cuda --repeats 10 \
     --out "$out/buckets.jsonl" 2>&1 | tee "$out/buckets.log" || { status=1; say "FAILED: buckets (buckets.log)" >&2; }
 timeout -k 5 "$(limit "$STAGE_TIMEOUT_CHECKS")" "$py" perf/gpu/checks.py --device cuda --out "$out/checks.jsonl" 2>&1 |
     tee -a "$out/buckets.log" || { status=1; say "FAILED: checks (buckets.log)" >&2; }
 timeout -k 5 "$(limit "$STAGE_TIMEOUT_SELECTION")" "$py" perf/gpu/selection.py --out "$out/selection.jsonl" 2>&1 |
     tee -a "$out/buckets.log" || { status=1; say "FAILED: selection (buckets.log)" >&2; }
+timeout -k 5 "$(limit "$STAGE_TIMEOUT_KERNEL_TIMES")" "$py" perf/gpu/kernel_times.py --out "$out/kernel_times.jsonl" \
+    2>&1 | grep -v '^{' | tee -a "$out/buckets.log" || { status=1; say "FAILED: kernel_times (buckets.log)" >&2; }
 
 # 3. compression speed: 25 M elements against a copy, and 1,024 elements in microseconds
 read -r -a bench_methods <<<"${BENCH_METHODS:-${methods[*]}}"  # BENCH_METHODS: some of them alone
@@ -142,7 +149,8 @@ EOF
 if [[ -f $out/profile-resnet50-cuda.yaml ]]; then
     grep -A "${#methods[@]}" '^per step' "$out/profile.log" | tee -a "$out/summary.txt" || true
 fi
-[[ -s $out/buckets.log ]] && { echo "per step, each gradient alone against in buckets:"; cat "$out/buckets.log"; } |
-    tee -a "$out/summary.txt"
+# (stage 2's lines but its JSON rows, which are in the .jsonl files)
+[[ -s $out/buckets.log ]] && { echo "per step, each gradient alone against in buckets; the kernels' times:"
+    grep -v '^{' "$out/buckets.log"; } | tee -a "$out/summary.txt"
 say "results in $out; exit status $status"
 exit "$status"
