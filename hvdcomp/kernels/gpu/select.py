@@ -46,10 +46,10 @@ _DIGITS = 256
 _CHUNK = 1024
 #: the keys the gathering's bound is taken from, one in each stretch of n / _SAMPLE entries: one program's block
 _SAMPLE = 4096
-#: tensors of at least this many entries (16 MiB of float32) gather candidates first: there a pass over the tensor
-#: takes longer than the 4 launches the gathering adds (a guess from the HBM's 3 TB/s and a launch's few
-#: microseconds; perf/gpu/selection.py times both ways)
-_GATHER_MIN = 1 << 22
+#: tensors of at least this many entries (64 MiB of float32) gather candidates first: on an H100 the gathering took
+#: 0.61 to 0.72 of the whole tensor's selection time from 2^24 entries on, and 1.4 to 1.9 times it at 2^22 and below
+#: (perf/gpu/selection.py; docs/gpu.md)
+_GATHER_MIN = 1 << 24
 
 
 @triton.jit
