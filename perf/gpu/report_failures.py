@@ -1,4 +1,4 @@
-"""A pytest plugin that writes each failing test's report to the file ``$REPORT_FAILURES`` as soon as it fails.
+"""A pytest plugin that appends each failing test's report to the file ``$REPORT_FAILURES`` as soon as it fails.
 
     REPORT_FAILURES=OUT/failures.txt PYTHONPATH=perf/gpu python -m pytest -p report_failures -n 8 ...
 
@@ -15,6 +15,7 @@ import pytest
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     # under xdist each report reaches both its worker and the controller: the controller writes it
-    if report.failed and "PYTEST_XDIST_WORKER" not in os.environ:
-        with open(os.environ["REPORT_FAILURES"], "a") as out:
+    path = os.environ.get("REPORT_FAILURES")
+    if path and report.failed and "PYTEST_XDIST_WORKER" not in os.environ:
+        with open(path, "a") as out:
             out.write(f"{report.nodeid} ({report.when})\n{report.longreprtext}\n\n")
