@@ -352,15 +352,20 @@ def test_randomk_draws_the_positions_of_the_cpu_kernels(cpu: object) -> None:
                 same(indices, got[1], f"random-k positions, n {n}, k {k}")
 
 
-@pytest.mark.parametrize("case", ["gaussian", "ties", "zeros"])
+@pytest.mark.parametrize("case", ["gaussian", "ties", "zeros", "constant"])
 def test_topk_selects_exactly_the_largest_magnitudes(case: str) -> None:
     """The radix select's k entries are the k largest magnitudes (torch.topk's), each once with its value, the
-    entries tied with the k-th taken from the lowest indices; with a threshold, those not above it come last as 0."""
+    entries tied with the k-th taken from the lowest indices; with a threshold, those not above it come last as 0.
+    (A constant tensor: every entry of a block is equal to the k-th, the largest in-block count the compaction's
+    packed scan holds.)"""
     generator = torch.Generator().manual_seed(3)
-    for n, k in [(1, 1), (7, 3), (3000, 30), (4096, 4096), (5000, 50), (20_000, 200), (9000, 9000), (9000, 1)]:
+    for n, k in [(1, 1), (7, 3), (3000, 30), (4096, 4096), (5000, 50), (20_000, 200), (9000, 9000), (9000, 1),
+                 (9000, 6000)]:
         x = torch.randint(-3, 4, (n,), generator=generator).float() if case == "ties" else gaussian(n, k)
         if case == "zeros":
             x[::2] = 0
+        if case == "constant":
+            x = torch.full((n,), -1.5)
         values, indices = (t.cpu() for t in gpu.topk(*on_device(x), k))
         expected = x.abs().topk(k).values
         assert torch.equal(values.abs().sort().values, expected.sort().values), (n, k)

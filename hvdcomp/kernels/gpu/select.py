@@ -39,7 +39,7 @@ import triton.language as tl
 
 from hvdcomp.kernels.gpu.common import float64_total
 
-_BLOCK = 4096
+_BLOCK = 4096  # at most 2^16 - 1 entries: _placed packs two in-block counts into one int32
 _DIGITS = 256
 #: threshold's fit: the blocks' sums one program adds per iteration; up to this many blocks each stage's programs
 #: move t themselves (one launch a stage)
@@ -97,11 +97,14 @@ def _before(scan_ptr, pid):
 @triton.jit
 def _placed(key, kth, wanted, above_before, equal_before, above_total):
     """Compaction's slots: entries above the k-th key ``kth`` at their exclusive-scan offset (index order), then the
-    first ``wanted`` equal to it after all ``above_total`` of those; and which entries are placed."""
+    first ``wanted`` equal to it after all ``above_total`` of those; and which entries are placed. Both in-block
+    counts come from one int32 scan, the entries above in its low 16 bits and those equal in its high 16 (a block
+    holds at most 2^16 - 1 entries)."""
     is_above = key > kth
     is_equal = key == kth
-    slot_above = above_before + tl.cumsum(is_above.to(tl.int64), axis=0) - 1
-    rank_equal = equal_before + tl.cumsum(is_equal.to(tl.int64), axis=0) - 1
+    both = tl.cumsum(is_above.to(tl.int32) | (is_equal.to(tl.int32) << 16), axis=0)
+    slot_above = above_before + (both & 0xFFFF).to(tl.int64) - 1
+    rank_equal = equal_before + (both >> 16).to(tl.int64) - 1
     slot = tl.where(is_above, slot_above, above_total + rank_equal)
     return slot, is_above | (is_equal & (rank_equal < wanted))
 
@@ -124,7 +127,7 @@ def _fill(x_ptr, threshold_ptr, index_ptr, found_ptr, values_ptr, indices_ptr, n
     if below_before < k - total:
         key, _, _ = _keys(x_ptr, threshold_ptr, offsets, n, True)
         below = key == 0
-        rank = below_before + tl.cumsum(below.to(tl.int64), axis=0) - 1
+        rank = below_before + tl.cumsum(below.to(tl.int32), axis=0).to(tl.int64) - 1
         take = below & (rank < k - total)
         tl.store(values_ptr + total + rank, tl.zeros([BLOCK], dtype=values_ptr.dtype.element_ty), mask=take)
         tl.store(indices_ptr + total + rank, offsets.to(indices_ptr.dtype.element_ty), mask=take)
@@ -209,7 +212,7 @@ def _gather_kernel(x_ptr, threshold_ptr, bound_ptr, found_ptr, keys_ptr, index_p
     key, _, _ = _keys(x_ptr, threshold_ptr, offsets, n, THRESHOLD)
     total = tl.load(found_ptr + tl.num_programs(0) - 1).to(tl.int64)
     candidate = _candidate(key, bound_ptr, THRESHOLD)
-    slot = _before(found_ptr, pid) + tl.cumsum(candidate.to(tl.int64), 0) - 1
+    slot = _before(found_ptr, pid) + tl.cumsum(candidate.to(tl.int32), 0).to(tl.int64) - 1
     keep = candidate & (total <= capacity)
     tl.store(keys_ptr + slot, key, mask=keep)
     tl.store(index_ptr + slot, offsets, mask=keep)
