@@ -4,7 +4,9 @@
 
 ``bench compress --device cuda`` gives a method's total against a copy; this names the kernels behind it, on the same
 Gaussian tensor (PowerSGD: the squarest matrix), past warm-up, over ``--repeats`` calls of each. One JSON line per
-method and call (compress, decompress): every kernel's name, calls and summed device time, largest first.
+method and call (compress, decompress): every kernel's name, calls and summed device time, largest first, and the time
+per call between CUDA events around the calls (without the profiler): where it exceeds the kernels' sum, the device
+waited for the host to issue them.
 """
 
 from __future__ import annotations
@@ -38,7 +40,13 @@ def kernel_times(method: str, numel: int, repeats: int) -> list[dict]:
     rows = []
     for call, fn in calls.items():
         fn()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(repeats):
+            fn()
+        end.record()
         torch.cuda.synchronize()
+        event_us = start.elapsed_time(end) * 1e3 / repeats
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(repeats):
                 fn()
@@ -47,7 +55,7 @@ def kernel_times(method: str, numel: int, repeats: int) -> list[dict]:
                           for e in prof.key_averages() if e.device_time_total > 0), key=lambda r: -r[2])
         rows.append({"method": method, "call": call, "numel": numel, "shape": list(shape),
                      **clock_fields(x.device), "repeats": repeats,
-                     "device_us": round(sum(us for _, _, us in kernels), 3),
+                     "device_us": round(sum(us for _, _, us in kernels), 3), "event_us": round(event_us, 3),
                      "kernels": [{"name": name[:120], "calls": count, "us": round(us, 3)}
                                  for name, count, us in kernels]})
     return rows
@@ -63,7 +71,8 @@ def main() -> None:
     for method in args.method or _DEFAULT:
         for row in kernel_times(method, args.numel, args.repeats):
             record(row, args.out)
-            print(f"{method} {row['call']}: {row['device_us']:.1f} us on the device per call")
+            print(f"{method} {row['call']}: {row['device_us']:.1f} us of kernels per call, {row['event_us']:.1f} us "
+                  "between CUDA events (the difference: the device waiting for the host's launches)")
             for kernel in row["kernels"][:8]:
                 print(f"    {kernel['us']:9.1f} us  {kernel['calls']:3d}x  {kernel['name']}", flush=True)
 
