@@ -259,7 +259,7 @@ class Sketch(Sparse):
         else:
             dense = tensor.to_dense() if tensor.is_sparse else tensor.detach()
             items = self.items(tensor.shape)
-            count = dense.reshape(items, block(tensor.shape, items)).ne(0).any(1).sum(dtype=torch.float32).reshape(1)
+            count = dense.reshape(items, block(tensor.shape, items)).any(1).sum(dtype=torch.float32).reshape(1)
         return Agree(count, "sum")
 
     def compress(self, tensor: torch.Tensor, state: State, ctx: Context,
@@ -274,7 +274,7 @@ class Sketch(Sparse):
                 rows = coalesced.indices()[0]
                 return [coalesced.values().reshape(-1), rows.to(index_dtype(n))], (shape, n, coalesced.dtype)
         x = tensor.detach().reshape(n, block(shape, n))
-        rows = x.ne(0).any(1).nonzero().view(-1)
+        rows = x.any(1).nonzero().view(-1)
         return [x[rows].reshape(-1), rows.to(index_dtype(n))], (shape, n, x.dtype)
 
 
