@@ -129,6 +129,19 @@ def test_sketch_method_takes_sparse_and_dense_gradients_alike() -> None:
     assert float(method.agree(sparse, {}, ctx).values) == float(method.agree(sparse.to_dense(), {}, ctx).values) == 3
 
 
+def test_sketch_method_sends_the_rows_not_equal_to_zero() -> None:
+    """A row is sent where any entry is not 0: a NaN row is (the optimizer's check then sees it), a row of -0 is not;
+    agree counts the same rows, for rows and for single entries."""
+    method = Sketch()
+    for shape in [(5, 2), (5,)]:
+        x = torch.zeros(shape)
+        x[1], x[2], x[4] = float("nan"), -0.0, 3.0
+        ctx = Context.local(x)
+        (_, rows), _ = method.compress(x, {}, ctx)
+        assert rows.tolist() == [1, 4], shape
+        assert float(method.agree(x, {}, ctx).values) == 2, shape
+
+
 def test_bad_options_and_collectives_are_named() -> None:
     for options, text in (({"margin": 0}, "margin"), ({"dtype": "float16"}, "dtype"), ({"slack": -1}, "slack"),
                           ({"fp_rate": 1.5}, "fp_rate"), ({"filter_collective": "or"}, "filter_collective")):
