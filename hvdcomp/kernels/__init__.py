@@ -77,6 +77,12 @@ def cpu_kernels() -> ModuleType | None:
     """
     if os.environ.get("HVDCOMP_KERNELS") == "0":
         return None
+    return _cpu_module()
+
+
+def _cpu_module() -> ModuleType | None:
+    """:func:`cpu_kernels` past its environment check: :func:`kernels_for`, on every method's hot path, reads the
+    environment once."""
     if not _state:
         try:
             _state["module"] = build()
@@ -120,4 +126,4 @@ def kernels_for(device: torch.device) -> ModuleType | None:
         return None
     if choice == "triton" or device.type == "cuda":
         return gpu_kernels()
-    return cpu_kernels() if device.type == "cpu" else None
+    return _cpu_module() if device.type == "cpu" else None
