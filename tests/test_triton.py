@@ -14,12 +14,15 @@ compiled and run on CUDA tensors, and every method compresses and decodes under
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -828,6 +831,25 @@ def test_sketch_method_on_the_triton_kernels_decodes_as_on_the_cpu(monkeypatch: 
     results = _sketch_step([grad.to(DEVICE) for grad in grads])
     for index, (expected, got) in enumerate(zip(reference, results, strict=True)):
         same(expected, got, f"sketch step, output {index}")
+
+
+def test_the_selection_kernels_spill_no_registers(tmp_path: Path) -> None:
+    """The selection's block kernels, compiled for sm_90a (H100, H200) at the warps select.py launches them with, spill
+    nothing to local memory, by the report of the ptxas that Triton ships (perf/gpu/registers.py, which needs no GPU):
+    at 4 warps the compaction spilled and each kernel held up to 255 registers a thread."""
+    from hvdcomp.kernels.gpu import select
+
+    repo = Path(__file__).resolve().parent.parent
+    if not (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists():
+        pytest.skip("this Triton ships no ptxas")
+    out = tmp_path / "registers.jsonl"
+    environment = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
+    subprocess.run([sys.executable, str(repo / "perf" / "gpu" / "registers.py"), "--warps", str(select._WARPS),
+                    "--out", str(out)], check=True, env=environment, cwd=repo, timeout=600, capture_output=True)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 10, rows
+    spilled = [(row["kernel"], row["constants"], row["spill_stores"]) for row in rows if row["spill_stores"]]
+    assert not spilled, spilled
 
 
 @pytest.mark.skipif(CUDA, reason="on a GPU every test above compiled its kernels")

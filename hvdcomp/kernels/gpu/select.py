@@ -40,6 +40,10 @@ import triton.language as tl
 from hvdcomp.kernels.gpu.common import float64_total
 
 _BLOCK = 4096  # at most 2^16 - 1 entries: _placed packs two in-block counts into one int32
+#: warps a program for the kernels that hold a block's keys, indices and slots at once: at 4 warps (32 entries a
+#: thread) ptxas gave them 111 to 255 registers a thread, 2 or 1 programs resident per SM, the compaction spilling; at
+#: 16, 49 to 102 (perf/gpu/registers.py, perf/results/registers.jsonl). Their time at 16 is not measured on a GPU yet.
+_WARPS = 16
 _DIGITS = 256
 #: threshold's fit: the blocks' sums one program adds per iteration; up to this many blocks each stage's programs
 #: move t themselves (one launch a stage)
@@ -310,7 +314,8 @@ def topk(x: torch.Tensor, k: int, index_dtype: torch.dtype = torch.int64,
     x = x.contiguous()
     limit = threshold if threshold is not None else values  # (any pointer when there is no threshold)
     if n <= _BLOCK:
-        _one_block_kernel[(1,)](x, limit, values, indices, n, k, THRESHOLD=threshold is not None, BLOCK=_BLOCK)
+        _one_block_kernel[(1,)](x, limit, values, indices, n, k, THRESHOLD=threshold is not None, BLOCK=_BLOCK,
+                                num_warps=_WARPS)
         return values, indices
     plan = _gathering(n, k, threshold is not None) if n >= _GATHER_MIN else None
     return _select_blocks(x, k, values, indices, threshold, _gather(x, k, threshold, plan) if plan else None)
@@ -352,7 +357,7 @@ def _gather(x: torch.Tensor, k: int, threshold: torch.Tensor | None, plan: tuple
     blocks = triton.cdiv(n, _BLOCK)
     bound = torch.empty(1, dtype=torch.int32, device=x.device)  # (not read under a threshold)
     if threshold is None:
-        _bound_kernel[(1,)](x, bound, n, n // _SAMPLE, rank, SAMPLE=_SAMPLE)
+        _bound_kernel[(1,)](x, bound, n, n // _SAMPLE, rank, SAMPLE=_SAMPLE, num_warps=_WARPS)
     limit = threshold if threshold is not None else bound  # (any pointer when there is no threshold)
     found = torch.empty(blocks, dtype=torch.int64, device=x.device)
     _candidates_kernel[(blocks,)](x, limit, bound, found, n, THRESHOLD=threshold is not None, BLOCK=_BLOCK)
@@ -360,7 +365,7 @@ def _gather(x: torch.Tensor, k: int, threshold: torch.Tensor | None, plan: tuple
     keys = torch.empty(capacity, dtype=torch.int32, device=x.device)
     index = torch.empty(capacity, dtype=torch.int64, device=x.device)
     _gather_kernel[(blocks,)](x, limit, bound, found, keys, index, n, capacity, THRESHOLD=threshold is not None,
-                              BLOCK=_BLOCK)
+                              BLOCK=_BLOCK, num_warps=_WARPS)
     return _Gathered(keys, index, found, capacity)
 
 
@@ -376,7 +381,8 @@ def _select_blocks(x: torch.Tensor, k: int, values: torch.Tensor, indices: torch
         source = (x, limit, counts, counts, counts, counts, n, k, 0)  # (any pointers for the candidates)
     else:
         source = (x, limit, gathered.keys, gathered.index, gathered.found, counts, n, k, gathered.capacity)
-    flags = {"THRESHOLD": threshold is not None, "GATHERED": gathered is not None, "BLOCK": _BLOCK}
+    flags = {"THRESHOLD": threshold is not None, "GATHERED": gathered is not None, "BLOCK": _BLOCK,
+             "num_warps": _WARPS}
     for digit_pass in range(4):
         _histogram_kernel[(blocks,)](*source, PASS=digit_pass, **flags)
     above, equal = scans = torch.empty(2, blocks, dtype=torch.int64, device=x.device)  # per block, then scanned

@@ -1,0 +1,92 @@
+"""Registers and spills of the selection's Triton kernels on a Hopper GPU, from the compiler alone (no GPU needed).
+
+    .venv/bin/python perf/gpu/registers.py [--warps 4 16] [--tag TEXT] [--out perf/results/registers.jsonl]
+
+Each kernel of :mod:`hvdcomp.kernels.gpu.select` that reads a 4,096-entry block per program, as the sparsifiers launch
+it on 25 M float32 entries (top-k, no threshold, int32 indices), is compiled by Triton for sm_90a (H100, H200) at each
+``--warps`` and its PTX assembled by the ``ptxas`` that Triton ships, whose ``-v`` report gives the registers a thread
+uses and the bytes it spills. A Hopper SM holds 65,536 registers and 64 warps, so registers decide how many programs
+run at once: at 194 registers a thread (the gathering at 4 warps) 2 programs of 4 warps fit, 8 warps of 64; whether a
+kernel is then slow is for a GPU to time (``perf/gpu/kernel_times.py``). One JSON line per kernel and warp count, with
+``--tag`` (which code was compiled, say).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+os.environ.pop("TRITON_INTERPRET", None)  # compiled kernels (before hvdcomp.kernels.gpu defines them)
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from hvdcomp.kernels.gpu import select
+from hvdcomp.tools.bench import record
+
+_SELECTION = {"x_ptr": "*fp32", "threshold_ptr": "*i32", "keys_ptr": "*i32", "index_ptr": "*i64", "found_ptr": "*i64",
+              "counts_ptr": "*i32", "n": "i32", "k": "i32", "capacity": "i32"}
+_BLOCKS = {"BLOCK": 4096}
+#: (kernel, its signature, its constants), as topk() launches them on 25 M entries
+KERNELS: list[tuple[str, dict[str, str], dict[str, Any]]] = [
+    ("_one_block_kernel", {"x_ptr": "*fp32", "threshold_ptr": "*i32", "values_ptr": "*fp32", "indices_ptr": "*i32",
+                           "n": "i32", "k": "i32"}, {"THRESHOLD": False, **_BLOCKS}),
+    ("_bound_kernel", {"x_ptr": "*fp32", "bound_ptr": "*i32", "n": "i32", "stride": "i32", "rank": "i32"},
+     {"SAMPLE": select._SAMPLE}),
+    ("_candidates_kernel", {"x_ptr": "*fp32", "threshold_ptr": "*i32", "bound_ptr": "*i32", "found_ptr": "*i64",
+                            "n": "i32"}, {"THRESHOLD": False, **_BLOCKS}),
+    ("_gather_kernel", {"x_ptr": "*fp32", "threshold_ptr": "*i32", "bound_ptr": "*i32", "found_ptr": "*i64",
+                        "keys_ptr": "*i32", "index_ptr": "*i64", "n": "i32", "capacity": "i32"},
+     {"THRESHOLD": False, **_BLOCKS}),
+    *[(name, signature, {**constants, "THRESHOLD": False, "GATHERED": gathered, **_BLOCKS})
+      for gathered in (False, True)
+      for name, signature, constants in [
+          ("_histogram_kernel", _SELECTION, {"PASS": 1}),
+          ("_count_kernel", {**_SELECTION, "above_ptr": "*i64", "equal_ptr": "*i64"}, {}),
+          ("_compact_kernel", {**_SELECTION, "above_ptr": "*i64", "equal_ptr": "*i64", "values_ptr": "*fp32",
+                               "indices_ptr": "*i32"}, {})]],
+]
+
+
+def ptxas_report(name: str, signature: dict[str, str], constants: dict[str, Any], warps: int) -> dict[str, Any]:
+    """One kernel compiled for sm_90a at ``warps`` warps: ptxas's registers a thread, spilled bytes, shared memory."""
+    kernel = getattr(select, name)
+    full = {**signature, **{constant: "constexpr" for constant in constants}}
+    compiled = triton.compile(ASTSource(kernel, full, constants), target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": warps})
+    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as ptx:
+        ptx.write(compiled.asm["ptx"])
+        ptx.flush()
+        report = subprocess.run([str(ptxas), "-arch=sm_90a", "-v", ptx.name, "-o", os.devnull], capture_output=True,
+                                text=True, check=True).stderr
+
+    def number(pattern: str) -> int:
+        found = re.search(pattern, report)
+        return int(found.group(1)) if found else 0
+
+    return {"kernel": name, "constants": {k: v for k, v in constants.items() if k != "BLOCK"}, "warps": warps,
+            "registers": number(r"Used (\d+) registers"), "spill_stores": number(r"(\d+) bytes spill stores"),
+            "spill_loads": number(r"(\d+) bytes spill loads"), "shared_bytes": compiled.metadata.shared,
+            "target": "sm_90a", "triton": triton.__version__}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--warps", type=int, nargs="+", default=[4, 16])
+    parser.add_argument("--tag", default="", help="recorded with each row")
+    parser.add_argument("--out", type=Path, default=Path("perf/results/registers.jsonl"))
+    args = parser.parse_args()
+    for name, signature, constants in KERNELS:
+        for warps in args.warps:
+            record({**ptxas_report(name, signature, constants, warps), "tag": args.tag}, args.out)
+
+
+if __name__ == "__main__":
+    main()
