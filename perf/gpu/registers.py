@@ -1,6 +1,8 @@
 """Registers and spills of the selection's Triton kernels on a Hopper GPU, from the compiler alone (no GPU needed).
 
     .venv/bin/python perf/gpu/registers.py [--warps 4 16] [--tag TEXT] [--out perf/results/registers.jsonl]
+    HVDCOMP_LAUNCHES=/tmp/launches.jsonl .venv/bin/python -m pytest tests/test_triton.py   # every kernel's launches
+    .venv/bin/python perf/gpu/registers.py --launches /tmp/launches.jsonl [--out ...]
 
 Each kernel of :mod:`hvdcomp.kernels.gpu.select` that reads a 4,096-entry block per program, as the sparsifiers launch
 it on 25 M float32 entries (top-k, no threshold, int32 indices), is compiled by Triton for sm_90a (H100, H200) at each
@@ -8,12 +10,15 @@ it on 25 M float32 entries (top-k, no threshold, int32 indices), is compiled by 
 uses and the bytes it spills. A Hopper SM holds 65,536 registers and 64 warps, so registers decide how many programs
 run at once: at 194 registers a thread (the gathering at 4 warps) 2 programs of 4 warps fit, 8 warps of 64; whether a
 kernel is then slow is for a GPU to time (``perf/gpu/kernel_times.py``). One JSON line per kernel and warp count, with
-``--tag`` (which code was compiled, say).
+``--tag`` (which code was compiled, say). With ``--launches``, instead, every launch the interpreter tests made (a
+covering set of them: each kernel with each of its constants, ``tests/triton_compile.py``), as they launched it.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import json
 import os
 import re
 import subprocess
@@ -54,12 +59,11 @@ KERNELS: list[tuple[str, dict[str, str], dict[str, Any]]] = [
 ]
 
 
-def ptxas_report(name: str, signature: dict[str, str], constants: dict[str, Any], warps: int) -> dict[str, Any]:
-    """One kernel compiled for sm_90a at ``warps`` warps: ptxas's registers a thread, spilled bytes, shared memory."""
-    kernel = getattr(select, name)
+def ptxas_report(kernel: Any, signature: dict[str, str], constants: dict[str, Any],
+                 options: dict[str, Any]) -> dict[str, Any]:
+    """One kernel compiled for sm_90a with ``options``: ptxas's registers a thread, spilled bytes, shared memory."""
     full = {**signature, **{constant: "constexpr" for constant in constants}}
-    compiled = triton.compile(ASTSource(kernel, full, constants), target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": warps})
+    compiled = triton.compile(ASTSource(kernel, full, constants), target=GPUTarget("cuda", 90, 32), options=options)
     ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
     with tempfile.NamedTemporaryFile("w", suffix=".ptx") as ptx:
         ptx.write(compiled.asm["ptx"])
@@ -71,9 +75,10 @@ def ptxas_report(name: str, signature: dict[str, str], constants: dict[str, Any]
         found = re.search(pattern, report)
         return int(found.group(1)) if found else 0
 
-    return {"kernel": name, "constants": {k: v for k, v in constants.items() if k != "BLOCK"}, "warps": warps,
-            "registers": number(r"Used (\d+) registers"), "spill_stores": number(r"(\d+) bytes spill stores"),
-            "spill_loads": number(r"(\d+) bytes spill loads"), "shared_bytes": compiled.metadata.shared,
+    return {"kernel": kernel.__name__, "constants": {k: v for k, v in constants.items() if k != "BLOCK"},
+            "warps": options.get("num_warps", 4), "registers": number(r"Used (\d+) registers"),
+            "spill_stores": number(r"(\d+) bytes spill stores"), "spill_loads": number(r"(\d+) bytes spill loads"),
+            "shared_bytes": compiled.metadata.shared,
             "target": "sm_90a", "triton": triton.__version__}
 
 
@@ -81,11 +86,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--warps", type=int, nargs="+", default=[4, 16])
     parser.add_argument("--tag", default="", help="recorded with each row")
+    parser.add_argument("--launches", type=Path, help="the interpreter tests' launches (HVDCOMP_LAUNCHES)")
     parser.add_argument("--out", type=Path, default=Path("perf/results/registers.jsonl"))
     args = parser.parse_args()
+    if args.launches:
+        for line in args.launches.read_text().splitlines():
+            launch = json.loads(line)
+            kernel = getattr(importlib.import_module(launch["module"]), launch["kernel"])
+            given = {p.name: launch["arguments"][p.name] for p in kernel.params if p.name in launch["arguments"]}
+            signature = {name: kind for name, (kind, _) in given.items() if kind != "constexpr"}
+            constants = {name: value for name, (kind, value) in given.items() if kind == "constexpr"}
+            row = ptxas_report(kernel, signature, constants, launch["options"])
+            record({**row, "module": launch["module"], "tag": args.tag}, args.out)
+        return
     for name, signature, constants in KERNELS:
         for warps in args.warps:
-            record({**ptxas_report(name, signature, constants, warps), "tag": args.tag}, args.out)
+            row = ptxas_report(getattr(select, name), signature, constants, {"num_warps": warps})
+            record({**row, "tag": args.tag}, args.out)
 
 
 if __name__ == "__main__":
