@@ -57,7 +57,7 @@ cp "$work/kernels/summary.txt" "$out/kernels-summary.txt" 2>/dev/null ||
 if wait "$build"; then
     say "the kernel stage and the staged build done at ${SECONDS} s (the build's own time: staged-setup.log)"
     left=$((DEADLINE_S - SECONDS - 15))  # 15 s for the archive
-    SETUP_DONE="staged-setup.log" BUDGET_S=$left perf/gpu/gpu_multirank.sh "$work/multirank"
+    HVDCOMP_VENV=.venv-staged SETUP_DONE="staged-setup.log" BUDGET_S=$left perf/gpu/gpu_multirank.sh "$work/multirank"
     multirank=$?
 else
     multirank=$?

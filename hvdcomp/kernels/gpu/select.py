@@ -41,8 +41,9 @@ from hvdcomp.kernels.gpu.common import float64_total
 
 _BLOCK = 4096  # at most 2^16 - 1 entries: _placed packs two in-block counts into one int32
 #: warps a program for the kernels that hold a block's keys, indices and slots at once: at 4 warps (32 entries a
-#: thread) ptxas gave them 111 to 255 registers a thread, 2 or 1 programs resident per SM, the compaction spilling; at
-#: 16, 49 to 102 (perf/gpu/registers.py, perf/results/registers.jsonl). Their time at 16 is not measured on a GPU yet.
+#: thread) ptxas gave them 96 to 255 registers a thread (2 to 5 programs resident an SM), the one-block selection and
+#: threshold's compaction over candidates spilling 60 and 536 bytes; at 16 warps 40 to 128, no spill
+#: (perf/gpu/registers.py, perf/results/registers.jsonl). Their time at 16 is not measured on a GPU yet.
 _WARPS = 16
 _DIGITS = 256
 #: threshold's fit: the blocks' sums one program adds per iteration; up to this many blocks each stage's programs
@@ -108,7 +109,7 @@ def _placed(key, kth, wanted, above_before, equal_before, above_total):
     is_equal = key == kth
     both = tl.cumsum(is_above.to(tl.int32) | (is_equal.to(tl.int32) << 16), axis=0)
     slot_above = above_before + (both & 0xFFFF).to(tl.int64) - 1
-    rank_equal = equal_before + (both >> 16).to(tl.int64) - 1
+    rank_equal = equal_before + ((both >> 16) & 0xFFFF).to(tl.int64) - 1
     slot = tl.where(is_above, slot_above, above_total + rank_equal)
     return slot, is_above | (is_equal & (rank_equal < wanted))
 
