@@ -44,7 +44,7 @@ from typing import Any
 import torch
 
 from hvdcomp import wire
-from hvdcomp.compressor import STEADY_STEP, Context
+from hvdcomp.compressor import STEADY_STEP, Compressor, Context
 from hvdcomp.config import make_compressor
 from hvdcomp.methods import METHODS
 
@@ -158,6 +158,16 @@ def _us(seconds: float) -> float:
     return round(seconds * 1e6, 3)
 
 
+def bench_shape(compressor: Compressor, numel: int) -> torch.Size:
+    """The shape a benchmark gives ``numel`` elements: flat, or for a method of matrices (PowerSGD) the squarest
+    matrix of ``numel`` elements."""
+    shape = torch.Size([numel])
+    if not compressor.compresses(shape):
+        rows = next(r for r in range(math.isqrt(numel), 0, -1) if numel % r == 0)
+        shape = torch.Size([rows, numel // rows])
+    return shape
+
+
 def bench_compress(method: str, numel: int, device: str = "cpu", repeats: int = 5, seed: int = 0,
                    options: dict[str, Any] | None = None) -> dict[str, Any]:
     """The report of ``method`` on a Gaussian tensor of ``numel`` float32 elements (the module docstring)."""
@@ -165,10 +175,7 @@ def bench_compress(method: str, numel: int, device: str = "cpu", repeats: int = 
     if target.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda, but torch.cuda.is_available() is False on this machine")
     compressor = make_compressor(method, options, error_feedback=False)
-    shape = torch.Size([numel])
-    if not compressor.compresses(shape):  # a method for matrices (PowerSGD): the squarest matrix of numel
-        rows = next(r for r in range(math.isqrt(numel), 0, -1) if numel % r == 0)
-        shape = torch.Size([rows, numel // rows])
+    shape = bench_shape(compressor, numel)
     x = torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(target)
     gigabytes = numel * 4 / 1e9
     ctx = Context.local(x, seed, step=STEADY_STEP)  # past any warm-up (DGC's sparsity stages)

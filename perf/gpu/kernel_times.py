@@ -19,7 +19,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from hvdcomp.compressor import STEADY_STEP, Context
 from hvdcomp.config import make_compressor
-from hvdcomp.tools.bench import clock_fields, record
+from hvdcomp.tools.bench import bench_shape, clock_fields, record
 
 _DEFAULT = ("topk", "threshold", "dgc", "gravac", "sketch", "powersgd")
 
@@ -27,10 +27,7 @@ _DEFAULT = ("topk", "threshold", "dgc", "gravac", "sketch", "powersgd")
 def kernel_times(method: str, numel: int, repeats: int) -> list[dict]:
     """Per call (compress, decompress) of ``method`` on ``numel`` entries: its kernels' device time per call."""
     compressor = make_compressor(method, None, error_feedback=False)
-    shape = torch.Size([numel])
-    if not compressor.compresses(shape):
-        rows = next(r for r in range(int(numel**0.5), 0, -1) if numel % r == 0)
-        shape = torch.Size([rows, numel // rows])
+    shape = bench_shape(compressor, numel)
     x = torch.randn(shape, generator=torch.Generator().manual_seed(0)).cuda()
     ctx = Context.local(x, 0, step=STEADY_STEP)
     state = compressor.init_state(x, ctx)
