@@ -480,6 +480,44 @@ def test_topk_over_gathered_candidates_equals_the_whole_tensor(name: str, monkey
     assert plans == ([default] if default else [])
 
 
+#: the selections run at each count of programs: (k, the threshold's value or None, the gathering's plan or None,
+#: the case: no gathering, candidates from k to the capacity, more, fewer)
+PROGRAM_CASES = {
+    "whole tensor": (100, None, None, "whole"),
+    "whole tensor, threshold": (100, 0.5, None, "whole"),
+    "candidates": (4500, None, (1024, 10_000), "within"),
+    "more candidates than the capacity": (100, None, (100, 300), "more"),
+    "threshold, filled over 2 blocks": (5000, 2.9, (0, 10_000), "fewer"),
+}
+
+
+@pytest.mark.parametrize("name", PROGRAM_CASES)
+def test_the_selection_does_not_depend_on_how_many_programs_share_the_blocks(name: str,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The digit passes, the counts and the compaction loop over the blocks with a fixed number of programs (4 an SM
+    on a GPU): with 1, 2 or 3 programs over 5 blocks, each taking every so-many-th block, they select the same
+    entries in the same order as with a program a block, over the whole tensor and over gathered candidates, where
+    the sample misled, and where threshold fills past its candidates."""
+    from hvdcomp.kernels.gpu import select
+
+    k, threshold, plan, case = PROGRAM_CASES[name]
+    n = 20_000
+    x = gaussian(n, 11)
+    x_dev, limit = on_device(x, torch.tensor([threshold])) if threshold is not None else (*on_device(x), None)
+    gathered = select._gather(x_dev, k, limit, plan) if plan else None
+    if gathered is not None:
+        total = int(gathered.found[-1])
+        assert {"within": k <= total <= plan[1], "more": total > plan[1], "fewer": total < k}[case], total
+    results = {}
+    for programs in (1, 2, 3, 5):
+        monkeypatch.setattr(select, "_programs", lambda device, blocks, programs=programs: min(blocks, programs))
+        outputs = torch.empty(k, device=DEVICE), torch.empty(k, dtype=torch.int64, device=DEVICE)
+        results[programs] = [t.cpu() for t in select._select_blocks(x_dev, k, *outputs, limit, gathered)]
+    for programs in (1, 2, 3):
+        for expected, got in zip(results[5], results[programs], strict=True):
+            same(expected, got, f"{name}, {programs} programs")
+
+
 def test_threshold_fit_on_the_device_equals_the_cpu_fit(cpu: object, monkeypatch: pytest.MonkeyPatch) -> None:
     """Threshold's whole fit on the device gives the fit of the CPU kernels to float rounding, from one block to
     several; each of its ways (one program, a launch a stage, two a stage) gives the same bits."""

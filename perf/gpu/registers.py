@@ -54,9 +54,9 @@ KERNELS: list[tuple[str, dict[str, str], dict[str, Any]]] = [
       for threshold in (False, True) for gathered in (False, True)
       for name, signature, constants in [
           ("_histogram_kernel", _SELECTION, {"PASS": 1}),
-          ("_count_kernel", {**_SELECTION, "above_ptr": "*i64", "equal_ptr": "*i64"}, {}),
-          ("_compact_kernel", {**_SELECTION, "above_ptr": "*i64", "equal_ptr": "*i64", "values_ptr": "*fp32",
-                               "indices_ptr": "*i32"}, {})]],
+          ("_count_kernel", {**_SELECTION, "scans_ptr": "*i64"}, {}),
+          ("_compact_kernel", {**_SELECTION, "scans_ptr": "*i64", "values_ptr": "*fp32", "indices_ptr": "*i32"},
+           {})]],
 ]
 
 

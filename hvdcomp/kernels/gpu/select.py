@@ -10,7 +10,10 @@ digit where the count from the top reaches k, pass by pass: a few scans of 256 c
 After 4 passes the k-th largest key T is exact, with r, how many entries equal to T belong to the top k. Compaction then
 writes the entries above T, in index order, then the first r equal to T: per-block counts, an exclusive scan, and
 each block's entries at its offset. Every step's result lives on the device: the count of entries is k by
-construction, so nothing waits for the host.
+construction, so nothing waits for the host. The digit passes, the counts and the compaction run a fixed number of
+programs (:func:`_programs`: 4 an SM), each taking every so-many-th block and computing the prefix once: a program
+holds a block's keys, so its registers limit how many an SM runs, and a program per block would spend most of a
+launch starting programs where there are few entries to read (over gathered candidates).
 
 On a large tensor with a small k the digit passes run over candidates, not over the whole tensor, as DGC's paper
 samples to estimate its threshold: one program takes a bound from a sample of the keys, one in each stretch of
@@ -19,7 +22,7 @@ counts per block the entries at or above it, and one more gathers those (keys an
 counts' scan) into a buffer of fixed capacity. Every entry of the top k is at or above the bound when at least k
 entries are, so the passes over the candidates select the same entries in the same order. Where the sample misled
 (fewer than k candidates, or more than the capacity), the kernels read the whole tensor instead: each decides so on
-the device from the candidates' count, and programs past the candidates do nothing.
+the device from the candidates' count, and the programs then loop over x's blocks instead of the candidates'.
 
 With a ``threshold`` (a device scalar), entries whose magnitude is not above it take key 0: they are selected only to
 fill the k slots (lowest indices first), and their values are sent as 0. There the candidates are the entries above
@@ -30,6 +33,7 @@ entries not above the threshold, reading of x only the blocks that hold those (:
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -55,6 +59,8 @@ _SAMPLE = 4096
 #: 0.61 to 0.72 of the whole tensor's selection time from 2^24 entries on, and 1.4 to 1.9 times it at 2^22 and below
 #: (perf/gpu/selection.py; docs/gpu.md)
 _GATHER_MIN = 1 << 24
+#: programs an SM for the kernels that loop over the blocks: at _WARPS warps (512 threads) an SM holds at most 4
+_PROGRAMS_PER_SM = 4
 
 
 @triton.jit
@@ -69,28 +75,38 @@ def _keys(x_ptr, threshold_ptr, offsets, n, THRESHOLD: tl.constexpr):
 
 
 @triton.jit
-def _entries(x_ptr, threshold_ptr, keys_ptr, index_ptr, found_ptr, offsets, n, k, capacity,
-             THRESHOLD: tl.constexpr, GATHERED: tl.constexpr):
-    """The keys (-1 past the end) and indices of the selection's entries at ``offsets``, and how many there are.
-    With GATHERED, ``found_ptr`` holds the scan of the candidates' counts per block, and their count decides: from k
-    to ``capacity``, the candidates gathered into ``keys_ptr`` and ``index_ptr``; more, x's entries; fewer, x's
-    entries too, but under a THRESHOLD none (:func:`_fill` then places them all)."""
+def _source(found_ptr, n, k, capacity, THRESHOLD: tl.constexpr, GATHERED: tl.constexpr, BLOCK: tl.constexpr):
+    """(size, gathered): how many entries the selection reads, and how many of them are the gathered candidates (all
+    or none). With GATHERED, ``found_ptr`` holds the scan of the candidates' counts per block of x, and their count
+    decides: from k to ``capacity``, the candidates; more, x's entries; fewer, x's entries too, but under a THRESHOLD
+    none (:func:`_fill` then places them all)."""
+    size = n
+    gathered = 0
     if GATHERED:
-        total = tl.load(found_ptr + tl.num_programs(0) - 1).to(tl.int64)
-        candidates = (total >= k) & (total <= capacity)
+        total = tl.load(found_ptr + tl.cdiv(n, BLOCK) - 1).to(tl.int64)
         whole = total > capacity
         if not THRESHOLD:
             whole = whole | (total < k)
-        size = tl.where(whole, n, tl.where(candidates, total, 0))
-        x_key, _, _ = _keys(x_ptr, threshold_ptr, offsets, tl.where(whole, n, 0), THRESHOLD)
-        gathered = offsets < tl.where(candidates, total, 0)
-        key = tl.where(gathered, tl.load(keys_ptr + offsets, mask=gathered, other=0), x_key)
-        index = tl.where(gathered, tl.load(index_ptr + offsets, mask=gathered, other=0), offsets)
+        gathered = tl.where((total >= k) & (total <= capacity), total, 0)
+        size = tl.where(whole, n, gathered)
+    return size, gathered
+
+
+@triton.jit
+def _entries(x_ptr, threshold_ptr, keys_ptr, index_ptr, block, n, size, gathered, THRESHOLD: tl.constexpr,
+             GATHERED: tl.constexpr, BLOCK: tl.constexpr):
+    """The keys (-1 past the end) and indices of the selection's entries in block ``block``: the gathered candidates'
+    (in ``keys_ptr`` and ``index_ptr``) where there are ``gathered`` of them, else x's (:func:`_source`)."""
+    offsets = block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    if GATHERED:
+        x_key, _, _ = _keys(x_ptr, threshold_ptr, offsets, tl.where(gathered > 0, 0, size), THRESHOLD)
+        candidate = offsets < gathered
+        key = tl.where(candidate, tl.load(keys_ptr + offsets, mask=candidate, other=0), x_key)
+        index = tl.where(candidate, tl.load(index_ptr + offsets, mask=candidate, other=0), offsets)
     else:
         key, _, _ = _keys(x_ptr, threshold_ptr, offsets, n, THRESHOLD)
         index = offsets
-        size = n
-    return key, index, size
+    return key, index
 
 
 @triton.jit
@@ -116,26 +132,29 @@ def _placed(key, kth, wanted, above_before, equal_before, above_total):
 
 @triton.jit
 def _fill(x_ptr, threshold_ptr, index_ptr, found_ptr, values_ptr, indices_ptr, n, k, BLOCK: tl.constexpr):
-    """Threshold's selection where fewer than k entries are above it, all of them gathered: program p places the
-    p-th block of the candidates (in index order, from slot 0) and, after them, those of x's p-th block that are
-    among the first k - (candidates) entries not above the threshold, with the value 0; programs past those read
-    nothing of x. The same entries in the same order as the selection over x, where the k-th key is 0."""
-    pid = tl.program_id(0)
-    offsets = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    total = tl.load(found_ptr + tl.num_programs(0) - 1).to(tl.int64)
-    placed = (offsets < total) & (total < k)
-    index = tl.load(index_ptr + offsets, mask=placed, other=0)
-    value = tl.load(x_ptr + index, mask=placed, other=0.0)
-    tl.store(values_ptr + offsets, value.to(values_ptr.dtype.element_ty), mask=placed)
-    tl.store(indices_ptr + offsets, index.to(indices_ptr.dtype.element_ty), mask=placed)
-    below_before = pid.to(tl.int64) * BLOCK - _before(found_ptr, pid)  # entries not above the threshold, earlier
-    if below_before < k - total:
-        key, _, _ = _keys(x_ptr, threshold_ptr, offsets, n, True)
-        below = key == 0
-        rank = below_before + tl.cumsum(below.to(tl.int32), axis=0).to(tl.int64) - 1
-        take = below & (rank < k - total)
-        tl.store(values_ptr + total + rank, tl.zeros([BLOCK], dtype=values_ptr.dtype.element_ty), mask=take)
-        tl.store(indices_ptr + total + rank, offsets.to(indices_ptr.dtype.element_ty), mask=take)
+    """Threshold's selection where fewer than k entries are above it, all of them gathered: each program takes every
+    so-many-th block b and places the candidates' b-th block (in index order, from slot 0) and, after them, those of
+    x's b-th block that are among the first k - (candidates) entries not above the threshold, with the value 0. Those
+    lie in x's first k entries (at most all the candidates are among them), so blocks from k on are not read. The
+    same entries in the same order as the selection over x, where the k-th key is 0."""
+    total = tl.load(found_ptr + tl.cdiv(n, BLOCK) - 1).to(tl.int64)
+    if total < k:
+        block = tl.program_id(0)
+        while block < tl.cdiv(k, BLOCK):  # (while, not range: Triton 3.6's interpreter fails on range(runtime value))
+            offsets = block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+            placed = offsets < total
+            index = tl.load(index_ptr + offsets, mask=placed, other=0)
+            value = tl.load(x_ptr + index, mask=placed, other=0.0)
+            tl.store(values_ptr + offsets, value.to(values_ptr.dtype.element_ty), mask=placed)
+            tl.store(indices_ptr + offsets, index.to(indices_ptr.dtype.element_ty), mask=placed)
+            below_before = block.to(tl.int64) * BLOCK - _before(found_ptr, block)  # not above the threshold, earlier
+            if below_before < k - total:
+                below = _keys(x_ptr, threshold_ptr, offsets, n, True)[0] == 0
+                rank = below_before + tl.cumsum(below.to(tl.int32), axis=0).to(tl.int64) - 1
+                take = below & (rank < k - total)
+                tl.store(values_ptr + total + rank, tl.zeros([BLOCK], dtype=values_ptr.dtype.element_ty), mask=take)
+                tl.store(indices_ptr + total + rank, offsets.to(indices_ptr.dtype.element_ty), mask=take)
+            block += tl.num_programs(0)
 
 
 @triton.jit
@@ -227,57 +246,73 @@ def _gather_kernel(x_ptr, threshold_ptr, bound_ptr, found_ptr, keys_ptr, index_p
 def _histogram_kernel(x_ptr, threshold_ptr, keys_ptr, index_ptr, found_ptr, counts_ptr, n, k, capacity,
                       PASS: tl.constexpr, THRESHOLD: tl.constexpr, GATHERED: tl.constexpr, BLOCK: tl.constexpr):
     """Pass PASS (0 to 3, from the top digit): the digit's histogram of the entries whose higher digits are the prefix
-    the earlier passes found, added into the pass's counters. Programs past the entries (of the candidates, where
-    they were gathered) do nothing."""
+    the earlier passes found, each program's over its blocks added into the pass's counters."""
     pid = tl.program_id(0)
-    offsets = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    key, _index, size = _entries(x_ptr, threshold_ptr, keys_ptr, index_ptr, found_ptr, offsets, n, k, capacity,
-                                 THRESHOLD, GATHERED)
+    size, gathered = _source(found_ptr, n, k, capacity, THRESHOLD, GATHERED, BLOCK)
     if pid.to(tl.int64) * BLOCK < size:
         shift: tl.constexpr = 24 - 8 * PASS
-        mask = key >= 0
+        prefix = tl.zeros([], dtype=tl.int32)
         if PASS > 0:  # only the entries whose higher digits are the prefix found so far
-            prefix, _ = _prefix(counts_ptr, k, PASS)
-            mask = mask & ((key >> (shift + 8)) == prefix)
-        counts = tl.histogram((key >> shift) & 255, 256, mask=mask)
+            prefix = _prefix(counts_ptr, k, PASS)[0]
+        counts = tl.zeros([256], dtype=tl.int32)
+        block = pid
+        while block < tl.cdiv(size, BLOCK):
+            key = _entries(x_ptr, threshold_ptr, keys_ptr, index_ptr, block, n, size, gathered, THRESHOLD, GATHERED,
+                           BLOCK)[0]
+            mask = key >= 0
+            if PASS > 0:
+                mask = mask & ((key >> (shift + 8)) == prefix)
+            counts += tl.histogram((key >> shift) & 255, 256, mask=mask)
+            block += tl.num_programs(0)
         tl.atomic_add(counts_ptr + PASS * 256 + tl.arange(0, 256), counts, mask=counts > 0)
 
 
 @triton.jit(do_not_specialize=["n", "k", "capacity"])
-def _count_kernel(x_ptr, threshold_ptr, keys_ptr, index_ptr, found_ptr, counts_ptr, n, k, capacity, above_ptr,
-                  equal_ptr, THRESHOLD: tl.constexpr, GATHERED: tl.constexpr, BLOCK: tl.constexpr):
+def _count_kernel(x_ptr, threshold_ptr, keys_ptr, index_ptr, found_ptr, counts_ptr, n, k, capacity, scans_ptr,
+                  THRESHOLD: tl.constexpr, GATHERED: tl.constexpr, BLOCK: tl.constexpr):
+    """Each block b of x's: how many of its entries are above the k-th key into scans[b], how many equal to it into
+    scans[blocks + b] (0 past the entries)."""
     pid = tl.program_id(0)
-    offsets = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    key, _, size = _entries(x_ptr, threshold_ptr, keys_ptr, index_ptr, found_ptr, offsets, n, k, capacity,
-                            THRESHOLD, GATHERED)
-    if pid.to(tl.int64) * BLOCK < size:
-        kth = _prefix(counts_ptr, k, 4)[0]
-        tl.store(above_ptr + pid, tl.sum((key > kth).to(tl.int32)))
-        tl.store(equal_ptr + pid, tl.sum((key == kth).to(tl.int32)))
-    else:  # past the entries (of the candidates, where they were gathered)
-        tl.store(above_ptr + pid, 0)
-        tl.store(equal_ptr + pid, 0)
+    blocks = tl.cdiv(n, BLOCK)
+    size, gathered = _source(found_ptr, n, k, capacity, THRESHOLD, GATHERED, BLOCK)
+    kth = _prefix(counts_ptr, k, 4)[0]
+    block = pid
+    while block < tl.cdiv(size, BLOCK):
+        key = _entries(x_ptr, threshold_ptr, keys_ptr, index_ptr, block, n, size, gathered, THRESHOLD, GATHERED,
+                       BLOCK)[0]
+        tl.store(scans_ptr + block, tl.sum((key > kth).to(tl.int32)))
+        tl.store(scans_ptr + blocks + block, tl.sum((key == kth).to(tl.int32)))
+        block += tl.num_programs(0)
+    while block < blocks:  # past the entries (of the candidates, where they were gathered)
+        tl.store(scans_ptr + block, 0)
+        tl.store(scans_ptr + blocks + block, 0)
+        block += tl.num_programs(0)
 
 
 @triton.jit(do_not_specialize=["n", "k", "capacity"])
-def _compact_kernel(x_ptr, threshold_ptr, keys_ptr, index_ptr, found_ptr, counts_ptr, n, k, capacity, above_ptr,
-                    equal_ptr, values_ptr, indices_ptr, THRESHOLD: tl.constexpr, GATHERED: tl.constexpr,
-                    BLOCK: tl.constexpr):
-    """The selected entries at their slots (:func:`_placed`): ``above_ptr`` and ``equal_ptr`` hold each block's
-    inclusive scan, the last element the total. Programs past the entries place nothing (but :func:`_fill`'s)."""
+def _compact_kernel(x_ptr, threshold_ptr, keys_ptr, index_ptr, found_ptr, counts_ptr, n, k, capacity, scans_ptr,
+                    values_ptr, indices_ptr, THRESHOLD: tl.constexpr, GATHERED: tl.constexpr, BLOCK: tl.constexpr):
+    """The selected entries at their slots (:func:`_placed`). ``scans_ptr`` holds one inclusive scan over the blocks'
+    counts above the k-th key, then over those equal to it: the entries above in all blocks are its element
+    blocks - 1, and those equal in the blocks before b its element blocks + b - 1 less that."""
     pid = tl.program_id(0)
-    offsets = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    key, index, size = _entries(x_ptr, threshold_ptr, keys_ptr, index_ptr, found_ptr, offsets, n, k, capacity,
-                                THRESHOLD, GATHERED)
+    blocks = tl.cdiv(n, BLOCK)
+    size, gathered = _source(found_ptr, n, k, capacity, THRESHOLD, GATHERED, BLOCK)
     if pid.to(tl.int64) * BLOCK < size:
         kth, wanted = _prefix(counts_ptr, k, 4)
-        above_total = tl.load(above_ptr + tl.num_programs(0) - 1).to(tl.int64)
-        slot, keep = _placed(key, kth, wanted, _before(above_ptr, pid), _before(equal_ptr, pid), above_total)
-        value = tl.load(x_ptr + index, mask=keep, other=0.0)
-        if THRESHOLD:
-            value = tl.where(key > 0, value, 0.0)
-        tl.store(values_ptr + slot, value.to(values_ptr.dtype.element_ty), mask=keep)
-        tl.store(indices_ptr + slot, index.to(indices_ptr.dtype.element_ty), mask=keep)
+        above_total = tl.load(scans_ptr + blocks - 1)
+        block = pid
+        while block < tl.cdiv(size, BLOCK):
+            key, index = _entries(x_ptr, threshold_ptr, keys_ptr, index_ptr, block, n, size, gathered, THRESHOLD,
+                                  GATHERED, BLOCK)
+            equal_before = tl.load(scans_ptr + blocks + block - 1) - above_total
+            slot, keep = _placed(key, kth, wanted, _before(scans_ptr, block), equal_before, above_total)
+            value = tl.load(x_ptr + index, mask=keep, other=0.0)
+            if THRESHOLD:
+                value = tl.where(key > 0, value, 0.0)
+            tl.store(values_ptr + slot, value.to(values_ptr.dtype.element_ty), mask=keep)
+            tl.store(indices_ptr + slot, index.to(indices_ptr.dtype.element_ty), mask=keep)
+            block += tl.num_programs(0)
     if GATHERED and THRESHOLD:  # where fewer than k are above the threshold (and nothing was placed above)
         _fill(x_ptr, threshold_ptr, index_ptr, found_ptr, values_ptr, indices_ptr, n, k, BLOCK)
 
@@ -376,6 +411,7 @@ def _select_blocks(x: torch.Tensor, k: int, values: torch.Tensor, indices: torch
     is in [k, capacity], else over the whole of ``x``."""
     n = x.numel()
     blocks = triton.cdiv(n, _BLOCK)
+    programs = _programs(x.device, blocks)
     counts = torch.zeros(4, _DIGITS, dtype=torch.int32, device=x.device)  # each digit pass's counters
     limit = threshold if threshold is not None else counts  # (any pointer when there is no threshold)
     if gathered is None:
@@ -385,12 +421,26 @@ def _select_blocks(x: torch.Tensor, k: int, values: torch.Tensor, indices: torch
     flags = {"THRESHOLD": threshold is not None, "GATHERED": gathered is not None, "BLOCK": _BLOCK,
              "num_warps": _WARPS}
     for digit_pass in range(4):
-        _histogram_kernel[(blocks,)](*source, PASS=digit_pass, **flags)
-    above, equal = scans = torch.empty(2, blocks, dtype=torch.int64, device=x.device)  # per block, then scanned
-    _count_kernel[(blocks,)](*source, above, equal, **flags)
-    scans.cumsum_(1)  # both inclusive scans in one launch
-    _compact_kernel[(blocks,)](*source, above, equal, values, indices, **flags)
+        _histogram_kernel[(programs,)](*source, PASS=digit_pass, **flags)
+    scans = torch.empty(2 * blocks, dtype=torch.int64, device=x.device)  # per block: above the k-th key, then equal
+    _count_kernel[(programs,)](*source, scans, **flags)
+    scans.cumsum_(0)  # both inclusive scans in one 1-D launch (a [2, blocks] scan took 3 times as long on an H200)
+    _compact_kernel[(programs,)](*source, scans, values, indices, **flags)
     return values, indices
+
+
+def _programs(device: torch.device, blocks: int) -> int:
+    """Programs for the kernels that loop over ``blocks`` blocks: :data:`_PROGRAMS_PER_SM` an SM on CUDA, at most
+    one a block; 2 elsewhere (Triton's interpreter runs programs one after another: any count gives the same result,
+    and 2 has tensors of a few blocks looping, as a GPU's large ones do)."""
+    if device.type == "cuda":
+        return min(blocks, _PROGRAMS_PER_SM * _multiprocessors(device.index))
+    return min(blocks, 2)
+
+
+@functools.cache
+def _multiprocessors(index: int | None) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 @triton.jit
