@@ -801,6 +801,31 @@ def test_sketch_peeling_equals_the_cpu_kernels(cpu: object, case: str) -> None:
         assert bool(core.any()) == (case == "too small"), f"2-core of {int(core.sum())} candidates"
 
 
+@pytest.mark.parametrize("width", [1, 3, 32, 70])
+def test_sketch_rows_are_the_nonzero_rows_in_order(width: int) -> None:
+    """The rows a rank sends: those holding a value other than 0 (NaN included, -0 not), ascending, with their
+    values, as ``x[x.any(1).nonzero()]`` finds them; over programs that hold one and none, rows wider than a
+    program's columns, every row and no row; float16 too."""
+    generator = torch.Generator().manual_seed(6)
+    per_program = gpu.sketch._tile(width, gpu.sketch._ROWS_BLOCK)[0]
+    items = 2 * per_program + 300
+    x = torch.randn(items, width, generator=generator)
+    x[torch.rand(items, generator=generator) < 0.6] = 0
+    x[: 2 * per_program] = 0  # the first program holds one row, the second none
+    x[per_program // 2, width - 1] = 3.0
+    x[-5, -1] = -0.0
+    x[-3, 0] = float("nan")
+    x[-2, width // 2] = 1e-30
+    for data in (x, x.half(), torch.zeros_like(x), torch.ones_like(x)):
+        for index_dtype in (torch.int32, torch.int64):
+            rows = data.any(1).nonzero().view(-1)
+            values, indices = gpu.sketch_rows(*on_device(data), index_dtype)
+            bits = torch.int16 if data.dtype == torch.float16 else torch.int32  # NaN is not equal to itself
+            same(data[rows].view(bits), values.view(bits), f"width {width}, {data.dtype}: values")
+            same(rows.to(index_dtype), indices, f"width {width}: rows")
+    assert gpu.sketch_rows(*on_device(torch.zeros(0, width)), torch.int64)[0].shape == (0, width)
+
+
 def test_sketch_peeling_resumes_after_each_check_of_its_progress(cpu: object, monkeypatch: pytest.MonkeyPatch) -> None:
     """Checked every 2 rounds instead of every :data:`~hvdcomp.kernels.gpu.sketch.ROUNDS`, peeling resumes where
     it was, to the CPU's result (complete, and stuck at a 2-core)."""

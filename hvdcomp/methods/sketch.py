@@ -45,8 +45,8 @@ Two ways to use it:
 
 * ``method: sketch``: the gradient as it is, losslessly. A natively sparse gradient (``nn.Embedding(...,
   sparse=True)``) is taken as its rows, without densifying it; a dense one as its nonzero rows (entries, for 1-D
-  tensors; counted on the device for the vote, then found, on CUDA with one host sync, after it; a sparse CUDA
-  gradient is coalesced to count its rows, one host sync in the backward hook).
+  tensors; counted on the device for the vote, then found, on CUDA by the Triton kernels with one host sync, after
+  it; a sparse CUDA gradient is coalesced to count its rows, one host sync in the backward hook).
 * ``collective: sketch`` for the sparsifiers (top-k, threshold, DGC; their error feedback as usual): their payloads
   are summed in compressed form instead of gathered, so a rank receives about the union of the supports rather
   than N x k entries.
@@ -274,6 +274,10 @@ class Sketch(Sparse):
                 rows = coalesced.indices()[0]
                 return [coalesced.values().reshape(-1), rows.to(index_dtype(n))], (shape, n, coalesced.dtype)
         x = tensor.detach().reshape(n, block(shape, n))
+        device_kernels = _triton_kernels(x.device)
+        if device_kernels is not None:  # CUDA: two passes and a scan (its total read on the host)
+            values, rows = device_kernels.sketch_rows(x, index_dtype(n))
+            return [values.reshape(-1), rows], (shape, n, x.dtype)
         rows = x.any(1).nonzero().view(-1)
         return [x[rows].reshape(-1), rows.to(index_dtype(n))], (shape, n, x.dtype)
 

@@ -2,9 +2,9 @@
 format and draws as the CPU kernels of ``hvdcomp/kernels/*.cpp`` (``ternary.py`` for TernGrad and the tensor-wide
 moments, ``quant.py`` for the bucketed quantizers, ``randomk.py`` for random-k's selection, ``common.py`` for the
 generator and the bit packing), the sparsifiers' exact top-k selection on the device (``select.py``), the homomorphic
-sketch's deterministic encoding and peeling (``sketch.py``), PowerSGD's orthogonalization (``lowrank.py``), the memory's
-update, momentum correction with error feedback's accumulation, and DGC's release (``memory.py``), and GraVAC's squared
-norms of several tensors at once (``norms.py``).
+sketch's rows, deterministic encoding and peeling (``sketch.py``), PowerSGD's orthogonalization (``lowrank.py``), the
+memory's update, momentum correction with error feedback's accumulation, and DGC's release (``memory.py``), and
+GraVAC's squared norms of several tensors at once (``norms.py``).
 
 Scalars the CPU kernels take or return as host values (TernGrad's scaler and clip bound, the sign family's scale)
 stay on the device here, so nothing waits for the GPU. Sizes, seeds and counts are not specialized on
@@ -36,10 +36,10 @@ from hvdcomp.kernels.gpu.quant import (
 )
 from hvdcomp.kernels.gpu.randomk import randomk_select
 from hvdcomp.kernels.gpu.select import excess_moments, threshold_fit, topk
-from hvdcomp.kernels.gpu.sketch import sketch_candidates, sketch_encode, sketch_peel
+from hvdcomp.kernels.gpu.sketch import sketch_candidates, sketch_encode, sketch_peel, sketch_rows
 from hvdcomp.kernels.gpu.ternary import abs_mean, ternarize_pack, ternary_statistics, unpack_sum
 
 __all__ = ["MAX_BUCKET", "MAX_NORMS", "abs_mean", "decode_subtract", "decode_sum", "excess_moments", "momentum_step",
            "orthogonalize", "pack_signs", "pack_signs_abs_mean", "quantize_binary", "quantize_levels", "randomk_select",
-           "release", "sign_vote", "sketch_candidates", "sketch_encode", "sketch_peel", "squared_norms",
+           "release", "sign_vote", "sketch_candidates", "sketch_encode", "sketch_peel", "sketch_rows", "squared_norms",
            "ternarize_pack", "ternary_statistics", "threshold_fit", "topk", "unpack_sum"]

@@ -7,6 +7,9 @@ Every rank must decode the same bits, so no float sum may depend on the order of
 therefore start from each cell's list of entries: a stable sort of the (item, sub-table) entries by cell keeps
 them in item order, and a search of the sorted cells gives each cell's range (deterministic torch ops on CUDA).
 
+* A rank's rows: the nonzero rows of its gradient and their values, compacted in row order by per-program counts,
+  their scan and a second pass that places each program's rows at its offset (one host sync: their count sizes
+  the payload).
 * Candidates: one thread per item tests its filter bits; the passing items are compacted in order
   (``nonzero``, one host sync: their count sizes the sketch).
 * Encoding: one thread per cell (and column) adds its entries' signed values in float64 in item order, which is
@@ -39,6 +42,10 @@ from hvdcomp.kernels.gpu.common import splitmix64
 #: rounds of peeling between two reads of the progress on the host
 ROUNDS = 20
 _BLOCK = 1024
+#: values a program reads at once when finding a gradient's nonzero rows, in _ROWS_WARPS warps (8 a thread: at 4
+#: warps ptxas gave the kernels 163 to 255 registers a thread, the placing spilling; perf/gpu/registers.py)
+_ROWS_BLOCK = 4096
+_ROWS_WARPS = 16
 _MAX_COLS = 32
 _NONE = tl.constexpr(2**63 - 1)  # no key: larger than any
 
@@ -86,6 +93,49 @@ def _filter_kernel(filter_ptr, passed_ptr, n, seed, bits, hashes, BLOCK: tl.cons
         position += stride
         j += 1
     tl.store(passed_ptr + items, passed.to(tl.int8), mask=live)
+
+
+@triton.jit
+def _nonzero(x_ptr, row, items, width, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """Which of the ``row`` ([ROWS, 1]) rows of x ([items, width]) hold a value other than 0 (NaN included, -0
+    not), as ``any`` finds them."""
+    found = tl.zeros([ROWS, 1], dtype=tl.int1)
+    col = tl.arange(0, COLS)[None, :]
+    start = 0
+    while start < width:  # (while, not range: Triton 3.6's interpreter fails on range(runtime value))
+        tile = (row < items) & (start + col < width)
+        x = tl.load(x_ptr + row * width + start + col, mask=tile, other=0.0)
+        found = found | (tl.max((x != 0).to(tl.int32), axis=1, keep_dims=True) > 0)
+        start += COLS
+    return found
+
+
+@triton.jit(do_not_specialize=["items", "width"])
+def _row_counts_kernel(x_ptr, counts_ptr, items, width, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """Each program's count of nonzero rows among its ROWS."""
+    row = (tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS))[:, None]
+    tl.store(counts_ptr + tl.program_id(0), tl.sum(_nonzero(x_ptr, row, items, width, ROWS, COLS).to(tl.int32)))
+
+
+@triton.jit(do_not_specialize=["items", "width"])
+def _place_rows_kernel(x_ptr, found_ptr, values_ptr, rows_ptr, items, width, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """The nonzero rows of each program's ROWS in row order, from the programs' inclusive scan of their counts
+    (``found``): each row's index into ``rows`` and its values into ``values`` ([count, width]). A program without
+    such rows reads nothing."""
+    pid = tl.program_id(0)
+    before = tl.load(found_ptr + pid - 1, mask=pid > 0, other=0).to(tl.int64)
+    if tl.load(found_ptr + pid).to(tl.int64) > before:
+        row = (pid.to(tl.int64) * ROWS + tl.arange(0, ROWS))[:, None]
+        nonzero = _nonzero(x_ptr, row, items, width, ROWS, COLS)
+        slot = before + tl.cumsum(nonzero.to(tl.int32), axis=0).to(tl.int64) - 1
+        tl.store(rows_ptr + slot, row.to(rows_ptr.dtype.element_ty), mask=nonzero)
+        col = tl.arange(0, COLS)[None, :]
+        start = 0
+        while start < width:
+            tile = nonzero & (start + col < width)
+            x = tl.load(x_ptr + row * width + start + col, mask=tile, other=0.0)
+            tl.store(values_ptr + slot * width + start + col, x, mask=tile)
+            start += COLS
 
 
 @triton.jit(do_not_specialize=["cells", "width"])
@@ -230,10 +280,30 @@ def _by_cell(cells: torch.Tensor, total: int) -> tuple[torch.Tensor, torch.Tenso
     return order, starts
 
 
-def _tile(width: int) -> tuple[int, int]:
-    """Rows and columns of a program's tile for rows of ``width`` values."""
+def _tile(width: int, block: int = _BLOCK) -> tuple[int, int]:
+    """Rows and columns of a program's tile of ``block`` values for rows of ``width`` values."""
     cols = min(_MAX_COLS, triton.next_power_of_2(max(width, 1)))
-    return _BLOCK // cols, cols
+    return block // cols, cols
+
+
+def sketch_rows(x: torch.Tensor, index_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows of ``x`` ([items, width]) that hold a value other than 0 (NaN included, -0 not), ascending: their
+    values ([count, width], x's dtype) and indices (``index_dtype``), as ``x[x.any(1).nonzero()]`` gives them. Two
+    passes over x and a scan of the programs' counts, whose total sizes the outputs: one host sync."""
+    items, width = x.shape
+    x = x.contiguous()
+    rows, cols = _tile(width, _ROWS_BLOCK)
+    programs = triton.cdiv(items, rows)
+    found = torch.empty(programs, dtype=torch.int64, device=x.device)
+    if programs and width:
+        _row_counts_kernel[(programs,)](x, found, items, width, ROWS=rows, COLS=cols, num_warps=_ROWS_WARPS)
+    count = int(found.cumsum_(0)[-1]) if programs and width else 0  # the host sync
+    values = torch.empty(count, width, dtype=x.dtype, device=x.device)
+    indices = torch.empty(count, dtype=index_dtype, device=x.device)
+    if count:
+        _place_rows_kernel[(programs,)](x, found, values, indices, items, width, ROWS=rows, COLS=cols,
+                                        num_warps=_ROWS_WARPS)
+    return values, indices
 
 
 def sketch_candidates(packed: torch.Tensor, items: int, seed: int, hashes: int) -> torch.Tensor:
