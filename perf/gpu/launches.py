@@ -5,9 +5,9 @@
 On a small tensor a GPU finishes each kernel in a few microseconds, so a method's cost there is its number of
 launches (about 5 to 10 us each from the host): issue 39's "launches per tensor". This counts them for each method's
 CUDA path, with no GPU needed: the method's default reduction runs end to end on one rank (its requests answered as a
-job of one rank would: the collectives themselves are not counted), in steady state (the second step, past any
-warm-up), with error feedback as the method's defaults have it, on a Gaussian tensor of ``--numel`` elements
-(PowerSGD: its squarest matrix).
+job of one rank would: the collectives themselves are not counted), in steady state (the third step, past any
+warm-up: LGC's stage 3), with error feedback as the method's defaults have it, on a Gaussian tensor of ``--numel``
+elements (PowerSGD: its squarest matrix).
 
 Counted:
 
@@ -136,6 +136,12 @@ def answer(request: Any) -> Any:
     raise TypeError(f"unknown request {request!r}")
 
 
+#: options a method is counted with, beyond its defaults: LGC's guard never sends it back to stage 2 (on a Gaussian
+#: tensor its autoencoder, trained one step, reconstructs too poorly for the default bound, 0.9), so that the counted
+#: step is stage 3, the steady state issue 39's target is about
+OPTIONS: dict[str, dict[str, Any]] = {"lgc": {"max_error": 1e9}}
+
+
 def drive(steps: Reduction) -> torch.Tensor:
     result: Any = None
     while True:
@@ -158,20 +164,25 @@ def count(method: str, numel: int, device: torch.device, options: dict[str, Any]
     reduction = reductions.make(reductions.choose(compressor, "auto", 2), compressor)
     generator = torch.Generator().manual_seed(0)
     xs = [torch.randn(shape, generator=generator).to(device) for _ in range(batch)]
-    contexts = [Context.local(x, seed=1, name=f"tensor{i}", step=STEADY_STEP) for i, x in enumerate(xs)]
-    states = [reduction.init_state(x, ctx) for x, ctx in zip(xs, contexts, strict=True)]
+    states = [reduction.init_state(x, Context.local(x, seed=1, name=f"tensor{i}", step=STEADY_STEP))
+              for i, x in enumerate(xs)]
 
-    def step(counted: Launches | None) -> None:
+    def step(at: int, counted: Launches | None) -> None:
+        contexts = [Context.local(x, seed=1, name=f"tensor{i}", step=at) for i, x in enumerate(xs)]
         grads = [x.clone() for x in xs]  # the reduction may work in place: a fresh copy, not counted
         with counted if counted is not None else contextlib.nullcontext():
             drive(reduction.reduce(grads[0], states[0], contexts[0]) if batch == 1 else
                   reduction.reduce_batch(grads, states, contexts))
 
-    step(None)  # a first step: lazily built buffers, caches
+    # two steps first: lazily built buffers and caches, and a state made afresh past the warm-up catching up
+    # (LGC's: its autoencoder trains once, then enters stage 3, where the counted step is)
+    steady = STEADY_STEP + compressor.steady_from()
+    step(STEADY_STEP, None)
+    step(steady, None)
     mode = Launches()
     _counting.append(mode)
     try:
-        step(mode)
+        step(steady + 1, mode)
     finally:
         _counting.pop()
     summary = mode.summary()
@@ -199,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _count_triton_launches()
     device = torch.device("cuda" if CUDA else "cpu")
-    rows = [count(method, args.numel, device) for method in (args.method or sorted(METHODS))]
+    rows = [count(method, args.numel, device, OPTIONS.get(method)) for method in (args.method or sorted(METHODS))]
     if "powersgd" in (args.method or METHODS):
         rows.append(count("powersgd", args.numel, device, {"batch_tensors_with_same_shape": True}, batch=4))
     print(f"{'method':>16} {'reduction':>10} {'triton':>6} {'aten':>5} {'syncs':>5} {'per tensor':>10}  (one step of "
