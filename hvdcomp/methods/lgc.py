@@ -321,8 +321,8 @@ class LGC(Compressor):
         if generator is None:
             generator = _generators[device] = torch.Generator(device=device)
         length = -(-k // GUARD_BUCKETS) * GUARD_BUCKETS
-        draw = torch.randint(0, 2, (length,), generator=generator.manual_seed(seed), device=device)
-        return draw.mul_(2).sub_(1).float()
+        draw = torch.randint(0, 2, (length,), generator=generator.manual_seed(seed), device=device, dtype=torch.float32)
+        return draw.mul_(2).sub_(1)
 
     @staticmethod
     def sketch(x: torch.Tensor, signs: torch.Tensor) -> torch.Tensor:
@@ -348,9 +348,9 @@ class LGC(Compressor):
     def select(self, p: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The leader's part: its top-k indices, sorted (neighbouring parameters side by side in the
         autoencoder's input), and its scale, RMS(p[I]) (1 where that is 0)."""
-        indices = largest(p, k).sort().values.to(torch.int32)
-        scale = p[indices.long()].square().mean().sqrt().reshape(1)
-        return indices, torch.where(scale > 0, scale, torch.ones_like(scale))
+        indices = largest(p, k).sort().values
+        scale = p[indices].square().mean().sqrt().reshape(1)
+        return indices.to(torch.int32), torch.where(scale > 0, scale, 1.0)
 
     # ---------------------------------------------------------------------- one rank (bench, profile)
 
@@ -362,7 +362,9 @@ class LGC(Compressor):
         p = state["residual"].add_(tensor.detach().reshape(-1))
         k = self.k(p.numel())
         indices, scale = self.select(p, k)
-        x = p[indices.long()] / scale
+        index = indices.long()
+        selected = p[index]  # (p is not written before the residual's update below)
+        x = selected / scale
         with torch.no_grad():
             code = self.encode(state["ae"], self.pad(x.unsqueeze(0))).reshape(-1)
         check = self.sketch(x, self.signs(k, x.device, derive_seed(ctx.shared_seed, "guard", ctx.step)))
@@ -372,8 +374,7 @@ class LGC(Compressor):
         else:
             values, positions = self.innovation(x.unsqueeze(0))
             payload = [indices, torch.cat([scale, code]), torch.cat([values.reshape(-1), check]), positions.reshape(-1)]
-        index = indices.long()
-        state["residual"].index_copy_(0, index, p[index] - self.decoded_values(payload, k, state["ae"]))
+        state["residual"].index_copy_(0, index, selected - self.decoded_values(payload, k, state["ae"]))
         return payload, meta
 
     def decoded_values(self, payload: Payload, k: int, weights: Weights) -> torch.Tensor:
@@ -439,7 +440,7 @@ class LGCReduction(ReductionMethod):
                 total += other
             p.index_fill_(0, index, 0)
             method.train_step(state, torch.stack([v for (v,) in gathered]) / scale, leader)
-            return self._placed(total, indices, p, tensor.shape)
+            return self._placed(total, index, p, tensor.shape)
         if not state["synced"]:  # entering stage 3: every rank decodes with rank 0's weights
             names = list(state["ae"])
             flat = torch.cat([state["ae"][name].reshape(-1) for name in names])
@@ -451,7 +452,9 @@ class LGCReduction(ReductionMethod):
         signs = method.signs(k, p.device, derive_seed(ctx.shared_seed, "guard", ctx.step))
         if method.variant == "ring":
             indices, scale = yield from self._leader(method, p, k, leader, ctx)
-            x = p[indices.long()] / scale
+            index = indices.long()
+            selected = p[index]  # (p is not written before the residual's update below)
+            x = selected / scale
             code = method.encode(weights, method.pad(x.unsqueeze(0)))
             (summed,) = yield Allreduce([torch.cat([code.reshape(-1), method.sketch(x, signs)])])
             mean = method.decode(weights, summed[:code.numel()].view_as(code) / ctx.size)[0, 0, :k]
@@ -461,7 +464,9 @@ class LGCReduction(ReductionMethod):
             error = torch.stack([(exact - method.sketch(mean, signs)).square().sum(), exact.square().sum()])
         else:
             indices, scale, code = yield from self._leader(method, p, k, leader, ctx, weights)
-            x = p[indices.long()] / scale
+            index = indices.long()
+            selected = p[index]
+            x = selected / scale
             values, positions = method.innovation(x.unsqueeze(0))
             gathered = yield Allgather([torch.cat([values.reshape(-1), method.sketch(x, signs)]),
                                         positions.reshape(-1)], fixed_size=True)
@@ -477,10 +482,9 @@ class LGCReduction(ReductionMethod):
                 exact = head[kept:]
                 error += torch.stack([(exact - method.sketch(decoded[r], signs)).square().sum(), exact.square().sum()])
             reconstruction = decoded[ctx.rank] * scale
-        index = indices.long()
-        p.index_copy_(0, index, p[index] - reconstruction)
+        p.index_copy_(0, index, selected - reconstruction)
         method.guard(state, ctx.step, error)
-        return self._placed(total, indices, p, tensor.shape)
+        return self._placed(total, index, p, tensor.shape)
 
     def _leader(self, method: LGC, p: torch.Tensor, k: int, leader: int, ctx: Context,
                 weights: Weights | None = None) -> Generator[Request, Any, tuple[torch.Tensor, ...]]:
@@ -501,6 +505,7 @@ class LGCReduction(ReductionMethod):
         return indices, head[:1], head[1:].view(1, method.code_channels, -1)
 
     @staticmethod
-    def _placed(values: torch.Tensor, indices: torch.Tensor, like: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    def _placed(values: torch.Tensor, index: torch.Tensor, like: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+        """``values`` at ``index`` (int64) in zeros like ``like``, shaped ``shape``."""
         out = torch.zeros_like(like)
-        return out.index_copy_(0, indices.long(), values).view(shape)
+        return out.index_copy_(0, index, values).view(shape)
