@@ -315,17 +315,26 @@ class SketchReduction(ReductionMethod):
 
     def reduce(self, tensor: torch.Tensor, state: State, ctx: Context) -> Reduction:
         request = self.compressor.agree(tensor, state, ctx)  # the sketch method counts rows on the device
+        compressed = None
         if request is None:  # a sparsifier: its payload's size is known on the host once it is compressed
-            payload, meta = self.compressor.compress(tensor, state, ctx)
-            (total,) = yield Agree(torch.full((1,), float(payload[1].numel()), device=payload[1].device), "sum")
-        else:
-            (total,) = yield request
-            payload, meta = self.compressor.compress(tensor, state, ctx, total)
+            compressed = self.compressor.compress(tensor, state, ctx)
+            request = Agree(torch.full((1,), float(compressed[0][1].numel()), device=tensor.device), "sum")
+        (total,) = yield request
+        summed = round(float(total))  # one host read, of the vote already waited for
+        if compressed is None:  # the sketch method: its rows are found once the vote has its sum
+            if self.compressor.unwrapped() is self.compressor and self._dense_at_once(summed, tensor.shape, ctx):
+                # the bare method, where no sketch can pay: its gradient as it is, not its rows found first (a
+                # memory wrapper's compress updates its state: a wrapped method compresses as below)
+                state["sketch"] = {"items": summed, "candidates": 0, "cells": 0, "path": "dense"}
+                dense = tensor.detach().to_dense() if tensor.is_sparse else tensor.detach()
+                (reduced,) = yield Allreduce([dense.to(torch.float32, copy=True)])
+                return reduced
+            compressed = self.compressor.compress(tensor, state, ctx, total)
+        payload, meta = compressed
         values, items = payload
         shape, n, _ = meta
         width = block(shape, n)
         rows = values.view(-1, width)
-        summed = round(float(total))  # one host read, of the vote already waited for
         stats = state["sketch"] = {"items": summed, "candidates": 0, "cells": 0, "path": "empty"}
         if summed == 0:
             return torch.zeros(shape, dtype=torch.float32, device=values.device)
@@ -359,6 +368,12 @@ class SketchReduction(ReductionMethod):
         stats["path"] = "fallback"  # the same verdict on every rank: gather the payloads, add them in rank order
         payloads = yield Allgather(payload, fixed_size=False)
         return self.compressor.aggregate(payloads, meta).float()
+
+    def _dense_at_once(self, summed: int, shape: torch.Size, ctx: Context) -> bool:
+        """Whether the sketch method's rows summed over ranks (the vote's ``summed``) make even the smallest union's
+        sketch no smaller than the dense tensor (at least one row: none takes the empty path)."""
+        return summed > 0 and self._larger_than_dense(sketch_cells(summed // ctx.size, self.margin, self.slack),
+                                                      Sketch.items(shape))
 
     def _larger_than_dense(self, c3: int, items: int) -> bool:
         """Whether a sketch of 3 ``c3`` cells is no smaller in bytes than the dense float32 tensor."""
