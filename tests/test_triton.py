@@ -805,7 +805,7 @@ def test_sketch_peeling_equals_the_cpu_kernels(cpu: object, case: str) -> None:
 def test_sketch_rows_are_the_nonzero_rows_in_order(width: int) -> None:
     """The rows a rank sends: those holding a value other than 0 (NaN included, -0 not), ascending, with their
     values, as ``x[x.any(1).nonzero()]`` finds them; over programs that hold one and none, rows wider than a
-    program's columns, every row and no row; float16 too."""
+    program's columns, every row and no row; float16 and bfloat16 too."""
     generator = torch.Generator().manual_seed(6)
     per_program = gpu.sketch._tile(width, gpu.sketch._ROWS_BLOCK)[0]
     items = 2 * per_program + 300
@@ -815,12 +815,12 @@ def test_sketch_rows_are_the_nonzero_rows_in_order(width: int) -> None:
     x[per_program // 2, width - 1] = 3.0
     x[-5, -1] = -0.0
     x[-3, 0] = float("nan")
-    x[-2, width // 2] = 1e-30
-    for data in (x, x.half(), torch.zeros_like(x), torch.ones_like(x)):
+    x[-2, width // 2] = 2.0**-24  # the smallest float16 (a subnormal there)
+    for data in (x, x.half(), x.bfloat16(), torch.zeros_like(x), torch.ones_like(x)):
         for index_dtype in (torch.int32, torch.int64):
             rows = data.any(1).nonzero().view(-1)
             values, indices = gpu.sketch_rows(*on_device(data), index_dtype)
-            bits = torch.int16 if data.dtype == torch.float16 else torch.int32  # NaN is not equal to itself
+            bits = torch.int32 if data.dtype == torch.float32 else torch.int16  # NaN is not equal to itself
             same(data[rows].view(bits), values.view(bits), f"width {width}, {data.dtype}: values")
             same(rows.to(index_dtype), indices, f"width {width}: rows")
     assert gpu.sketch_rows(*on_device(torch.zeros(0, width)), torch.int64)[0].shape == (0, width)

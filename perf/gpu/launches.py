@@ -67,7 +67,7 @@ NO_WORK = {"view", "_unsafe_view", "reshape", "t", "transpose", "permute", "expa
            "dim", "size", "stride", "numel", "contiguous_meta", "real", "view_as_real", "_local_scalar_dense_meta"}
 #: operators that wait for the device on CUDA (the host needs a value or a size that the device computes)
 SYNCS = {"_local_scalar_dense", "nonzero", "masked_select", "is_nonzero", "equal", "unique", "_unique2",
-         "repeat_interleave"}
+         "repeat_interleave", "tolist"}
 
 
 class Launches(TorchDispatchMode):
@@ -100,7 +100,8 @@ _counting: list[Launches] = []
 
 def _count_triton_launches() -> None:
     """Wraps the launch of every Triton kernel (compiled, or interpreted) to count it, and to stop counting the
-    operators it runs inside (the interpreter copies its arguments)."""
+    operators it runs inside (the interpreter copies its arguments); and ``Tensor.tolist``, a read on the host that
+    bypasses the operators' dispatch, to count it as a sync."""
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
 
@@ -119,6 +120,14 @@ def _count_triton_launches() -> None:
                 mode._inside -= 1
 
         cls.run = counted
+    tolist = torch.Tensor.tolist
+
+    def read(self: torch.Tensor) -> Any:  # a copy to the host that no operator dispatch shows
+        if _counting and not _counting[-1]._inside:
+            _counting[-1].ops["tolist"] += 1
+        return tolist(self)
+
+    torch.Tensor.tolist = read
 
 
 def answer(request: Any) -> Any:

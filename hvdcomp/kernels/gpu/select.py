@@ -46,7 +46,7 @@ from hvdcomp.kernels.gpu.common import float64_total
 _BLOCK = 4096  # at most 2^16 - 1 entries: _placed packs two in-block counts into one int32
 #: warps a program for the kernels that hold a block's keys, indices and slots at once: at 4 warps (32 entries a
 #: thread) ptxas gave them 96 to 255 registers a thread (2 to 5 programs resident an SM), the one-block selection and
-#: threshold's compaction over candidates spilling 60 and 536 bytes; at 16 warps 40 to 128, no spill
+#: threshold's compaction over candidates spilling 60 and 536 bytes; at 16 warps 30 to 110, no spill
 #: (perf/gpu/registers.py, perf/results/registers.jsonl). Their time at 16 is not measured on a GPU yet.
 _WARPS = 16
 _DIGITS = 256
@@ -59,7 +59,8 @@ _SAMPLE = 4096
 #: 0.61 to 0.72 of the whole tensor's selection time from 2^24 entries on, and 1.4 to 1.9 times it at 2^22 and below
 #: (perf/gpu/selection.py; docs/gpu.md)
 _GATHER_MIN = 1 << 24
-#: programs an SM for the kernels that loop over the blocks: at _WARPS warps (512 threads) an SM holds at most 4
+#: programs an SM for the kernels that loop over the blocks: at _WARPS warps (512 threads) an SM's threads hold at most
+#: 4; where registers hold fewer (the compaction's 99 to 110 a thread: 1), the others wait their turn
 _PROGRAMS_PER_SM = 4
 
 
@@ -75,6 +76,12 @@ def _keys(x_ptr, threshold_ptr, offsets, n, THRESHOLD: tl.constexpr):
 
 
 @triton.jit
+def _blocks(count, BLOCK: tl.constexpr):
+    """ceil(count / BLOCK), in int64: an int32 count + BLOCK - 1 would wrap within BLOCK of 2^31."""
+    return (count.to(tl.int64) + BLOCK - 1) // BLOCK
+
+
+@triton.jit
 def _source(found_ptr, n, k, capacity, THRESHOLD: tl.constexpr, GATHERED: tl.constexpr, BLOCK: tl.constexpr):
     """(size, gathered): how many entries the selection reads, and how many of them are the gathered candidates (all
     or none). With GATHERED, ``found_ptr`` holds the scan of the candidates' counts per block of x, and their count
@@ -83,7 +90,7 @@ def _source(found_ptr, n, k, capacity, THRESHOLD: tl.constexpr, GATHERED: tl.con
     size = n
     gathered = 0
     if GATHERED:
-        total = tl.load(found_ptr + tl.cdiv(n, BLOCK) - 1).to(tl.int64)
+        total = tl.load(found_ptr + _blocks(n, BLOCK) - 1).to(tl.int64)
         whole = total > capacity
         if not THRESHOLD:
             whole = whole | (total < k)
@@ -137,10 +144,10 @@ def _fill(x_ptr, threshold_ptr, index_ptr, found_ptr, values_ptr, indices_ptr, n
     x's b-th block that are among the first k - (candidates) entries not above the threshold, with the value 0. Those
     lie in x's first k entries (at most all the candidates are among them), so blocks from k on are not read. The
     same entries in the same order as the selection over x, where the k-th key is 0."""
-    total = tl.load(found_ptr + tl.cdiv(n, BLOCK) - 1).to(tl.int64)
+    total = tl.load(found_ptr + _blocks(n, BLOCK) - 1).to(tl.int64)
     if total < k:
         block = tl.program_id(0)
-        while block < tl.cdiv(k, BLOCK):  # (while, not range: Triton 3.6's interpreter fails on range(runtime value))
+        while block < _blocks(k, BLOCK):  # (while, not range: Triton 3.6's interpreter fails on range(runtime value))
             offsets = block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
             placed = offsets < total
             index = tl.load(index_ptr + offsets, mask=placed, other=0)
@@ -256,7 +263,7 @@ def _histogram_kernel(x_ptr, threshold_ptr, keys_ptr, index_ptr, found_ptr, coun
             prefix = _prefix(counts_ptr, k, PASS)[0]
         counts = tl.zeros([256], dtype=tl.int32)
         block = pid
-        while block < tl.cdiv(size, BLOCK):
+        while block < _blocks(size, BLOCK):
             key = _entries(x_ptr, threshold_ptr, keys_ptr, index_ptr, block, n, size, gathered, THRESHOLD, GATHERED,
                            BLOCK)[0]
             mask = key >= 0
@@ -270,14 +277,15 @@ def _histogram_kernel(x_ptr, threshold_ptr, keys_ptr, index_ptr, found_ptr, coun
 @triton.jit(do_not_specialize=["n", "k", "capacity"])
 def _count_kernel(x_ptr, threshold_ptr, keys_ptr, index_ptr, found_ptr, counts_ptr, n, k, capacity, scans_ptr,
                   THRESHOLD: tl.constexpr, GATHERED: tl.constexpr, BLOCK: tl.constexpr):
-    """Each block b of x's: how many of its entries are above the k-th key into scans[b], how many equal to it into
-    scans[blocks + b] (0 past the entries)."""
+    """Each block b of the entries (x's, or the gathered candidates'; ``blocks`` blocks of x in all): how many of
+    its entries are above the k-th key into scans[b], how many equal to it into scans[blocks + b] (0 for the blocks
+    past the entries)."""
     pid = tl.program_id(0)
-    blocks = tl.cdiv(n, BLOCK)
+    blocks = _blocks(n, BLOCK)
     size, gathered = _source(found_ptr, n, k, capacity, THRESHOLD, GATHERED, BLOCK)
     kth = _prefix(counts_ptr, k, 4)[0]
     block = pid
-    while block < tl.cdiv(size, BLOCK):
+    while block < _blocks(size, BLOCK):
         key = _entries(x_ptr, threshold_ptr, keys_ptr, index_ptr, block, n, size, gathered, THRESHOLD, GATHERED,
                        BLOCK)[0]
         tl.store(scans_ptr + block, tl.sum((key > kth).to(tl.int32)))
@@ -292,17 +300,18 @@ def _count_kernel(x_ptr, threshold_ptr, keys_ptr, index_ptr, found_ptr, counts_p
 @triton.jit(do_not_specialize=["n", "k", "capacity"])
 def _compact_kernel(x_ptr, threshold_ptr, keys_ptr, index_ptr, found_ptr, counts_ptr, n, k, capacity, scans_ptr,
                     values_ptr, indices_ptr, THRESHOLD: tl.constexpr, GATHERED: tl.constexpr, BLOCK: tl.constexpr):
-    """The selected entries at their slots (:func:`_placed`). ``scans_ptr`` holds one inclusive scan over the blocks'
-    counts above the k-th key, then over those equal to it: the entries above in all blocks are its element
-    blocks - 1, and those equal in the blocks before b its element blocks + b - 1 less that."""
+    """The selected entries at their slots (:func:`_placed`). ``scans_ptr`` holds one inclusive scan of
+    :func:`_count_kernel`'s counts, those above the k-th key, then those equal to it: the entries above it in all
+    blocks are scans[blocks - 1], and those equal to it in the blocks before b are scans[blocks + b - 1] -
+    scans[blocks - 1]."""
     pid = tl.program_id(0)
-    blocks = tl.cdiv(n, BLOCK)
+    blocks = _blocks(n, BLOCK)
     size, gathered = _source(found_ptr, n, k, capacity, THRESHOLD, GATHERED, BLOCK)
     if pid.to(tl.int64) * BLOCK < size:
         kth, wanted = _prefix(counts_ptr, k, 4)
         above_total = tl.load(scans_ptr + blocks - 1)
         block = pid
-        while block < tl.cdiv(size, BLOCK):
+        while block < _blocks(size, BLOCK):
             key, index = _entries(x_ptr, threshold_ptr, keys_ptr, index_ptr, block, n, size, gathered, THRESHOLD,
                                   GATHERED, BLOCK)
             equal_before = tl.load(scans_ptr + blocks + block - 1) - above_total
@@ -424,7 +433,8 @@ def _select_blocks(x: torch.Tensor, k: int, values: torch.Tensor, indices: torch
         _histogram_kernel[(programs,)](*source, PASS=digit_pass, **flags)
     scans = torch.empty(2 * blocks, dtype=torch.int64, device=x.device)  # per block: above the k-th key, then equal
     _count_kernel[(programs,)](*source, scans, **flags)
-    scans.cumsum_(0)  # both inclusive scans in one 1-D launch (a [2, blocks] scan took 3 times as long on an H200)
+    # both inclusive scans in one 1-D launch: on an H200 PyTorch's scan of [2, 6104] counts took 10.5 us, of 6,104 3.3
+    scans.cumsum_(0)
     _compact_kernel[(programs,)](*source, scans, values, indices, **flags)
     return values, indices
 
