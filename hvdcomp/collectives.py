@@ -155,7 +155,8 @@ def start_vote(agreements: Sequence[Agree], name: str,
 
     Max and min travel in one max-allreduce (a min as the max of the negated values); sums are gathered in
     float64 and added in rank order, so that every rank computes the same bits (an allreduce's summation
-    order may differ per rank).
+    order may differ per rank). The requests' values read on the host (``Agree.host``) come back on the CPU, copied
+    in one transfer.
     """
     if not agreements:
         raise ValueError("start_vote needs at least one Agree request")
@@ -192,6 +193,11 @@ def start_vote(agreements: Sequence[Agree], name: str,
                 part = maxima[max_at:max_at + n] if agreement.op == "max" else -maxima[max_at:max_at + n]
                 max_at += n
             results.append(part.view_as(agreement.values).to(agreement.values.device))
+        on_host = [i for i, agreement in enumerate(agreements) if agreement.host]
+        if on_host:  # one transfer for all of them (one wait for the device, before anything else is issued)
+            copied = torch.cat([results[i].reshape(-1) for i in on_host]).cpu()
+            for i, part in zip(on_host, copied.split([results[i].numel() for i in on_host]), strict=True):
+                results[i] = part.view_as(agreements[i].values)
         return results
 
     return Pending(handles, finish, nbytes, name)

@@ -570,8 +570,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         text = "\n".join(f"{w.slot.fixed_text}\t{w.plan[-1]}" for w in works)
         digest = hashlib.blake2b(text.encode(), digest_size=3).digest()
         fingerprint = torch.full((1,), float(int.from_bytes(digest, "little")), device=device)  # exact in float32
-        agreements = [Agree(torch.cat([w.flag.to(device) for w in works]), "max"), Agree(fingerprint, "max"),
-                      Agree(fingerprint, "min"), *(w.agree for w in works if w.agree is not None)]
+        agreements = [Agree(torch.cat([w.flag.to(device) for w in works]), "max"), Agree(fingerprint, "max", host=True),
+                      Agree(fingerprint, "min", host=True), *(w.agree for w in works if w.agree is not None)]
         self._vote = start_vote(agreements, "hvdcomp.vote", self.process_set)
         self._bytes_sent += self._vote.nbytes
 
@@ -579,7 +579,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         flags, highest, lowest, *agreed = self._wait_for(self._vote)
         self._heard = (self._steps_done, time.monotonic())  # every rank joined this step's vote
         self._vote, self._vote_result = None, flags
-        if bool(highest != lowest):  # one read from the device, of a vote already waited for
+        if bool(highest != lowest):  # on the host: the vote's one transfer
             self._check_same_plan([w.plan for w in self._compressed_work()])
             raise ValueError("hvdcomp: the ranks' plan fingerprints differ, but their plans compare equal")
         waiting = [w for w in self._compressed_work() if w.agree is not None]

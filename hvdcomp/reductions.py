@@ -248,7 +248,7 @@ class TwoPhaseReduction(ReductionMethod):
                     for chunk, chunk_state, chunk_ctx in zip(chunks, state["chunks"], contexts, strict=True)]
         agreed: list[Any] = [None] * ctx.size
         if requests[0] is not None:
-            values = yield Agree(torch.cat([r.values.reshape(-1) for r in requests]), requests[0].op)
+            values = yield Agree(torch.cat([r.values.reshape(-1) for r in requests]), requests[0].op, requests[0].host)
             agreed = list(values.split([r.values.numel() for r in requests]))
         compressed: list[tuple[Payload, Any]] = [
             self.compressor.compress(chunk, chunk_state, chunk_ctx, chunk_agreed)

@@ -95,10 +95,14 @@ class Broadcast:
 
 @dataclass(frozen=True)
 class Agree:
-    """Small float values agreed across ranks by ``op`` (sum, max or min): fused into the step's vote."""
+    """Small float values agreed across ranks by ``op`` (sum, max or min): fused into the step's vote. With ``host``
+    they come back on the host (a CPU tensor), for a decision the host makes from them: the vote copies every such
+    request's values in one transfer, where a read of each (``tolist``, ``float``) would wait for the device once
+    per request, each time behind the work issued since."""
 
     values: torch.Tensor
     op: str = "max"
+    host: bool = False
 
     def __post_init__(self) -> None:
         if self.op not in AGREE_OPS:

@@ -222,6 +222,11 @@ class ProbeReduction(reductions.ReductionMethod):
         assert torch.equal(total.cpu(), torch.tensor([size * (size + 1) / 2, -(ranks + 0.5).sum().item()])), total
         assert torch.equal((yield Agree(mine, "max")).cpu(), torch.tensor([float(size), -0.5]))
         assert torch.equal((yield Agree(mine, "min")).cpu(), torch.tensor([1.0, -size + 0.5]))
+        # read on the host: the same sums and maxima, on the CPU whatever the gradient's device
+        on_host = yield Agree(mine, "sum", host=True)
+        highest = yield Agree(mine, "max", host=True)
+        assert on_host.device.type == highest.device.type == "cpu", (on_host.device, highest.device)
+        assert on_host.tolist() == total.cpu().tolist() and highest.tolist() == [size, -0.5], (on_host, highest)
         # Allreduce: one op per tensor, several dtypes, in place.
         a = torch.full((3,), rank + 1.0, device=on)
         b = torch.tensor([rank, -rank], dtype=torch.int32, device=on)

@@ -23,8 +23,9 @@ follows the paper's text, as ../shared/notes/methods.md records.)
 Every input to a decision is agreed across ranks: the squared norms and each rank's step time are summed in the
 step's vote (one small collective for all parameters), and the decision is computed from the sums on every rank
 alike, so all ranks change CF in the same step (the CF and phase are in the plan the optimizer checks). The
-decision reads the vote's result on the host once per step and parameter, once the vote is done (in the last
-backward hook, where the optimizer resolves the vote, or in ``synchronize()``): on CUDA a device-to-host read.
+decision reads the vote's result on the host once the vote is done (in the last backward hook, where the optimizer
+resolves the vote, or in ``synchronize()``): the vote copies it there (``Agree.host``) in its one transfer a step,
+with every other parameter's.
 
 The step time is the wall time between this parameter's consecutive reductions on each rank (its mean over
 ranks). A step's reading covers mostly the previous step's communication, so the first step of each trial is not
@@ -318,7 +319,7 @@ class GraVACReduction(ReductionMethod):
         sent_now = method.sent(state["cf"], *current)
         local = agreed_inputs([p, sent_now, sent_now if least is current else method.sent(0, *least)], step_time)
         before = state["cf"]
-        sums = yield Agree(local, "sum")
+        sums = yield Agree(local, "sum", host=True)
         sent = method.decide(state, ctx.step, sums.tolist(), ctx.size)
         state["last"]["sent"] = "dense" if sent == DENSE else method.candidates[sent]
         if sent == DENSE:

@@ -45,8 +45,9 @@ Two ways to use it:
 
 * ``method: sketch``: the gradient as it is, losslessly. A natively sparse gradient (``nn.Embedding(...,
   sparse=True)``) is taken as its rows, without densifying it; a dense one as its nonzero rows (entries, for 1-D
-  tensors; counted on the device for the vote, then found, on CUDA by the Triton kernels with one host sync, after
-  it; a sparse CUDA gradient is coalesced to count its rows, one host sync in the backward hook).
+  tensors; counted on the device for the vote, whose sum comes back on the host, then found, on CUDA by the Triton
+  kernels with one host sync, after it; a sparse CUDA gradient is coalesced to count its rows, one host sync in the
+  backward hook).
 * ``collective: sketch`` for the sparsifiers (top-k, threshold, DGC; their error feedback as usual): their payloads
   are summed in compressed form instead of gathered, so a rank receives about the union of the supports rather
   than N x k entries.
@@ -260,7 +261,7 @@ class Sketch(Sparse):
             dense = tensor.to_dense() if tensor.is_sparse else tensor.detach()
             items = self.items(tensor.shape)
             count = dense.reshape(items, block(tensor.shape, items)).any(1).sum(dtype=torch.float32).reshape(1)
-        return Agree(count, "sum")
+        return Agree(count, "sum", host=True)
 
     def compress(self, tensor: torch.Tensor, state: State, ctx: Context,
                  agreed: torch.Tensor | None = None) -> tuple[Payload, Any]:
@@ -318,9 +319,9 @@ class SketchReduction(ReductionMethod):
         compressed = None
         if request is None:  # a sparsifier: its payload's size is known on the host once it is compressed
             compressed = self.compressor.compress(tensor, state, ctx)
-            request = Agree(torch.full((1,), float(compressed[0][1].numel()), device=tensor.device), "sum")
+            request = Agree(torch.full((1,), float(compressed[0][1].numel()), device=tensor.device), "sum", host=True)
         (total,) = yield request
-        summed = round(float(total))  # one host read, of the vote already waited for
+        summed = round(float(total))  # on the host: the vote's transfer (Agree.host)
         if compressed is None:  # the sketch method: its rows are found once the vote has its sum
             if self.compressor.unwrapped() is self.compressor and self._dense_at_once(summed, tensor.shape, ctx):
                 # the bare method, where no sketch can pay: its gradient as it is, not its rows found first (a

@@ -37,6 +37,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +82,7 @@ class Launches(TorchDispatchMode):
         self._inside = 0
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        if not self._inside:
+        if not self._inside and not _on_host(args):
             self.ops[func.overloadpacket.__name__] += 1
         return func(*args, **(kwargs or {}))
 
@@ -96,6 +97,27 @@ class Launches(TorchDispatchMode):
 
 
 _counting: list[Launches] = []
+#: the agreed values answered on the host (``Agree.host``): what a method does with them there is not device work
+_host_values: list[torch.Tensor] = []
+
+
+@contextlib.contextmanager
+def _not_counted() -> Iterator[None]:
+    """Operators run here are not counted (as inside a Triton launch)."""
+    if _counting:
+        _counting[-1]._inside += 1
+    try:
+        yield
+    finally:
+        if _counting:
+            _counting[-1]._inside -= 1
+
+
+def _on_host(args: tuple) -> bool:
+    """Whether ``args`` hold tensors, all of them agreed values answered on the host (or views of them)."""
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    host = {h.untyped_storage().data_ptr() for h in _host_values}
+    return bool(tensors) and all(t.untyped_storage().data_ptr() in host for t in tensors)
 
 
 def _count_triton_launches() -> None:
@@ -123,7 +145,7 @@ def _count_triton_launches() -> None:
     tolist = torch.Tensor.tolist
 
     def read(self: torch.Tensor) -> Any:  # a copy to the host that no operator dispatch shows
-        if _counting and not _counting[-1]._inside:
+        if _counting and not _counting[-1]._inside and not _on_host((self,)):
             _counting[-1].ops["tolist"] += 1
         return tolist(self)
 
@@ -133,6 +155,11 @@ def _count_triton_launches() -> None:
 def answer(request: Any) -> Any:
     """What a job of one rank receives for ``request``."""
     if isinstance(request, Agree):
+        if request.host:  # the vote's one transfer a step, for every parameter: not counted per tensor
+            with _not_counted():
+                _host_values.append(request.values.clone())
+            return _host_values[-1]
+
         return request.values
     if isinstance(request, Allgather):
         return [request.payload]
