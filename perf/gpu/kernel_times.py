@@ -6,7 +6,8 @@
 Gaussian tensor (PowerSGD: the squarest matrix), past warm-up, over ``--repeats`` calls of each. One JSON line per
 method and call (compress, decompress): every kernel's name, calls and summed device time, largest first, and the time
 per call between CUDA events around the calls (without the profiler): where it exceeds the kernels' sum, the device
-waited for the host to issue them.
+waited for the host to issue them. For the sketch, one more call, ``rows by PyTorch``: its rows found as before
+``sketch_rows`` (``any``, ``nonzero``, the indexing and the cast), to compare in the same run.
 """
 
 from __future__ import annotations
@@ -24,6 +25,11 @@ from hvdcomp.tools.bench import bench_shape, clock_fields, record
 _DEFAULT = ("topk", "threshold", "dgc", "gravac", "sketch", "powersgd")
 
 
+def _rows_by_pytorch(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    rows = x.any(1).nonzero().view(-1)
+    return x[rows].reshape(-1), rows.to(torch.int32)
+
+
 def kernel_times(method: str, numel: int, repeats: int) -> list[dict]:
     """Per call (compress, decompress) of ``method`` on ``numel`` entries: its kernels' device time per call."""
     compressor = make_compressor(method, None, error_feedback=False)
@@ -34,6 +40,8 @@ def kernel_times(method: str, numel: int, repeats: int) -> list[dict]:
     payload, meta = compressor.compress(x, state, ctx)
     calls = {"compress": lambda: compressor.compress(x, state, ctx),
              "decompress": lambda: compressor.decompress(payload, meta)}
+    if method == "sketch":
+        calls["rows by PyTorch"] = lambda: _rows_by_pytorch(x.reshape(compressor.items(x.shape), -1))
     rows = []
     for call, fn in calls.items():
         fn()
