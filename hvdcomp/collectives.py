@@ -183,7 +183,9 @@ def start_vote(agreements: Sequence[Agree], name: str,
             sums = gathered[0].clone()
             for row in gathered[1:]:  # rank order
                 sums += row
-        results, max_at, sum_at = [], 0, 0
+        results: list[torch.Tensor | None] = []
+        on_host: dict[int, torch.Tensor] = {}  # the requests read on the host: their parts, on the vote's device
+        max_at, sum_at = 0, 0
         for agreement, values in zip(agreements, flat, strict=True):
             n = values.numel()
             if agreement.op == "sum":
@@ -192,11 +194,14 @@ def start_vote(agreements: Sequence[Agree], name: str,
             else:
                 part = maxima[max_at:max_at + n] if agreement.op == "max" else -maxima[max_at:max_at + n]
                 max_at += n
-            results.append(part.view_as(agreement.values).to(agreement.values.device))
-        on_host = [i for i, agreement in enumerate(agreements) if agreement.host]
+            if agreement.host:
+                on_host[len(results)] = part
+                results.append(None)
+            else:
+                results.append(part.view_as(agreement.values).to(agreement.values.device))
         if on_host:  # one transfer for all of them (one wait for the device, before anything else is issued)
-            copied = torch.cat([results[i].reshape(-1) for i in on_host]).cpu()
-            for i, part in zip(on_host, copied.split([results[i].numel() for i in on_host]), strict=True):
+            copied = torch.cat(list(on_host.values())).cpu().split([part.numel() for part in on_host.values()])
+            for (i, _), part in zip(on_host.items(), copied, strict=True):
                 results[i] = part.view_as(agreements[i].values)
         return results
 

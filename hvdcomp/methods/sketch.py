@@ -319,7 +319,8 @@ class SketchReduction(ReductionMethod):
         compressed = None
         if request is None:  # a sparsifier: its payload's size is known on the host once it is compressed
             compressed = self.compressor.compress(tensor, state, ctx)
-            request = Agree(torch.full((1,), float(compressed[0][1].numel()), device=tensor.device), "sum", host=True)
+            entries = compressed[0][1].numel()  # the payload's indices
+            request = Agree(torch.full((1,), float(entries), device=tensor.device), "sum", host=True)
         (total,) = yield request
         summed = round(float(total))  # on the host: the vote's transfer (Agree.host)
         if compressed is None:  # the sketch method: its rows are found once the vote has its sum
@@ -328,7 +329,8 @@ class SketchReduction(ReductionMethod):
                 # memory wrapper's compress updates its state: a wrapped method compresses as below)
                 state["sketch"] = {"items": summed, "candidates": 0, "cells": 0, "path": "dense"}
                 dense = tensor.detach().to_dense() if tensor.is_sparse else tensor.detach()
-                (reduced,) = yield Allreduce([dense.to(torch.float32, copy=True)])
+                (reduced,) = yield Allreduce([dense.to(torch.float32, memory_format=torch.contiguous_format,
+                                                       copy=True)])
                 return reduced
             compressed = self.compressor.compress(tensor, state, ctx, total)
         payload, meta = compressed
@@ -339,6 +341,7 @@ class SketchReduction(ReductionMethod):
         stats = state["sketch"] = {"items": summed, "candidates": 0, "cells": 0, "path": "empty"}
         if summed == 0:
             return torch.zeros(shape, dtype=torch.float32, device=values.device)
+        # no sketch can pay (the sparsifiers' payloads here, or a wrapped sketch method's rows): their sum, dense
         if self._larger_than_dense(sketch_cells(summed // ctx.size, self.margin, self.slack), n):
             stats["path"] = "dense"
             return (yield from self._dense(rows, items, n, shape))

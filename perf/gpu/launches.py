@@ -157,7 +157,7 @@ def answer(request: Any) -> Any:
     if isinstance(request, Agree):
         if request.host:  # the vote's one transfer a step, for every parameter: not counted per tensor
             with _not_counted():
-                _host_values.append(request.values.clone())
+                _host_values.append(request.values.cpu().clone())
             return _host_values[-1]
 
         return request.values
@@ -202,6 +202,7 @@ def count(method: str, numel: int, device: torch.device, options: dict[str, Any]
     xs = [torch.randn(shape, generator=generator).to(device) for _ in range(batch)]
     states = [reduction.init_state(x, Context.local(x, seed=1, name=f"tensor{i}", step=STEADY_STEP))
               for i, x in enumerate(xs)]
+    _host_values.clear()
 
     def step(at: int, counted: Launches | None) -> None:
         contexts = [Context.local(x, seed=1, name=f"tensor{i}", step=at) for i, x in enumerate(xs)]
