@@ -324,7 +324,8 @@ class SketchReduction(ReductionMethod):
         (total,) = yield request
         summed = round(float(total))  # on the host: the vote's transfer (Agree.host)
         if compressed is None:  # the sketch method: its rows are found once the vote has its sum
-            if self.compressor.unwrapped() is self.compressor and self._dense_at_once(summed, tensor.shape, ctx):
+            bare = self.compressor.unwrapped() is self.compressor
+            if bare and self._dense_at_once(summed, Sketch.items(tensor.shape), ctx):
                 # the bare method, where no sketch can pay: its gradient as it is, not its rows found first (a
                 # memory wrapper's compress updates its state: a wrapped method compresses as below)
                 state["sketch"] = {"items": summed, "candidates": 0, "cells": 0, "path": "dense"}
@@ -341,8 +342,7 @@ class SketchReduction(ReductionMethod):
         stats = state["sketch"] = {"items": summed, "candidates": 0, "cells": 0, "path": "empty"}
         if summed == 0:
             return torch.zeros(shape, dtype=torch.float32, device=values.device)
-        # no sketch can pay (the sparsifiers' payloads here, or a wrapped sketch method's rows): their sum, dense
-        if self._larger_than_dense(sketch_cells(summed // ctx.size, self.margin, self.slack), n):
+        if self._dense_at_once(summed, n, ctx):  # the sparsifiers' payloads here, or a wrapped sketch method's rows
             stats["path"] = "dense"
             return (yield from self._dense(rows, items, n, shape))
         bits, hashes = filter_size(summed, n, ctx.size, self.fp_rate)
@@ -373,11 +373,10 @@ class SketchReduction(ReductionMethod):
         payloads = yield Allgather(payload, fixed_size=False)
         return self.compressor.aggregate(payloads, meta).float()
 
-    def _dense_at_once(self, summed: int, shape: torch.Size, ctx: Context) -> bool:
-        """Whether the sketch method's rows summed over ranks (the vote's ``summed``) make even the smallest union's
-        sketch no smaller than the dense tensor (at least one row: none takes the empty path)."""
-        return summed > 0 and self._larger_than_dense(sketch_cells(summed // ctx.size, self.margin, self.slack),
-                                                      Sketch.items(shape))
+    def _dense_at_once(self, summed: int, items: int, ctx: Context) -> bool:
+        """Whether ``summed`` payload items over ranks (the vote's) make even the smallest union's sketch, summed // N
+        items, no smaller than the dense tensor of ``items`` (at least one: none takes the empty path)."""
+        return summed > 0 and self._larger_than_dense(sketch_cells(summed // ctx.size, self.margin, self.slack), items)
 
     def _larger_than_dense(self, c3: int, items: int) -> bool:
         """Whether a sketch of 3 ``c3`` cells is no smaller in bytes than the dense float32 tensor."""

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import subprocess
 import sys
@@ -58,6 +57,7 @@ from hvdcomp.compressor import STEADY_STEP, Context  # noqa: E402
 from hvdcomp.config import make_compressor  # noqa: E402
 from hvdcomp.methods import METHODS  # noqa: E402
 from hvdcomp.requests import Agree, Allgather, Allreduce, Alltoall, Broadcast, Reduction  # noqa: E402
+from hvdcomp.tools.bench import bench_shape  # noqa: E402
 
 #: operators that only make views, allocate or read metadata: no device work
 NO_WORK = {"view", "_unsafe_view", "reshape", "t", "transpose", "permute", "expand", "slice", "select",
@@ -97,8 +97,10 @@ class Launches(TorchDispatchMode):
 
 
 _counting: list[Launches] = []
-#: the agreed values answered on the host (``Agree.host``): what a method does with them there is not device work
+#: the agreed values answered on the host (``Agree.host``), kept alive, and their storages: what a method does with
+#: them there is not device work
 _host_values: list[torch.Tensor] = []
+_host_storages: set[int] = set()
 
 
 @contextlib.contextmanager
@@ -116,8 +118,7 @@ def _not_counted() -> Iterator[None]:
 def _on_host(args: tuple) -> bool:
     """Whether ``args`` hold tensors, all of them agreed values answered on the host (or views of them)."""
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
-    host = {h.untyped_storage().data_ptr() for h in _host_values}
-    return bool(tensors) and all(t.untyped_storage().data_ptr() in host for t in tensors)
+    return bool(tensors) and all(t.untyped_storage().data_ptr() in _host_storages for t in tensors)
 
 
 def _count_triton_launches() -> None:
@@ -158,8 +159,8 @@ def answer(request: Any) -> Any:
         if request.host:  # the vote's one transfer a step, for every parameter: not counted per tensor
             with _not_counted():
                 _host_values.append(request.values.cpu().clone())
+            _host_storages.add(_host_values[-1].untyped_storage().data_ptr())
             return _host_values[-1]
-
         return request.values
     if isinstance(request, Allgather):
         return [request.payload]
@@ -193,16 +194,14 @@ def count(method: str, numel: int, device: torch.device, options: dict[str, Any]
     """One steady step of ``method``'s default reduction on one rank, counted; ``batch`` > 1: that many tensors of one
     shape reduced together (PowerSGD's ``batch_tensors_with_same_shape``), the counts then per tensor."""
     compressor = make_compressor(method, options)
-    shape = torch.Size([numel])
-    if not compressor.compresses(shape):  # a method for matrices (PowerSGD): the squarest matrix of numel
-        rows = next(r for r in range(math.isqrt(numel), 0, -1) if numel % r == 0)
-        shape = torch.Size([rows, numel // rows])
+    shape = bench_shape(compressor, numel)
     reduction = reductions.make(reductions.choose(compressor, "auto", 2), compressor)
     generator = torch.Generator().manual_seed(0)
     xs = [torch.randn(shape, generator=generator).to(device) for _ in range(batch)]
     states = [reduction.init_state(x, Context.local(x, seed=1, name=f"tensor{i}", step=STEADY_STEP))
               for i, x in enumerate(xs)]
     _host_values.clear()
+    _host_storages.clear()
 
     def step(at: int, counted: Launches | None) -> None:
         contexts = [Context.local(x, seed=1, name=f"tensor{i}", step=at) for i, x in enumerate(xs)]
