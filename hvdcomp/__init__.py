@@ -51,7 +51,7 @@ from hvdcomp.methods import (
     TopK,
 )
 from hvdcomp.reductions import REDUCTIONS, ReductionMethod
-from hvdcomp.requests import Agree, Allgather, Allreduce, Alltoall, Broadcast
+from hvdcomp.requests import Agree, Allgather, Allreduce, Alltoall, Broadcast, Read
 
 if TYPE_CHECKING:
     from hvdcomp.distributed import DistributedOptimizer
@@ -90,6 +90,7 @@ __all__ = [
     "OneBit",
     "PowerSGD",
     "RandomK",
+    "Read",
     "ReductionMethod",
     "SignSGD",
     "Sketch",

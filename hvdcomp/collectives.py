@@ -3,8 +3,9 @@ Gloo for CPU.
 
 :func:`start` starts a request as Horovod async collectives and returns it :class:`Pending`; :func:`start_vote`
 fuses many :class:`~hvdcomp.requests.Agree` requests into one vote (max and min in one max-allreduce, sums
-gathered and added in rank order, so every rank holds the same bits); :func:`run_alone` drives one reduction by
-itself (benchmarks, tests). Each wait is bounded by a deadline (:func:`hvdcomp.deadlines.synchronize`).
+gathered and added in rank order, so every rank holds the same bits); :func:`to_host` copies values the host
+decides from (``Agree.host``, :class:`~hvdcomp.requests.Read`) in one transfer; :func:`run_alone` drives one
+reduction by itself (benchmarks, tests). Each wait is bounded by a deadline (:func:`hvdcomp.deadlines.synchronize`).
 
 Payloads of gathered and exchanged requests travel as one aligned byte buffer (:mod:`hvdcomp.wire`): any mix
 of dtypes in one Horovod collective, and uint8 is accepted by allgather, alltoall and broadcast on every
@@ -25,7 +26,7 @@ import torch
 
 from hvdcomp import wire
 from hvdcomp.deadlines import synchronize
-from hvdcomp.requests import Agree, Allgather, Allreduce, Alltoall, Broadcast, Reduction, Request
+from hvdcomp.requests import Agree, Allgather, Allreduce, Alltoall, Broadcast, Read, Reduction, Request
 from hvdcomp.wire import Payload
 
 #: Horovod's reduce ops by the names requests use (:data:`hvdcomp.requests.ALLREDUCE_OPS`)
@@ -64,7 +65,8 @@ def host_values(values: list[int], device: torch.device) -> torch.Tensor:
 
 
 def start(request: Request, name: str, process_set: hvd.ProcessSet = hvd.global_process_set) -> Pending:
-    """Starts ``request`` (not :class:`Agree`: see :func:`start_vote`) as Horovod async collectives."""
+    """Starts ``request`` (not :class:`Agree`: see :func:`start_vote`; not :class:`Read`: see :func:`to_host`) as
+    Horovod async collectives."""
     size, rank = process_set.size(), process_set.rank()
     if isinstance(request, Allreduce):
         groups: dict[str, list[int]] = {}
@@ -145,8 +147,10 @@ def start(request: Request, name: str, process_set: hvd.ProcessSet = hvd.global_
                        buffer.numel() if rank == request.root else 0, name)
     if isinstance(request, Agree):
         raise TypeError("Agree requests are fused into the step's vote: use start_vote")
+    if isinstance(request, Read):
+        raise TypeError("Read requests need no collective: copy their values with to_host")
     raise TypeError(f"a reduction yielded {request!r}; valid requests: Allreduce, Allgather, Alltoall, Broadcast, "
-                    "Agree")
+                    "Agree, Read")
 
 
 def start_vote(agreements: Sequence[Agree], name: str,
@@ -199,13 +203,26 @@ def start_vote(agreements: Sequence[Agree], name: str,
                 results.append(None)
             else:
                 results.append(part.view_as(agreement.values).to(agreement.values.device))
-        if on_host:  # one transfer for all of them (one wait for the device, before anything else is issued)
-            copied = torch.cat(list(on_host.values())).cpu().split([part.numel() for part in on_host.values()])
-            for (i, _), part in zip(on_host.items(), copied, strict=True):
-                results[i] = part.view_as(agreements[i].values)
+        for i, part in zip(on_host, to_host(list(on_host.values())), strict=True):
+            results[i] = part.view_as(agreements[i].values)
         return results
 
     return Pending(handles, finish, nbytes, name)
+
+
+def to_host(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """CPU copies of ``tensors``, in one transfer per device and dtype: one wait for the device, where a read of each
+    would wait once per tensor, each time behind the work issued since."""
+    copies: list[torch.Tensor] = list(tensors)
+    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+    for i, tensor in enumerate(tensors):
+        groups.setdefault((tensor.device, tensor.dtype), []).append(i)
+    for members in groups.values():
+        parts = [tensors[i].reshape(-1) for i in members]
+        joined = torch.cat(parts).cpu()
+        for i, part in zip(members, joined.split([part.numel() for part in parts]), strict=True):
+            copies[i] = part.view(tensors[i].shape)
+    return copies
 
 
 def run_alone(reduction: Reduction, name: str, process_set: hvd.ProcessSet = hvd.global_process_set) -> torch.Tensor:
@@ -221,6 +238,8 @@ def run_alone(reduction: Reduction, name: str, process_set: hvd.ProcessSet = hvd
             label = f"{name}.{index}"
             if isinstance(request, Agree):
                 (result,) = start_vote([request], label, process_set).wait()
+            elif isinstance(request, Read):
+                (result,) = to_host([request.values])
             else:
                 result = start(request, label, process_set).wait()
             index += 1

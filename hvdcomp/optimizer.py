@@ -21,7 +21,8 @@ Each step:
 3. ``synchronize()`` submits parameters that got no gradient (as zeros, so no rank waits forever), drives
    every reduction to completion in the order they were started (the first sent is the first decoded,
    while later payloads are still on the wire), fusing agreements asked for later in the step into further
-   votes, writes the averaged (or summed) result into ``p.grad``, and checks that no gradient was NaN/Inf.
+   votes and copying the values reductions read on the host (LGC's guard) in one transfer once the collectives
+   are done, writes the averaged (or summed) result into ``p.grad``, and checks that no gradient was NaN/Inf.
    All ranks see the same votes and the same reduced values, so they all raise (or skip) together.
 
 Sparse gradients (``nn.Embedding(..., sparse=True)``) go as they are to methods that take them (the homomorphic
@@ -59,11 +60,11 @@ import horovod.torch as hvd
 import torch
 
 from hvdcomp import check
-from hvdcomp.collectives import Pending, start, start_vote
+from hvdcomp.collectives import Pending, start, start_vote, to_host
 from hvdcomp.compressor import AccuracyWarning, Compressor, Context, State, derive_seed, nonfinite
 from hvdcomp.config import Choice, CompressionConfig, edges
 from hvdcomp.deadlines import DEFAULT_DEADLINE, Beacon, Deadline, answering, share_host, synchronize
-from hvdcomp.requests import Agree, Reduction
+from hvdcomp.requests import Agree, Read, Reduction
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +140,7 @@ class _Compressed:
     requests: int = 0  # requests yielded so far: they name the collectives
     pending: Pending | None = None  # a started collective
     agree: Agree | None = None  # waiting for the next vote
+    read: Read | None = None  # waiting for the step's copy to the host
     members: list[_Slot] | None = None  # a batch's first member: every member's slot, whose sums it returns
 
 
@@ -529,8 +531,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                          mark=self.process_set.rank() + 1)
 
     def _advance(self, work: _Compressed, result: Any) -> None:
-        """Sends ``result`` into the reduction and starts what it asks for next (or parks it on an Agree)."""
-        work.pending = work.agree = None
+        """Sends ``result`` into the reduction and starts what it asks for next (or parks it on an Agree or a
+        Read)."""
+        work.pending = work.agree = work.read = None
         assert work.reduction is not None
         try:
             request = next(work.reduction) if work.requests == 0 else work.reduction.send(result)
@@ -545,6 +548,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         work.requests += 1
         if isinstance(request, Agree):
             work.agree = request
+        elif isinstance(request, Read):
+            work.read = request
         else:
             work.pending = start(request, name, self.process_set)
             self._bytes_sent += work.pending.nbytes
@@ -606,7 +611,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         # collective of every reduction before any rank waits for a (k+1)-th: the submission order, which
         # differs between ranks (a parameter with no gradient is submitted here, last), cannot make two ranks
         # wait for collectives the other has not started. Horovod matches collectives by name, not order.
-        # Agreements asked for on the way are fused into further votes, in name order.
+        # Agreements asked for on the way are fused into further votes, in name order; reads, once no collective
+        # is left to wait for, into one copy to the host.
         compressed = [w for w in self._work.values() if isinstance(w, _Compressed)]
         rounds = 0
         while True:
@@ -615,13 +621,18 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     if work.pending is not None:
                         self._advance(work, self._wait_for(work.pending))
             waiting = [w for w in self._compressed_work() if w.agree is not None]
-            if not waiting:
+            if waiting:
+                rounds += 1
+                vote = start_vote([w.agree for w in waiting], f"hvdcomp.vote.{rounds}", self.process_set)
+                self._bytes_sent += vote.nbytes
+                for work, value in zip(waiting, self._wait_for(vote), strict=True):
+                    self._advance(work, value)
+                continue
+            reading = [w for w in compressed if w.read is not None]
+            if not reading:
                 break
-            rounds += 1
-            vote = start_vote([w.agree for w in waiting], f"hvdcomp.vote.{rounds}", self.process_set)
-            self._bytes_sent += vote.nbytes
-            for work, value in zip(waiting, self._wait_for(vote), strict=True):
-                self._advance(work, value)
+            for work, values in zip(reading, to_host([w.read.values for w in reading]), strict=True):
+                self._advance(work, values)
         for index, work in self._work.items():
             grad = self._slots[index].param.grad
             if isinstance(work, _Dense):

@@ -10,7 +10,9 @@ result, so the optimizer can interleave many parameters and overlap their commun
 * :class:`Broadcast`: the root's payload on every rank (same layout everywhere); receives it;
 * :class:`Agree`: a few values agreed across ranks by sum, max or min. The optimizer fuses every
   parameter's agreements of a step into one small collective per op family (the *vote*): max and min ride
-  one max-allreduce, sums are gathered and added in rank order, so every rank holds the same bits.
+  one max-allreduce, sums are gathered and added in rank order, so every rank holds the same bits;
+* :class:`Read`: values the host decides from, no collective: the optimizer copies every parameter's reads of a step
+  to the host in one transfer, once the step's collectives are done; receives them on the CPU.
 
 The requests check, when made, what Horovod (which runs them: :mod:`hvdcomp.collectives`) accepts: an
 :class:`Allreduce` names ops of :data:`ALLREDUCE_OPS`, one per tensor, and holds tensors of
@@ -109,6 +111,16 @@ class Agree:
             raise ValueError(f"Agree: unknown op {self.op!r}; valid: {', '.join(AGREE_OPS)}")
 
 
-Request = Allreduce | Allgather | Alltoall | Broadcast | Agree
+@dataclass(frozen=True)
+class Read:
+    """Values the host decides from that need no agreement (every rank computed the same bits from a collective's
+    result: LGC's guard). The optimizer copies every such request of a step to the host in one transfer, once the
+    step's collectives are done, where a read of each (``tolist``) would wait for the device once per request, each
+    time behind the work issued since. Receives them as a CPU tensor."""
+
+    values: torch.Tensor
+
+
+Request = Allreduce | Allgather | Alltoall | Broadcast | Agree | Read
 #: what a reduction is: yields requests, receives their results, returns the sum over ranks
 Reduction = Generator[Request, Any, torch.Tensor]

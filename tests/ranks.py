@@ -40,6 +40,7 @@ from torch import nn
 
 import hvdcomp
 import hvdcomp.auto
+import hvdcomp.optimizer
 from hvdcomp import reductions
 from hvdcomp.collectives import run_alone
 from hvdcomp.compressor import Compressor, Context, State
@@ -775,17 +776,30 @@ def scenario_lgc() -> None:
         assert all(0 < e < 10 for e in errors), errors
 
         # the guard: a bound no reconstruction meets sends every tensor back to stage 2 in the step after its
-        # first stage-3 step, for train_steps steps, then into stage 3 again
+        # first stage-3 step, for train_steps steps, then into stage 3 again; its sums reach the host in one copy a
+        # stage-3 step, of every tensor's (the optimizer's answer to their Read requests)
         model = mlp()
         optimizer = hvdcomp.DistributedOptimizer(sgd(model, "lgc"), named_parameters=model.named_parameters(),
                                                  compression=lgc_config(variant, 1, 2, max_error=0.0))
-        stages = []
-        for x, y in batches(8, seed=hvd.rank()):
-            optimizer.zero_grad()
-            nn.functional.cross_entropy(model(x), y).backward()
-            optimizer.step()
-            stages.append([s["last"]["stage"] for _, s in sorted(optimizer.method_states().items())])
+        stages, copies = [], []
+        to_host = hvdcomp.optimizer.to_host
+
+        def counted(tensors: list[torch.Tensor], copies: list[list[int]] = copies, to_host: Any = to_host) -> Any:
+            copies[-1].append(len(tensors))
+            return to_host(tensors)
+
+        hvdcomp.optimizer.to_host = counted
+        try:
+            for x, y in batches(8, seed=hvd.rank()):
+                copies.append([])
+                optimizer.zero_grad()
+                nn.functional.cross_entropy(model(x), y).backward()
+                optimizer.step()
+                stages.append([s["last"]["stage"] for _, s in sorted(optimizer.method_states().items())])
+        finally:
+            hvdcomp.optimizer.to_host = to_host
         assert [row[0] for row in stages] == [1, 2, 2, 3, 2, 2, 3, 2], stages
+        assert copies == [[2] if row[0] == 3 else [] for row in stages], copies
         assert all(s["fallbacks"] == 2 for s in optimizer.method_states().values())
         assert_identical_across_ranks(model, f"lgc.{variant}.guard")
 

@@ -70,6 +70,20 @@ def test_wire_round_trip_mixed_dtypes() -> None:
         wire.unpack(buffer[:-8], layout)
 
 
+def test_values_read_on_the_host_come_back_as_they_were() -> None:
+    """``to_host`` (the optimizer's one copy a step of its reductions' Read requests): each tensor's values, shape and
+    dtype, on the CPU, whatever the mix of dtypes and shapes, and not aliasing the originals."""
+    collectives = pytest.importorskip("hvdcomp.collectives")
+    tensors = [torch.tensor([1.5, -2.0]), torch.arange(6, dtype=torch.int64).view(2, 3), torch.tensor(3.25),
+               torch.zeros(0), torch.tensor([[0.1]], dtype=torch.float64), torch.tensor([7.0, 8.0]).expand(2, 2)]
+    copies = collectives.to_host(tensors)
+    assert len(copies) == len(tensors)
+    for tensor, copy in zip(tensors, copies, strict=True):
+        assert copy.device.type == "cpu" and copy.dtype == tensor.dtype and torch.equal(copy, tensor), (tensor, copy)
+    tensors[0].add_(1)
+    assert torch.equal(copies[0], torch.tensor([1.5, -2.0]))
+
+
 @pytest.mark.parametrize("inner", [TopK(0.1), TernGrad(), FP16Compressor(), NoneCompressor()])
 def test_error_feedback_invariant(inner) -> None:
     """residual + decompressed = compensated input, every step."""

@@ -65,8 +65,9 @@ A tensor whose k is under 4 x 2^downsample is kept dense (with a log line), as i
 
 Costs: stage 3 sends per rank, ring, an allreduce of k code_channels / 2^downsample floats plus the leader's
 broadcast of k int32 indices; ps, 8 k' bytes of innovation plus the leader's broadcast of the indices and code; both,
-the guard's 256 bytes. The guard reads its two sums on the host once per step and tensor, after the tensor's last
-collective (in ``synchronize()``). The autoencoder's compute runs on the tensor's device.
+the guard's 256 bytes. The guard decides on the host from its two sums (a :class:`~hvdcomp.requests.Read`): the
+optimizer copies every tensor's in one transfer a step, once the step's collectives are done. The autoencoder's
+compute runs on the tensor's device.
 
 A state made afresh (an elastic reset, a step skipped for a non-finite gradient) starts from the step counter: after
 an elastic reset, whose counters start at 0, that is stage 1 again; where the counter is past stage 2 but the
@@ -87,7 +88,7 @@ from hvdcomp import check
 from hvdcomp.compressor import Compressor, Context, State, derive_seed
 from hvdcomp.methods.topk import largest
 from hvdcomp.reductions import Phase, ReductionMethod
-from hvdcomp.requests import Allgather, Allreduce, Broadcast, Reduction, Request
+from hvdcomp.requests import Allgather, Allreduce, Broadcast, Read, Reduction, Request
 from hvdcomp.wire import Payload
 
 if TYPE_CHECKING:
@@ -332,7 +333,7 @@ class LGC(Compressor):
 
     def guard(self, state: State, step: int, error: torch.Tensor) -> None:
         """Stage 3's check, from (||S(exact - reconstructed)||^2, ||S exact||^2) summed over the tensor's values:
-        the same bits on every rank (they come from the collective's result), read on the host once. Where the
+        the same bits on every rank (they come from the collective's result), on the host. Where the
         moving average of the relative errors since stage 3 began (GUARD_ALPHA) passes ``max_error``, the next
         ``train_steps`` steps are stage 2 again."""
         squared, norm = error.tolist()
@@ -483,7 +484,7 @@ class LGCReduction(ReductionMethod):
                 error += torch.stack([(exact - method.sketch(decoded[r], signs)).square().sum(), exact.square().sum()])
             reconstruction = decoded[ctx.rank] * scale
         p.index_copy_(0, index, selected - reconstruction)
-        method.guard(state, ctx.step, error)
+        method.guard(state, ctx.step, (yield Read(error)))
         return self._placed(total, index, p, tensor.shape)
 
     def _leader(self, method: LGC, p: torch.Tensor, k: int, leader: int, ctx: Context,

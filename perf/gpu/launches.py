@@ -56,7 +56,7 @@ from hvdcomp import reductions  # noqa: E402
 from hvdcomp.compressor import STEADY_STEP, Context  # noqa: E402
 from hvdcomp.config import make_compressor  # noqa: E402
 from hvdcomp.methods import METHODS  # noqa: E402
-from hvdcomp.requests import Agree, Allgather, Allreduce, Alltoall, Broadcast, Reduction  # noqa: E402
+from hvdcomp.requests import Agree, Allgather, Allreduce, Alltoall, Broadcast, Read, Reduction  # noqa: E402
 from hvdcomp.tools.bench import bench_shape  # noqa: E402
 
 #: operators that only make views, allocate or read metadata: no device work
@@ -97,8 +97,8 @@ class Launches(TorchDispatchMode):
 
 
 _counting: list[Launches] = []
-#: the agreed values answered on the host (``Agree.host``), kept alive, and their storages: what a method does with
-#: them there is not device work
+#: the values answered on the host (``Agree.host``, ``Read``), kept alive, and their storages: what a method does
+#: with them there is not device work
 _host_values: list[torch.Tensor] = []
 _host_storages: set[int] = set()
 
@@ -116,7 +116,7 @@ def _not_counted() -> Iterator[None]:
 
 
 def _on_host(args: tuple) -> bool:
-    """Whether ``args`` hold tensors, all of them agreed values answered on the host (or views of them)."""
+    """Whether ``args`` hold tensors, all of them values answered on the host (or views of them)."""
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
     return bool(tensors) and all(t.untyped_storage().data_ptr() in _host_storages for t in tensors)
 
@@ -155,9 +155,9 @@ def _count_triton_launches() -> None:
 
 def answer(request: Any) -> Any:
     """What a job of one rank receives for ``request``."""
-    if isinstance(request, Agree):
-        if request.host:  # the vote's one transfer a step, for every parameter: not counted per tensor
-            with _not_counted():
+    if isinstance(request, Agree | Read):
+        if isinstance(request, Read) or request.host:  # the step's one transfer, for every parameter: not counted
+            with _not_counted():  # per tensor
                 _host_values.append(request.values.cpu().clone())
             _host_storages.add(_host_values[-1].untyped_storage().data_ptr())
             return _host_values[-1]
