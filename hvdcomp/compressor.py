@@ -166,7 +166,7 @@ class Compressor(ABC):
     epoch_options: ClassVar[tuple[str, ...]] = ()
     #: compress() reads its input as a flat vector (its shape plays no part), so the optimizer may compress several
     #: gradients of one step concatenated, as one tensor (the config's ``bucket_cap_mb``); False for methods that use a
-    #: tensor's shape or take sparse gradients (PowerSGD's matrices, LGC's autoencoder's layers, the sketch).
+    #: tensor's shape or take sparse gradients (PowerSGD's matrices, the sketch).
     bucketable: ClassVar[bool] = True
     #: The model's first and last layers stay dense (LGC, as its paper keeps them): the optimizer tells
     #: :meth:`hvdcomp.config.CompressionConfig.choose` which parameters those are.

@@ -25,8 +25,9 @@ device in buckets, as PyTorch's DDP buckets them for its communication hooks: in
 backward makes them ready), each bucket closed once it holds ``bucket_cap_mb`` MiB. A bucket is concatenated and
 compressed as one tensor once its last gradient is ready: one encoding and one set of collectives per bucket, where
 a GPU spends most of a small gradient's compression issuing its kernels (docs/gpu.md). The method then sees the
-bucket, not the layer: TernGrad's scaler, top-k's k and QSGD's norms are the bucket's. Methods that use a tensor's shape
-(PowerSGD, LGC, the sketch: ``Compressor.bucketable``) compress each gradient alone still.
+bucket, not the layer: TernGrad's scaler, top-k's k, QSGD's norms and LGC's autoencoder are the bucket's. Methods that
+use a tensor's shape or take sparse gradients (PowerSGD, the sketch: ``Compressor.bucketable``) compress each gradient
+alone still.
 
 ``method: auto`` (or ``compression="auto"``) chooses each parameter's method and collective from measurements on the
 running job (:mod:`hvdcomp.auto`; its ``options`` are :class:`AutoSettings`); ``min_numel``, ``bucket_cap_mb``,

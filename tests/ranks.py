@@ -777,31 +777,37 @@ def scenario_lgc() -> None:
 
         # the guard: a bound no reconstruction meets sends every tensor back to stage 2 in the step after its
         # first stage-3 step, for train_steps steps, then into stage 3 again; its sums reach the host in one copy a
-        # stage-3 step, of every tensor's (the optimizer's answer to their Read requests)
-        model = mlp()
-        optimizer = hvdcomp.DistributedOptimizer(sgd(model, "lgc"), named_parameters=model.named_parameters(),
-                                                 compression=lgc_config(variant, 1, 2, max_error=0.0))
-        stages, copies = [], []
-        to_host = hvdcomp.optimizer.to_host
+        # stage-3 step, of every tensor's (the optimizer's answer to their Read requests). In a bucket (bucket_cap_mb)
+        # both weights are one tensor: one state, one autoencoder, one guard.
+        for cap_mb in (0, 1):
+            model = mlp()
+            config = {**lgc_config(variant, 1, 2, max_error=0.0), "bucket_cap_mb": cap_mb}
+            optimizer = hvdcomp.DistributedOptimizer(sgd(model, "lgc"), named_parameters=model.named_parameters(),
+                                                     compression=config)
+            tensors = 1 if cap_mb else 2
+            states = optimizer.method_states()
+            assert len({id(state) for state in states.values()}) == tensors, sorted(states)
+            stages, copies = [], []
+            to_host = hvdcomp.optimizer.to_host
 
-        def counted(tensors: list[torch.Tensor], copies: list[list[int]] = copies, to_host: Any = to_host) -> Any:
-            copies[-1].append(len(tensors))
-            return to_host(tensors)
+            def counted(tensors: list[torch.Tensor], copies: list[list[int]] = copies, to_host: Any = to_host) -> Any:
+                copies[-1].append(len(tensors))
+                return to_host(tensors)
 
-        hvdcomp.optimizer.to_host = counted
-        try:
-            for x, y in batches(8, seed=hvd.rank()):
-                copies.append([])
-                optimizer.zero_grad()
-                nn.functional.cross_entropy(model(x), y).backward()
-                optimizer.step()
-                stages.append([s["last"]["stage"] for _, s in sorted(optimizer.method_states().items())])
-        finally:
-            hvdcomp.optimizer.to_host = to_host
-        assert [row[0] for row in stages] == [1, 2, 2, 3, 2, 2, 3, 2], stages
-        assert copies == [[2] if row[0] == 3 else [] for row in stages], copies
-        assert all(s["fallbacks"] == 2 for s in optimizer.method_states().values())
-        assert_identical_across_ranks(model, f"lgc.{variant}.guard")
+            hvdcomp.optimizer.to_host = counted
+            try:
+                for x, y in batches(8, seed=hvd.rank()):
+                    copies.append([])
+                    optimizer.zero_grad()
+                    nn.functional.cross_entropy(model(x), y).backward()
+                    optimizer.step()
+                    stages.append([s["last"]["stage"] for _, s in sorted(states.items())])
+            finally:
+                hvdcomp.optimizer.to_host = to_host
+            assert [row[0] for row in stages] == [1, 2, 2, 3, 2, 2, 3, 2], stages
+            assert copies == [[tensors] if row[0] == 3 else [] for row in stages], copies
+            assert all(s["fallbacks"] == 2 for s in states.values())
+            assert_identical_across_ranks(model, f"lgc.{variant}.guard.{cap_mb}")
 
         # a step skipped for a NaN gradient (nonfinite: skip) makes the states afresh, past stage 2: the next step
         # trains the untrained autoencoder (stage 2) before it is used, on every rank

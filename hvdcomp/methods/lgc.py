@@ -28,15 +28,15 @@ The leader rotates, l = step mod N. With a fixed leader the entries only other r
 residuals until the leader's gradient happens to select them; rotating gives each rank's largest entries a turn
 every N steps, and spreads the leader's broadcast over every rank's link.
 
-The autoencoder (one per compressed tensor; the paper's is one per model) is a few stride-2 1-D convolutions (kernel
-4) with LeakyReLU between them, from 1 to ``channels`` channels and down to ``code_channels`` at 1 / 2^``downsample``
-of the length: the code has code_channels / 2^downsample of the k values (1/8 at the defaults). The decoders are
-transposed convolutions back; the ps decoders (one per rank, as in the paper) end in a 1x1 convolution over their
-features and the rank's innovation, and keep the innovation's values where the rank sent them. The weights live in
-the parameter's state (checkpointed with it) and are drawn from the parameter's shared seed, so they start
-identical on every rank. Training, one Adam step (``lr``) per stage-2 step on the gathered batch, minimizes the
-reconstruction error plus the term that pulls the ranks' codes together (weight ``similarity``), mean squared errors
-over the k values:
+The autoencoder (one per compressed tensor, or per bucket with the config's ``bucket_cap_mb``, where the top-k too is
+the bucket's; the paper's is one per model) is a few stride-2 1-D convolutions (kernel 4) with LeakyReLU between them,
+from 1 to ``channels`` channels and down to ``code_channels`` at 1 / 2^``downsample`` of the length: the code has
+code_channels / 2^downsample of the k values (1/8 at the defaults). The decoders are transposed convolutions back; the
+ps decoders (one per rank, as in the paper) end in a 1x1 convolution over their features and the rank's innovation, and
+keep the innovation's values where the rank sent them. The weights live in the parameter's state (checkpointed with it)
+and are drawn from the parameter's shared seed, so they start identical on every rank. Training, one Adam step (``lr``)
+per stage-2 step on the gathered batch, minimizes the reconstruction error plus the term that pulls the ranks' codes
+together (weight ``similarity``), mean squared errors over the k values:
 
     ring:  MSE(D(mean_r E(x_r)), mean_r x_r) + similarity * mean_r MSE(E(x_r), mean_q E(x_q))
     ps:    mean_r MSE(D_r(E(x_l), u_r), x_r) + similarity * mean_r MSE(E(x_r), mean_q E(x_q))
@@ -128,7 +128,6 @@ class LGC(Compressor):
     unbiased = False
     own_memory = True  # its error feedback spans the stages and holds the autoencoder's error
     reduction = "lgc"
-    bucketable = False  # its autoencoder codes one layer's top-k values at a time
     epoch_options = ("dense_steps", "train_steps")
 
     def __init__(self, variant: str = "ring", ratio: float = 0.01, innovation_ratio: float = 0.1,
