@@ -226,7 +226,7 @@ def to_host(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def run_alone(reduction: Reduction, name: str, process_set: hvd.ProcessSet = hvd.global_process_set) -> torch.Tensor:
-    """Runs one reduction to completion by itself, each Agree in a vote of its own.
+    """Runs one reduction to completion by itself, each Agree in a vote of its own, each Read copied on its own.
 
     For benchmarks and tests of a single tensor; the optimizer drives many reductions at once and fuses
     their agreements into one vote per step.

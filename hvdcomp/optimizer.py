@@ -346,20 +346,21 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _batch_members(self) -> dict[int, list[int]]:
         """Slot index -> the indices of the slots reduced together with it (in name order, as the slots are: the
-        same on every rank), for the batches of two or more that reductions ask for
-        (:meth:`hvdcomp.reductions.ReductionMethod.batch_key`: PowerSGD's matrices of one shape) and the config's
-        buckets (:meth:`_buckets`), whose members it marks."""
-        keyed: dict[Hashable, list[int]] = {}
-        for index, slot in enumerate(self._slots):
-            key = None if slot.choice.reduction is None else slot.choice.reduction.batch_key(slot.param)
-            if key is not None:
-                keyed.setdefault(key, []).append(index)
-        batches = {index: members for members in keyed.values() if len(members) > 1 for index in members}
+        same on every rank), for the config's buckets (:meth:`_buckets`), whose members it marks, and, of the slots
+        in none, the batches of two or more that reductions ask for
+        (:meth:`hvdcomp.reductions.ReductionMethod.batch_key`: PowerSGD's matrices of one shape)."""
+        batches: dict[int, list[int]] = {}
         for members in self._buckets():
             first = self._slots[members[0]]
             for index in members:
                 batches[index] = members
                 self._slots[index].join(first.name)
+        keyed: dict[Hashable, list[int]] = {}
+        for index, slot in enumerate(self._slots):
+            key = None if slot.choice.reduction is None else slot.choice.reduction.batch_key(slot.param)
+            if key is not None and index not in batches:
+                keyed.setdefault(key, []).append(index)
+        batches.update({index: members for members in keyed.values() if len(members) > 1 for index in members})
         return batches
 
     def _buckets(self) -> list[list[int]]:
@@ -371,7 +372,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _fresh_states(self) -> None:
         """Every compressed parameter's method state made afresh: a parameter's own for its gradient, or its bucket's,
-        made once for the concatenation of the members with its first member's context, which the members share."""
+        made once for the members with its first member's context, which the members share."""
         buckets: dict[str, list[_Slot]] = {}
         for slot in self._slots:
             if slot.bucket:
@@ -379,9 +380,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             elif slot.choice.reduction is not None:
                 slot.state = slot.choice.reduction.init_state(slot.param.detach(), slot.ctx)
         for first, *rest in buckets.values():  # name order: the first is the one the bucket is named after
-            numel = first.param.numel() + sum(slot.param.numel() for slot in rest)
-            template = torch.empty(numel, dtype=first.param.dtype, device=first.param.device)
-            first.state = first.choice.reduction.init_state(template, first.ctx)
+            members = [first.param.detach(), *(slot.param.detach() for slot in rest)]
+            first.state = first.choice.reduction.init_bucket_state(members, first.ctx)
             for slot in rest:
                 slot.state = first.state
 
@@ -686,7 +686,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def decisions(self) -> dict[str, list[Any]]:
         """What each compressed parameter's method decided in the last step (:meth:`Compressor.decisions`: GraVAC's
-        CF, LGC's stage), by name, for the methods that decide something."""
+        CF, LGC's stage), by name, for the methods that decide something; a bucket's, under each of its members."""
         found = {slot.name: slot.choice.reduction.decisions(slot.state) for slot in self._slots
                  if slot.choice.reduction is not None}
         return {name: decided for name, decided in found.items() if decided is not None}

@@ -114,10 +114,17 @@ class ReductionMethod(ABC):
         in the order given (the optimizer's: by name, the same on every rank). None (the default): alone."""
         return None
 
+    def init_bucket_state(self, tensors: Sequence[torch.Tensor], ctx: Context) -> State:
+        """The state of a bucket of ``tensors`` (the config's ``bucket_cap_mb``), which :meth:`reduce_bucket` reduces
+        and its members share: by default :meth:`init_state`'s for their concatenation, with ``ctx``."""
+        template = torch.empty(sum(tensor.numel() for tensor in tensors), dtype=tensors[0].dtype,
+                               device=tensors[0].device)
+        return self.init_state(template, ctx)
+
     def reduce_bucket(self, tensors: Sequence[torch.Tensor], state: State, ctx: Context) -> Reduction:
         """Generator returning the sums over ranks of ``tensors`` (a bucket: the config's ``bucket_cap_mb``, in the
-        same order on every rank), reduced as one tensor: their concatenation, with the bucket's ``state`` (made by
-        :meth:`init_state` for the concatenation) and ``ctx``. Each sum is a flat view of the bucket's."""
+        same order on every rank), with the bucket's ``state`` (:meth:`init_bucket_state`) and ``ctx``. By default
+        reduced as one tensor, their concatenation; each sum is a flat view of the bucket's."""
         flat = torch.cat([tensor.reshape(-1) for tensor in tensors])
         total = yield from self.reduce(flat, state, ctx)
         return list(total.reshape(-1).split([tensor.numel() for tensor in tensors]))

@@ -114,9 +114,11 @@ class Agree:
 @dataclass(frozen=True)
 class Read:
     """Values the host decides from that need no agreement (every rank computed the same bits from a collective's
-    result: LGC's guard). The optimizer copies every such request of a step to the host in one transfer, once the
-    step's collectives are done, where a read of each (``tolist``) would wait for the device once per request, each
-    time behind the work issued since. Receives them as a CPU tensor."""
+    result: LGC's guard). The optimizer copies every such request of a step to the host in one transfer, once no
+    compressed reduction has a collective left to wait for, where a read of each (``tolist``) would wait for the
+    device once per request, each time behind the work issued since. Receives them as a CPU tensor. Yield it last:
+    what a reduction does after it runs once every other reduction's collectives are done, with nothing left to
+    overlap."""
 
     values: torch.Tensor
 

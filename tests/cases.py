@@ -38,12 +38,15 @@ TRAIN_CONFIGS: dict[str, object] = {
     "topk-buckets": {"method": "topk", "options": {"ratio": 0.05}, "min_numel": 0, "bucket_cap_mb": 0.02},
     "mixed-buckets": {"method": "terngrad", "min_numel": 0, "bucket_cap_mb": 0.02,
                       "overrides": [{"match": "4.*", "method": "qsgd"}, {"match": "0.*", "method": "powersgd"}]},
+    # PowerSGD's three matrices (of three shapes) in one bucket
+    "powersgd-buckets": {"method": "powersgd", "options": {"start_iter": 0, "batch_tensors_with_same_shape": True},
+                         "min_numel": 0, "bucket_cap_mb": 1},
 }
 
 #: scenario ``resume``: the labels of TRAIN_CONFIGS resumed from a checkpoint
 RESUME_LABELS = ("terngrad", "topk", "terngrad-two-phase", "randomk", "powersgd", "bingrad", "orq-two-phase", "qsgd",
                  "signsgd", "efsignsgd", "onebit", "threshold", "dgc", "gravac", "gravac-dgc", "topk-sketch",
-                 "topk-buckets")
+                 "topk-buckets", "powersgd-buckets")
 #: scenario ``collectives``: each default reduction against its reference, then the two-phase reduction
 COLLECTIVE_LABELS = ("fp16", "terngrad", "terngrad-noshare", "terngrad-noclip", "topk", "topk-ef", "randomk",
                      "randomk-ef", "bingrad", "onebit", "orq", "orq-3bit", "qsgd", "qsgd-max-8bit", "efsignsgd",
@@ -55,7 +58,7 @@ DIGITS_METHODS = ("none", "bingrad", "orq", "qsgd", "signsgd", "efsignsgd", "one
 DIGITS_TRAIN = ("powersgd", "randomk")
 #: the scenarios that report a result per case (``SCENARIO CASE OK rank R``), and their cases
 #: scenario ``buckets``: the TRAIN_CONFIGS labels whose buckets are checked against their reduction run alone
-BUCKET_LABELS = ("mixed-buckets", "topk-buckets")
+BUCKET_LABELS = ("mixed-buckets", "topk-buckets", "powersgd-buckets")
 CASES = {"train": tuple(TRAIN_CONFIGS), "resume": RESUME_LABELS, "buckets": BUCKET_LABELS,
          "collectives": COLLECTIVE_LABELS, "digits": (*DIGITS_METHODS, *DIGITS_TRAIN)}
 

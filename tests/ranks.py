@@ -427,9 +427,9 @@ def scenario_train() -> None:
 
 def scenario_buckets() -> None:
     """bucket_cap_mb: the buckets are formed in reverse model order, by method, closed at the cap; a bucket's averaged
-    gradients are exactly those of its reduction run alone on the concatenation of its members' gradients (with a
-    fresh state made for the concatenation and its first member's context), for a method with agreed values and
-    draws (TernGrad) and one with error feedback (top-k); a checkpoint made with other buckets is refused."""
+    gradients are exactly those of its reduction run alone on its members' gradients (with a fresh bucket state made
+    with its first member's context), for a method with agreed values and draws (TernGrad), one with error feedback
+    (top-k) and PowerSGD's matrices; a checkpoint made with other buckets is refused."""
     for label in BUCKET_LABELS:
         config = TRAIN_CONFIGS[label]
         model = mlp()
@@ -441,17 +441,17 @@ def scenario_buckets() -> None:
             if slot.bucket:
                 buckets.setdefault(slot.bucket, []).append(index)
         # fresh states for the reference, made before the optimizer's step changes the bucket's own
-        references = {first: slots[members[0]].choice.reduction.init_state(
-            torch.cat([slots[m].param.detach().reshape(-1) for m in members]), slots[members[0]].ctx)
-            for first, members in buckets.items()}
+        references = {first: slots[members[0]].choice.reduction.init_bucket_state(
+            [slots[m].param.detach() for m in members], slots[members[0]].ctx) for first, members in buckets.items()}
         x, y = batches(1, seed=hvd.rank())[0]
         optimizer.zero_grad()
         nn.functional.cross_entropy(model(x), y).backward()
         grads = [slot.param.grad.clone() for slot in slots]
         optimizer.synchronize()
         with case("buckets", label):
-            expected = ({"2.bias": [2, 3], "4.bias": [4, 5]} if label == "mixed-buckets" else
-                        {"0.bias": [0, 1], "2.bias": [2, 3, 4, 5]})  # powersgd's 0.weight: alone (not bucketable)
+            expected = {"mixed-buckets": {"2.bias": [2, 3], "4.bias": [4, 5]},  # powersgd: 0.weight alone
+                        "topk-buckets": {"0.bias": [0, 1], "2.bias": [2, 3, 4, 5]},
+                        "powersgd-buckets": {"0.weight": [1, 3, 5]}}[label]
             assert buckets == expected, buckets
             for first, members in buckets.items():
                 reduction = slots[members[0]].choice.reduction
@@ -542,8 +542,9 @@ def scenario_powersgd_reference() -> None:
     """On the same gradients, hvdcomp's PowerSGD gives the averaged gradient of PyTorch's own powerSGD_hook
     (DDP over gloo, one bucket) within 1e-5 relative, step after step: dense warm-up, then warm start and error
     feedback; per layer, and with ``batch_tensors_with_same_shape`` (two of the model's four matrices share a shape)
-    on both sides. PyTorch's hook draws its first Q from its own generator; it is given hvdcomp's (drawn from the
-    shared seed) before its first compressed step. The replicas stay identical."""
+    on both sides; each way per parameter and in one bucket (``bucket_cap_mb``: the Ps of all four matrices summed in
+    one allreduce, the Qs in another, as the hook does). PyTorch's hook draws its first Q from its own generator; it is
+    given hvdcomp's (drawn from the shared seed) before its first compressed step. The replicas stay identical."""
     import socket
 
     import torch.distributed as dist
@@ -563,7 +564,7 @@ def scenario_powersgd_reference() -> None:
         return nn.Sequential(nn.Linear(32, 48), nn.ReLU(), nn.Linear(48, 48), nn.ReLU(), nn.Linear(48, 48), nn.ReLU(),
                              nn.Linear(48, 10))
 
-    for batched in (False, True):
+    for batched, bucket_mb in ((False, 0), (True, 0), (False, 1), (True, 1)):
         theirs, ours = model(), model()
         ddp = nn.parallel.DistributedDataParallel(theirs, bucket_cap_mb=1000)  # one bucket holds every gradient
         state = powersgd.PowerSGDState(process_group=None, matrix_approximation_rank=rank_r,
@@ -573,11 +574,17 @@ def scenario_powersgd_reference() -> None:
         options = {"rank": rank_r, "start_iter": start_iter, "batch_tensors_with_same_shape": batched}
         optimizer = hvdcomp.DistributedOptimizer(
             torch.optim.SGD(ours.parameters(), lr=0.1), named_parameters=ours.named_parameters(),
-            compression={"method": "powersgd", "options": options, "min_numel": 0})
-        initial_q = {name: entry["state"]["q"].clone() for name, entry in optimizer.state_dict()["hvdcomp"].items()}
+            compression={"method": "powersgd", "options": options, "min_numel": 0, "bucket_cap_mb": bucket_mb})
+        saved = optimizer.state_dict()["hvdcomp"]
+        if bucket_mb:  # one state, its members' in name order
+            members = saved["0.weight"]["state"]["members"]
+            initial_q = {name: member["q"].clone() for name, member in zip(sorted(saved), members, strict=True)}
+        else:
+            initial_q = {name: entry["state"]["q"].clone() for name, entry in saved.items()}
         assert sorted(initial_q) == ["0.weight", "2.weight", "4.weight", "6.weight"], sorted(initial_q)
         formed = {tuple(members) for members in optimizer._batches.values()}  # the optimizer's, by slot index
-        assert formed == ({(3, 5)} if batched else set()), formed  # slots by name: 0.bias, 0.weight, 2.bias, ...
+        expected = {(1, 3, 5, 7)} if bucket_mb else {(3, 5)} if batched else set()  # by name: 0.bias, 0.weight, ...
+        assert formed == expected, formed
         names = {id(p): name for name, p in theirs.named_parameters()}
 
         def hook(hook_state, bucket, names=names, initial_q=initial_q):  # no annotations: DDP checks them, and
@@ -607,16 +614,16 @@ def scenario_powersgd_reference() -> None:
             optimizer.synchronize()
             for (name, a), b in zip(ours.named_parameters(), theirs.parameters(), strict=True):
                 error = ((a.grad - b.grad).norm() / b.grad.norm()).item()
-                assert error < 1e-5, (f"{name} (batched {batched}): relative difference {error:.2e} from PyTorch's "
-                                      "powerSGD_hook")
+                assert error < 1e-5, (f"{name} (batched {batched}, bucket {bucket_mb} MiB): relative difference "
+                                      f"{error:.2e} from PyTorch's powerSGD_hook")
                 worst = max(worst, error)
             with optimizer.skip_synchronize():
                 optimizer.step()
             reference.step()
         assert state.iter == steps, state.iter
-        assert_identical_across_ranks(ours, f"powersgd_reference batched {batched}")
-        print(f"powersgd_reference: batched {batched}: worst relative difference {worst:.2e} over {steps} steps "
-              f"rank {hvd.rank()}", flush=True)
+        assert_identical_across_ranks(ours, f"powersgd_reference batched {batched} bucket {bucket_mb}")
+        print(f"powersgd_reference: batched {batched}, bucket {bucket_mb} MiB: worst relative difference {worst:.2e} "
+              f"over {steps} steps rank {hvd.rank()}", flush=True)
     dist.destroy_process_group()
 
 

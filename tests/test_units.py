@@ -378,19 +378,22 @@ def test_a_beacon_listens_only_on_the_addresses_it_advertises() -> None:
 
 def test_buckets_close_at_the_cap_per_method_and_dtype() -> None:
     """bucket_cap_mb: in the order given, a bucket per method (with its options and collective), dtype and device,
-    closed once it holds the cap; methods that may not be bucketed (PowerSGD) and dense parameters stay out, and a
-    bucket of one is no bucket."""
+    closed once it holds the cap; a method that may not be bucketed (the sketch) and dense parameters stay out, and a
+    bucket of one is no bucket. PowerSGD's matrices bucket too (its reduction factors each)."""
     config = CompressionConfig.parse({"method": "topk", "min_numel": 100, "bucket_cap_mb": 1,
                                       "overrides": [{"match": "q*", "method": "qsgd"},
-                                                    {"match": "p*", "method": "powersgd"}]})
+                                                    {"match": "p*", "method": "powersgd"},
+                                                    {"match": "s*", "method": "sketch"}]})
     quarter = 2**16  # float32 entries in a quarter of a MiB
-    shapes = {"t1": (quarter,), "q1": (quarter,), "t2": (2 * quarter,), "small": (10,), "p1": (512, 512),
-              "p2": (512, 512), "t3": (quarter,), "t4": (quarter,), "h": (quarter,), "q2": (quarter,), "t5": (8,)}
+    shapes = {"t1": (quarter,), "q1": (quarter,), "t2": (2 * quarter,), "small": (10,), "p1": (256, 256),
+              "p2": (256, 256), "t3": (quarter,), "t4": (quarter,), "h": (quarter,), "q2": (quarter,), "t5": (8,),
+              "s1": (quarter,), "s2": (quarter,)}
     planned = []
     for name, shape in shapes.items():
         dtype = torch.float16 if name == "h" else torch.float32
         planned.append((torch.empty(shape, dtype=dtype), config.choose(name, shape, 2)))
-    assert config.buckets(planned) == [[0, 2, 6], [1, 9]]  # t1 t2 t3 reach 1 MiB; t4 and h alone; q1 q2 open
+    # t1 t2 t3 reach 1 MiB; t4 and h alone; p1 p2 and q1 q2 open; s1 s2 never
+    assert config.buckets(planned) == [[0, 2, 6], [4, 5], [1, 9]]
     assert CompressionConfig.parse({"method": "topk"}).buckets(planned) == []
 
 

@@ -38,6 +38,11 @@ Knobs, as PyTorch's ``PowerSGDState`` names them where they exist:
   of its gradients is ready in backward, so the first ones wait for it. Off by default, as in PyTorch. The optimizer
   forms the batches (:meth:`PowerSGDReduction.batch_key`), the same on every rank.
 
+With the config's ``bucket_cap_mb`` the optimizer hands PowerSGD each bucket of matrices once its last gradient is
+ready, and it reduces the bucket as PyTorch's hook reduces a DDP bucket: each matrix factored on its own (with
+``batch_tensors_with_same_shape``, the bucket's matrices of one shape as one batch), the Ps of the whole bucket summed
+in one allreduce and its Qs in another.
+
 Orthogonalization is Gram-Schmidt for r <= 2 and QR above (as PyTorch). The first Q is drawn from the
 parameter's rank-independent seed, so every rank starts from the same Q with no broadcast.
 """
@@ -100,7 +105,6 @@ class PowerSGD(Compressor):
     unbiased = False
     own_memory = True
     reduction = "powersgd"
-    bucketable = False  # it factors each gradient as a matrix (same shapes batch: batch_tensors_with_same_shape)
 
     def __init__(self, rank: int = 2, start_iter: int = 10, min_compression_rate: float = 2.0,
                  error_feedback: bool = True, warm_start: bool = True, orthogonalization_epsilon: float = 0.0,
@@ -223,7 +227,8 @@ class PowerSGD(Compressor):
 class PowerSGDReduction(ReductionMethod):
     """PowerSGD across ranks: :meth:`PowerSGD.power_step` with its two sums as allreduces; dense before
     ``start_iter``. Returns the sum over ranks (the optimizer averages). With ``batch_tensors_with_same_shape`` the
-    optimizer hands it the matrices of one shape together (:meth:`batch_key`, :meth:`reduce_batch`)."""
+    optimizer hands it the matrices of one shape together (:meth:`batch_key`, :meth:`reduce_batch`); with the
+    config's ``bucket_cap_mb``, a bucket's matrices (:meth:`reduce_bucket`)."""
 
     name = "powersgd"
     compressor: PowerSGD  # never wrapped: its memory is its own (own_memory)
@@ -238,21 +243,61 @@ class PowerSGDReduction(ReductionMethod):
         return repr(self), tuple(tensor.shape), tensor.dtype, tensor.device
 
     def reduce(self, tensor: torch.Tensor, state: State, ctx: Context) -> Reduction:
-        (total,) = yield from self.reduce_batch([tensor], [state], [ctx])
+        (total,) = yield from self._reduce([[0]], [tensor], [state], [ctx])
         return total
 
     def reduce_batch(self, tensors: Sequence[torch.Tensor], states: Sequence[State],
                      contexts: Sequence[Context]) -> Generator[Allreduce, Payload, list[torch.Tensor]]:
-        """The sums over ranks of tensors of one shape (the batch's steps are the same on every rank, as are its
-        members): one allreduce of the stacked gradients during the dense warm-up, then :meth:`PowerSGD.power_step`
-        on the batch."""
-        shape = tensors[0].shape
+        """The sums over ranks of tensors of one shape, as one batch (the batch's steps are the same on every rank,
+        as are its members)."""
+        return (yield from self._reduce([list(range(len(tensors)))], tensors, states, contexts))
+
+    def init_bucket_state(self, tensors: Sequence[torch.Tensor], ctx: Context) -> State:
+        """Each member's own state (its Q and residual), from the bucket's context derived per member."""
+        return {"members": [self.init_state(tensor, ctx.derive("member", i)) for i, tensor in enumerate(tensors)]}
+
+    def reduce_bucket(self, tensors: Sequence[torch.Tensor], state: State, ctx: Context) -> Reduction:
+        """A bucket as PyTorch's hook reduces a DDP bucket: each matrix factored on its own (those of one shape as one
+        batch with ``batch_tensors_with_same_shape``: they are all ready now), every P summed in one allreduce and
+        every Q in another. Each sum is flat."""
+        contexts = [ctx.derive("member", i) for i in range(len(tensors))]
+        groups: dict[Hashable, list[int]] = {}
+        for i, tensor in enumerate(tensors):
+            key = tensor.shape if self.compressor.batch_tensors_with_same_shape else i
+            groups.setdefault(key, []).append(i)
+        totals = yield from self._reduce(list(groups.values()), tensors, state["members"], contexts)
+        return [total.reshape(-1) for total in totals]
+
+    def _reduce(self, groups: Sequence[Sequence[int]], tensors: Sequence[torch.Tensor], states: Sequence[State],
+                contexts: Sequence[Context]) -> Generator[Allreduce, Payload, list[torch.Tensor]]:
+        """The sums over ranks of ``tensors``, each group of them (positions; those of a group share a shape) one
+        :meth:`PowerSGD.power_step`, the groups' steps run side by side with each of their allreduces fused into one;
+        during the dense warm-up, one allreduce of the gradients themselves."""
         if contexts[0].step < self.compressor.start_iter:  # dense warm-up: the gradients themselves, summed
-            (summed,) = yield Allreduce([tensors[0].float() if len(tensors) == 1 else
-                                         torch.stack([tensor.float() for tensor in tensors])])
-            return [summed] if len(tensors) == 1 else list(summed.unbind(0))
-        *_, total = yield from self.compressor.power_step(tensors, states, contexts, contexts[0].size)
-        return [total.view(shape)] if len(tensors) == 1 else [matrix.view(shape) for matrix in total.unbind(0)]
+            return (yield Allreduce([tensor.float() for tensor in tensors]))
+        steps = [self.compressor.power_step([tensors[i] for i in group], [states[i] for i in group],
+                                            [contexts[i] for i in group], contexts[0].size) for group in groups]
+        answers: list[Payload | None] = [None] * len(steps)
+        while True:
+            requests, done = [], []
+            for step, answer in zip(steps, answers, strict=True):  # every group's steps end in the same round
+                try:
+                    requests.append(step.send(answer))
+                except StopIteration as finished:
+                    done.append(finished.value)
+            if done:
+                assert len(done) == len(steps), "PowerSGD's groups took different numbers of allreduces"
+                break
+            summed = yield Allreduce([tensor for request in requests for tensor in request.tensors])
+            answers, at = [], 0
+            for request in requests:
+                answers.append(summed[at:at + len(request.tensors)])
+                at += len(request.tensors)
+        totals: list[torch.Tensor] = list(tensors)
+        for group, (*_, total) in zip(groups, done, strict=True):
+            for j, i in enumerate(group):
+                totals[i] = (total if len(group) == 1 else total[j]).view(tensors[i].shape)
+        return totals
 
     # Costs for the performance model: the compressor's measured encode (M Q, orthogonalizations, M^T P) is
     # split evenly around the first allreduce; P and Q travel in their own allreduces (fused across layers).

@@ -11,7 +11,9 @@ the default ``min_numel``:
 * ``per_tensor``: each compressed gradient encoded (statistics, compression, the wire's packing for gathered
   payloads) and decoded (the sum of one payload), one after another, as ``hvdcomp profile`` measures them;
 * ``buckets``: the same, each bucket (:meth:`hvdcomp.config.CompressionConfig.buckets`, in reverse model order) as one
-  tensor, its concatenation included; gradients left alone by the buckets as before.
+  tensor, its concatenation included; gradients left alone by the buckets as before. PowerSGD, which reduces a bucket
+  its own way (each matrix factored, the Ps and Qs of all summed together), runs its bucket's reduction as one rank
+  would (each allreduce's sum this rank's own tensors).
 
 Both are one function per step, timed in interleaved rounds by ``hvdcomp.tools.bench.timed`` (CUDA events with L2
 flushed between calls on a GPU; the host clock on CPU). The methods' states are kept across calls (residuals grow), as
@@ -31,8 +33,10 @@ import torch
 
 from hvdcomp import wire
 from hvdcomp.compressor import STEADY_STEP, Compressor, Context
-from hvdcomp.config import CompressionConfig
+from hvdcomp.config import Choice, CompressionConfig, edges
 from hvdcomp.methods import METHODS
+from hvdcomp.reductions import ReductionMethod
+from hvdcomp.requests import Allreduce
 from hvdcomp.tools.bench import clock_fields, timed, timing_fields
 
 REPO = Path(__file__).resolve().parents[2]
@@ -84,13 +88,42 @@ def _coder(compressor: Compressor, tensor: torch.Tensor, seed: str) -> Callable[
     return code
 
 
+def _bucket_coder(choice: Choice, members: list[torch.Tensor], seed: str) -> Callable[[list[torch.Tensor]], Any]:
+    """A bucket's encode and decode, with its own state, as a function of its members' gradients: the concatenation's
+    (:func:`_coder`), or where the reduction reduces a bucket its own way (PowerSGD), that reduction on one rank."""
+    reduction = choice.reduction
+    assert reduction is not None
+    if type(reduction).reduce_bucket is ReductionMethod.reduce_bucket:
+        code = _coder(choice.compressor, torch.cat([grad.reshape(-1) for grad in members]), seed)
+
+        def concatenated(grads: list[torch.Tensor]) -> Any:
+            return code(torch.cat([grad.reshape(-1) for grad in grads])).split([grad.numel() for grad in grads])
+        return concatenated
+    ctx = Context.local(members[0], name=seed, step=STEADY_STEP)
+    state = reduction.init_bucket_state(members, ctx)
+
+    def own(grads: list[torch.Tensor]) -> Any:
+        steps, answer = reduction.reduce_bucket(grads, state, ctx), None
+        while True:
+            try:
+                request = steps.send(answer)
+            except StopIteration as done:
+                return done.value
+            if not isinstance(request, Allreduce):
+                raise TypeError(f"{reduction.name}'s bucket asked for {type(request).__name__}: only allreduces "
+                                "are answered here")
+            answer = request.tensors  # one rank's sum
+    return own
+
+
 def measure(method: str, device: torch.device, cap_mb: float, repeats: int) -> dict[str, Any]:
     config = CompressionConfig.parse({"method": method, "bucket_cap_mb": cap_mb})
     generator = torch.Generator().manual_seed(0)
     planned = []  # reverse model order: the order backward readies the gradients in
+    edge = edges([name for name, _ in resnet50_shapes()])  # what LGC (dense_edges) leaves dense, as in training
     for name, shape in reversed(resnet50_shapes()):
         grad = torch.randn(shape, generator=generator).to(device)
-        planned.append((name, grad, config.choose(name, grad.shape, 2)))
+        planned.append((name, grad, config.choose(name, grad.shape, 2, edge=name in edge)))
     compressed = [(name, grad, choice) for name, grad, choice in planned if choice.compressor is not None]
     buckets = config.buckets([(grad, choice) for _, grad, choice in compressed])
     in_bucket = {position for bucket in buckets for position in bucket}
@@ -98,8 +131,7 @@ def measure(method: str, device: torch.device, cap_mb: float, repeats: int) -> d
     units = [(grad, coder) for position, (grad, coder) in enumerate(per_tensor) if position not in in_bucket]
     for bucket in buckets:
         members = [compressed[position][1] for position in bucket]
-        flat = torch.cat([grad.reshape(-1) for grad in members])
-        units.append((members, _coder(compressed[bucket[0]][2].compressor, flat, compressed[bucket[0]][0])))
+        units.append((members, _bucket_coder(compressed[bucket[0]][2], members, compressed[bucket[0]][0])))
 
     def step_per_tensor() -> None:
         for grad, code in per_tensor:
@@ -107,11 +139,7 @@ def measure(method: str, device: torch.device, cap_mb: float, repeats: int) -> d
 
     def step_buckets() -> None:
         for grads, code in units:
-            if isinstance(grads, list):
-                total = code(torch.cat([grad.reshape(-1) for grad in grads]))
-                total.split([grad.numel() for grad in grads])
-            else:
-                code(grads)
+            code(grads)
 
     timings = timed({"per_tensor": step_per_tensor, "buckets": step_buckets}, device, repeats)
     row: dict[str, Any] = {
