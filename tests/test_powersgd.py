@@ -118,6 +118,43 @@ def test_a_batch_of_one_shape_gives_each_matrix_what_it_gets_alone(warm_start: b
             torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("batched", [False, True])
+def test_a_bucket_gives_each_matrix_what_it_gets_alone(batched: bool) -> None:
+    """``bucket_cap_mb``: a bucket of matrices of several shapes (two of one shape; one channels-last, as a conv
+    weight's gradient may be) gives each its own sum, residual and next Q, as if reduced alone with its member's
+    context (to float rounding), step after step, in one allreduce of the dense gradients during the warm-up and two
+    allreduces (every P, then every Q) after it, each of contiguous tensors, as Horovod needs."""
+    from hvdcomp.methods.powersgd import PowerSGDReduction
+
+    generator = torch.Generator().manual_seed(2)
+    shapes = [(40, 6, 5), (24, 3, 2, 2), (40, 6, 5), (16, 20)]
+    reduction = PowerSGDReduction(PowerSGD(start_iter=1, batch_tensors_with_same_shape=batched))
+    ctx = Context.local(torch.zeros(1), seed=3, name="bucket")
+    members = [ctx.derive("member", i) for i in range(len(shapes))]
+    bucket = reduction.init_bucket_state([torch.zeros(shape) for shape in shapes], ctx)
+    alone = [reduction.init_state(torch.zeros(shape), member) for shape, member in zip(shapes, members, strict=True)]
+    for step in range(4):
+        grads = [torch.randn(shape, generator=generator) for shape in shapes]
+        grads[1] = grads[1].to(memory_format=torch.channels_last)
+        expected = [_one_rank(reduction.reduce(grad.clone(), state, replace(member, step=step)))
+                    for grad, state, member in zip(grads, alone, members, strict=True)]
+        steps = reduction.reduce_bucket([grad.clone() for grad in grads], bucket, replace(ctx, step=step))
+        allreduces = 0
+        request = next(steps)
+        try:
+            while True:
+                allreduces += 1
+                assert all(tensor.is_contiguous() for tensor in request.tensors), step
+                request = steps.send(request.tensors)
+        except StopIteration as done:
+            got = done.value
+        assert allreduces == (1 if step == 0 else 2), (step, allreduces)
+        for mine, theirs in zip(got, expected, strict=True):
+            torch.testing.assert_close(mine, theirs.reshape(-1), rtol=1e-5, atol=1e-6)
+        for mine, theirs in zip(bucket["members"], alone, strict=True):
+            torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)
+
+
 def test_batch_option_is_checked() -> None:
     with pytest.raises(ValueError, match="batch_tensors_with_same_shape must be true or false"):
         PowerSGD(batch_tensors_with_same_shape=1)

@@ -274,7 +274,8 @@ class PowerSGDReduction(ReductionMethod):
         :meth:`PowerSGD.power_step`, the groups' steps run side by side with each of their allreduces fused into one;
         during the dense warm-up, one allreduce of the gradients themselves."""
         if contexts[0].step < self.compressor.start_iter:  # dense warm-up: the gradients themselves, summed
-            return (yield Allreduce([tensor.float() for tensor in tensors]))
+            return (yield Allreduce([tensor.to(torch.float32, memory_format=torch.contiguous_format)
+                                     for tensor in tensors]))  # (Horovod reduces contiguous tensors only)
         steps = [self.compressor.power_step([tensors[i] for i in group], [states[i] for i in group],
                                             [contexts[i] for i in group], contexts[0].size) for group in groups]
         answers: list[Payload | None] = [None] * len(steps)
