@@ -12,8 +12,8 @@ Each step:
    typed requests (:mod:`hvdcomp.requests`) run as Horovod collectives (:mod:`hvdcomp.collectives`): what it
    asks for is started at once, so compression and communication overlap the rest of backward, until it asks
    for agreed values. Parameters that a reduction batches (PowerSGD's ``batch_tensors_with_same_shape``), and
-   the config's buckets (``bucket_cap_mb``: gradients of one method compressed concatenated), start together, in
-   one reduction, once the last of them has its gradient.
+   the config's buckets (``bucket_cap_mb``: gradients of one method, reduced by its ``reduce_bucket``), start
+   together, in one reduction, once the last of them has its gradient.
 2. When every compressed parameter has started, one small collective (the *vote*) carries each parameter's
    non-finite flag, a fingerprint of every parameter's plan, and every value methods asked to agree on
    (TernGrad's scalers): one collective per step, not one per layer. Reductions waiting on it (gated
@@ -505,7 +505,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 assert isinstance(first, _Compressed)
                 first.members = [work.slot for work in works]
                 grads = [work.slot.param.grad for work in works]
-                if slot.bucket:  # concatenated, as one tensor, with the bucket's state and first member's context
+                if slot.bucket:  # by the reduction's reduce_bucket, with the bucket's state and first member's context
                     for work, flag in zip(works, self._input_flags(grads, slot.choice.compressor).split(1),
                                           strict=True):
                         work.flag = flag
@@ -752,7 +752,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if bucket != slot.bucket:
                 raise ValueError(f"checkpoint's parameter {slot.name!r} was compressed {_bucket_text(bucket)}, here "
                                  f"{_bucket_text(slot.bucket)}: the bucket_cap_mb of the compression config must be "
-                                 "the checkpoint's")
+                                 "the checkpoint's (one saved by an hvdcomp that compressed this method alone whatever "
+                                 "bucket_cap_mb resumes with bucket_cap_mb: 0)")
         super().load_state_dict(state_dict)
         self._reset_step()
         self._synchronized = False

@@ -39,7 +39,7 @@ TRAIN_CONFIGS: dict[str, object] = {
     "mixed-buckets": {"method": "terngrad", "min_numel": 0, "bucket_cap_mb": 0.02,
                       "overrides": [{"match": "4.*", "method": "qsgd"}, {"match": "0.*", "method": "powersgd"}]},
     # PowerSGD's three matrices (of three shapes) in one bucket
-    "powersgd-buckets": {"method": "powersgd", "options": {"start_iter": 0, "batch_tensors_with_same_shape": True},
+    "powersgd-buckets": {"method": "powersgd", "options": {"start_iter": 1, "batch_tensors_with_same_shape": True},
                          "min_numel": 0, "bucket_cap_mb": 1},
 }
 

@@ -254,13 +254,19 @@ class PowerSGDReduction(ReductionMethod):
 
     def init_bucket_state(self, tensors: Sequence[torch.Tensor], ctx: Context) -> State:
         """Each member's own state (its Q and residual), from the bucket's context derived per member."""
-        return {"members": [self.init_state(tensor, ctx.derive("member", i)) for i, tensor in enumerate(tensors)]}
+        return {"members": [self.init_state(tensor, member)
+                            for tensor, member in zip(tensors, self._members(ctx, len(tensors)), strict=True)]}
+
+    @staticmethod
+    def _members(ctx: Context, count: int) -> list[Context]:
+        """The contexts of a bucket's ``count`` members: the bucket's, derived per member."""
+        return [ctx.derive("member", i) for i in range(count)]
 
     def reduce_bucket(self, tensors: Sequence[torch.Tensor], state: State, ctx: Context) -> Reduction:
         """A bucket as PyTorch's hook reduces a DDP bucket: each matrix factored on its own (those of one shape as one
         batch with ``batch_tensors_with_same_shape``: they are all ready now), every P summed in one allreduce and
         every Q in another. Each sum is flat."""
-        contexts = [ctx.derive("member", i) for i in range(len(tensors))]
+        contexts = self._members(ctx, len(tensors))
         groups: dict[Hashable, list[int]] = {}
         for i, tensor in enumerate(tensors):
             key = tensor.shape if self.compressor.batch_tensors_with_same_shape else i
@@ -289,7 +295,8 @@ class PowerSGDReduction(ReductionMethod):
             if done:
                 assert len(done) == len(steps), "PowerSGD's groups took different numbers of allreduces"
                 break
-            summed = yield Allreduce([tensor for request in requests for tensor in request.tensors])
+            summed = yield Allreduce([tensor for request in requests for tensor in request.tensors],
+                                     tuple(op for request in requests for op in request.ops))
             answers, at = [], 0
             for request in requests:
                 answers.append(summed[at:at + len(request.tensors)])
