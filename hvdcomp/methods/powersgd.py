@@ -63,6 +63,8 @@ from hvdcomp.requests import Allreduce, Reduction
 from hvdcomp.wire import Payload
 
 _generators: dict[torch.device, torch.Generator] = {}
+#: matrices factored together (:meth:`PowerSGD.power_step`): tensors of one shape, their states and contexts
+Group = tuple[Sequence[torch.Tensor], Sequence[State], Sequence[Context]]
 
 if TYPE_CHECKING:
     from hvdcomp.perfmodel.schema import Encoded
@@ -162,61 +164,68 @@ class PowerSGD(Compressor):
             state["residual"] = torch.zeros(tensor.shape, dtype=torch.float32, device=tensor.device)
         return state
 
-    def start(self, tensors: Sequence[torch.Tensor], states: Sequence[State],
-              contexts: Sequence[Context]) -> tuple[torch.Tensor, torch.Tensor]:
-        """This step's M (float32, n x m; a batch b x n x m for several tensors of one shape) and starting Q
-        (m x r, or b x m x r), orthonormalized. M is the gradient plus the residual, built in the residual's
-        buffer (a batch: in each residual, then stacked); Q is last step's (warm start) or a new draw."""
-        shape = tensors[0].shape
-        n = shape[0]
+    def start(self, groups: Sequence[Group]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each group's M (float32, n x m; a batch b x n x m for several tensors of one shape) and starting Q (m x r, or
+        b x m x r), orthonormalized. M is the gradient plus the residual, built in the residual's buffer (every
+        group's in one launch; a batch's then stacked); Q is last step's (warm start) or a new draw."""
         if self.error_feedback:
-            residuals = [state["residual"] for state in states]
-            torch._foreach_add_(residuals, list(tensors))
-            matrices = [residual.view(n, -1) for residual in residuals]
-        else:
-            matrices = [tensor.detach().float().reshape(n, -1) for tensor in tensors]
-        if self.warm_start:
-            qs = [state["q"] for state in states]
-        else:
-            qs = [self._q(shape, ctx.device, derive_seed(ctx.shared_seed, ctx.step)) for ctx in contexts]
-        if len(tensors) == 1:
-            return matrices[0], orthogonalize(qs[0], self.orthogonalization_epsilon)
-        return torch.stack(matrices), orthogonalize(torch.stack(qs), self.orthogonalization_epsilon)
+            torch._foreach_add_([state["residual"] for _, states, _ in groups for state in states],
+                                [tensor for tensors, _, _ in groups for tensor in tensors])
+        started = []
+        for tensors, states, contexts in groups:
+            shape = tensors[0].shape
+            n = shape[0]
+            if self.error_feedback:
+                matrices = [state["residual"].view(n, -1) for state in states]
+            else:
+                matrices = [tensor.detach().float().reshape(n, -1) for tensor in tensors]
+            if self.warm_start:
+                qs = [state["q"] for state in states]
+            else:
+                qs = [self._q(shape, ctx.device, derive_seed(ctx.shared_seed, ctx.step)) for ctx in contexts]
+            if len(tensors) == 1:
+                started.append((matrices[0], orthogonalize(qs[0], self.orthogonalization_epsilon)))
+            else:
+                started.append((torch.stack(matrices), orthogonalize(torch.stack(qs), self.orthogonalization_epsilon)))
+        return started
 
-    def power_step(self, tensors: Sequence[torch.Tensor], states: Sequence[State], contexts: Sequence[Context],
-                   ranks: int) -> Generator[Allreduce, Payload, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """Algorithm 1 (module docstring) on one tensor or a batch of one shape, the one place its equations are
-        written: a generator that yields the two sums over ``ranks`` ranks (P, then Q) and returns (P, Q averaged
-        over the ranks, M_hat summed over them), each stacked for a batch. :class:`PowerSGDReduction` runs it across
-        ranks; :meth:`compress` on one rank."""
-        matrix, q = self.start(tensors, states, contexts)
-        (p,) = yield Allreduce([matrix @ q])  # P = M Q, summed: its scale is lost next
-        orthogonalize(p, self.orthogonalization_epsilon)
-        (q,) = yield Allreduce([matrix.transpose(-2, -1) @ p])  # Q = M^T P, summed
-        total = p @ q.transpose(-2, -1)  # M_hat summed over ranks: what a reduction returns
-        q.div_(ranks)  # Q averaged, as PyTorch's hook keeps it, for the next step's warm start
-        if len(tensors) == 1:
-            if self.error_feedback:  # E <- M - M_hat, in the residual's buffer
-                matrix.sub_(total, alpha=1 / ranks)
-            states[0]["q"] = q
-            return p, q, total
-        if self.error_feedback:  # E <- M - M_hat, in the stacked copy, then back into each residual
-            torch._foreach_copy_([state["residual"].view(matrix.shape[1:]) for state in states],
-                                 list(matrix.sub_(total, alpha=1 / ranks).unbind(0)))
-        torch._foreach_copy_([state["q"] for state in states], list(q.unbind(0)))
-        return p, q, total
+    def power_step(self, groups: Sequence[Group], ranks: int
+                   ) -> Generator[Allreduce, Payload, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]]:
+        """Algorithm 1 (module docstring) on groups of matrices, each one tensor or a batch of one shape, the one place
+        its equations are written: a generator that yields the two sums over ``ranks`` ranks (every group's P, then
+        every group's Q, each in one request) and returns, per group, (P, Q averaged over the ranks, M_hat summed over
+        them), each stacked for a batch. :class:`PowerSGDReduction` runs it across ranks; :meth:`compress` on one
+        rank."""
+        started = self.start(groups)
+        ps = yield Allreduce([matrix @ q for matrix, q in started])  # P = M Q, summed: its scale is lost next
+        for p in ps:
+            orthogonalize(p, self.orthogonalization_epsilon)
+        qs = yield Allreduce([matrix.transpose(-2, -1) @ p for (matrix, _), p in zip(started, ps, strict=True)])
+        totals = [p @ q.transpose(-2, -1) for p, q in zip(ps, qs, strict=True)]  # M_hat summed: what is returned
+        torch._foreach_div_(qs, ranks)  # Q (summed above) averaged, as PyTorch's hook keeps it, for the warm start
+        if self.error_feedback:  # E <- M - M_hat, in the residual's buffer (a batch: its stacked copy, copied below)
+            torch._foreach_add_([matrix for matrix, _ in started], totals, alpha=-1 / ranks)
+        for (tensors, states, _), (matrix, _), q in zip(groups, started, qs, strict=True):
+            if len(tensors) == 1:
+                states[0]["q"] = q
+                continue
+            if self.error_feedback:
+                torch._foreach_copy_([state["residual"].view(matrix.shape[1:]) for state in states],
+                                     list(matrix.unbind(0)))
+            torch._foreach_copy_([state["q"] for state in states], list(q.unbind(0)))
+        return list(zip(ps, qs, totals, strict=True))
 
     def compress(self, tensor: torch.Tensor, state: State, ctx: Context,
                  agreed: torch.Tensor | None = None) -> tuple[Payload, Any]:
         """One rank's PowerSGD on its own (:meth:`power_step`, each sum over this rank alone): the payload is
         (P, Q) with M_hat = P Q^T. This serves benchmarks and profiles; training runs the reduction."""
-        steps = self.power_step([tensor], [state], [ctx], ranks=1)
+        steps = self.power_step([([tensor], [state], [ctx])], ranks=1)
         try:
             request = next(steps)
             while True:
                 request = steps.send(request.tensors)
         except StopIteration as done:
-            p, q, _ = done.value
+            ((p, q, _),) = done.value
         return [p, q], tensor.shape
 
     def decompress(self, payload: Payload, meta: Any) -> torch.Tensor:
@@ -276,33 +285,17 @@ class PowerSGDReduction(ReductionMethod):
 
     def _reduce(self, groups: Sequence[Sequence[int]], tensors: Sequence[torch.Tensor], states: Sequence[State],
                 contexts: Sequence[Context]) -> Generator[Allreduce, Payload, list[torch.Tensor]]:
-        """The sums over ranks of ``tensors``, each group of them (positions; those of a group share a shape) one
-        :meth:`PowerSGD.power_step`, the groups' steps run side by side with each of their allreduces fused into one;
-        during the dense warm-up, one allreduce of the gradients themselves."""
+        """The sums over ranks of ``tensors`` by :meth:`PowerSGD.power_step` on ``groups`` of them (positions; those of
+        a group share a shape and are stacked as one batch); during the dense warm-up, one allreduce of the gradients
+        themselves."""
         if contexts[0].step < self.compressor.start_iter:  # dense warm-up: the gradients themselves, summed
             return (yield Allreduce([tensor.to(torch.float32, memory_format=torch.contiguous_format)
                                      for tensor in tensors]))  # (Horovod reduces contiguous tensors only)
-        steps = [self.compressor.power_step([tensors[i] for i in group], [states[i] for i in group],
-                                            [contexts[i] for i in group], contexts[0].size) for group in groups]
-        answers: list[Payload | None] = [None] * len(steps)
-        while True:
-            requests, done = [], []
-            for step, answer in zip(steps, answers, strict=True):  # every group's steps end in the same round
-                try:
-                    requests.append(step.send(answer))
-                except StopIteration as finished:
-                    done.append(finished.value)
-            if done:
-                assert len(done) == len(steps), "PowerSGD's groups took different numbers of allreduces"
-                break
-            summed = yield Allreduce([tensor for request in requests for tensor in request.tensors],
-                                     tuple(op for request in requests for op in request.ops))
-            answers, at = [], 0
-            for request in requests:
-                answers.append(summed[at:at + len(request.tensors)])
-                at += len(request.tensors)
+        factored = yield from self.compressor.power_step(
+            [([tensors[i] for i in g], [states[i] for i in g], [contexts[i] for i in g]) for g in groups],
+            contexts[0].size)
         totals: list[torch.Tensor] = list(tensors)
-        for group, (*_, total) in zip(groups, done, strict=True):
+        for group, (*_, total) in zip(groups, factored, strict=True):
             for j, i in enumerate(group):
                 totals[i] = (total if len(group) == 1 else total[j]).view(tensors[i].shape)
         return totals

@@ -190,9 +190,10 @@ def drive(steps: Reduction) -> torch.Tensor:
 
 
 def count(method: str, numel: int, device: torch.device, options: dict[str, Any] | None = None,
-          batch: int = 1) -> dict[str, Any]:
+          batch: int = 1, bucket: bool = False) -> dict[str, Any]:
     """One steady step of ``method``'s default reduction on one rank, counted; ``batch`` > 1: that many tensors of one
-    shape reduced together (PowerSGD's ``batch_tensors_with_same_shape``), the counts then per tensor."""
+    shape reduced together, the counts then per tensor: as the reduction's batch (PowerSGD's
+    ``batch_tensors_with_same_shape``), or with ``bucket`` as a bucket of the config's ``bucket_cap_mb``."""
     compressor = make_compressor(method, options)
     shape = bench_shape(compressor, numel)
     reduction = reductions.make(reductions.choose(compressor, "auto", 2), compressor)
@@ -200,6 +201,8 @@ def count(method: str, numel: int, device: torch.device, options: dict[str, Any]
     xs = [torch.randn(shape, generator=generator).to(device) for _ in range(batch)]
     states = [reduction.init_state(x, Context.local(x, seed=1, name=f"tensor{i}", step=STEADY_STEP))
               for i, x in enumerate(xs)]
+    if bucket:
+        states = [reduction.init_bucket_state(xs, Context.local(xs[0], seed=1, name="tensor0", step=STEADY_STEP))]
     _host_values.clear()
     _host_storages.clear()
 
@@ -207,7 +210,8 @@ def count(method: str, numel: int, device: torch.device, options: dict[str, Any]
         contexts = [Context.local(x, seed=1, name=f"tensor{i}", step=at) for i, x in enumerate(xs)]
         grads = [x.clone() for x in xs]  # the reduction may work in place: a fresh copy, not counted
         with counted if counted is not None else contextlib.nullcontext():
-            drive(reduction.reduce(grads[0], states[0], contexts[0]) if batch == 1 else
+            drive(reduction.reduce_bucket(grads, states[0], contexts[0]) if bucket else
+                  reduction.reduce(grads[0], states[0], contexts[0]) if batch == 1 else
                   reduction.reduce_batch(grads, states, contexts))
 
     # two steps first: lazily built buffers and caches, and a state made afresh past the warm-up catching up
@@ -222,7 +226,8 @@ def count(method: str, numel: int, device: torch.device, options: dict[str, Any]
     finally:
         _counting.pop()
     summary = mode.summary()
-    return {"method": method, "options": options or {}, "batch": batch, "reduction": reduction.name, "numel": numel,
+    return {"method": method, "options": options or {}, "batch": batch, "bucket": bucket, "reduction": reduction.name,
+            "numel": numel,
             "shape": list(shape), "path": "cuda" if device.type == "cuda" else
             "triton interpreter (the CUDA path, on CPU tensors)",
             **summary, "per_tensor": (summary["triton"] + summary["aten"]) / batch,
@@ -249,14 +254,18 @@ def main(argv: list[str] | None = None) -> int:
     rows = [count(method, args.numel, device, OPTIONS.get(method)) for method in (args.method or sorted(METHODS))]
     if "powersgd" in (args.method or METHODS):
         rows.append(count("powersgd", args.numel, device, {"batch_tensors_with_same_shape": True}, batch=4))
-    print(f"{'method':>16} {'reduction':>10} {'triton':>6} {'aten':>5} {'syncs':>5} {'per tensor':>10}  (one step of "
+        rows.append(count("powersgd", args.numel, device, batch=4, bucket=True))  # each matrix factored alone
+    if "lgc" in (args.method or METHODS):
+        rows.append(count("lgc", args.numel, device, OPTIONS["lgc"], batch=4, bucket=True))
+    print(f"{'method':>18} {'reduction':>10} {'triton':>6} {'aten':>5} {'syncs':>5} {'per tensor':>10}  (one step of "
           f"tensors of {args.numel} elements)")
     for row in rows:
-        label = row["method"] + (f" batch {row['batch']}" if row["batch"] > 1 else "")
-        print(f"{label:>16} {row['reduction']:>10} {row['triton']:>6} {row['aten']:>5} {row['syncs']:>5} "
+        together = "bucket" if row["bucket"] else "batch"
+        label = row["method"] + (f" {together} {row['batch']}" if row["batch"] > 1 else "")
+        print(f"{label:>18} {row['reduction']:>10} {row['triton']:>6} {row['aten']:>5} {row['syncs']:>5} "
               f"{row['per_tensor']:>10.1f}")
         if args.show_ops:
-            print(f"{'':>18}kernels {row['kernels']}\n{'':>18}operators {row['ops']}")
+            print(f"{'':>20}kernels {row['kernels']}\n{'':>20}operators {row['ops']}")
     stamp, tree = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()), commit()
     with args.out.open("a") as out:
         for row in rows:
