@@ -155,6 +155,26 @@ def test_a_bucket_gives_each_matrix_what_it_gets_alone(batched: bool) -> None:
             torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)
 
 
+def test_the_warm_up_sums_copies_and_leaves_the_gradients_as_they_are() -> None:
+    """During the dense warm-up a gradient (alone, or a bucket's) goes to the allreduce as a copy: Horovod sums in
+    place, in the background, and p.grad must not change under a reader before synchronize() writes the average."""
+    from hvdcomp.methods.powersgd import PowerSGDReduction
+
+    reduction = PowerSGDReduction(PowerSGD(start_iter=1))
+    grads = [torch.randn(8, 6), torch.randn(4, 3, 2, 2).to(memory_format=torch.channels_last)]
+    before = [grad.clone() for grad in grads]
+    ctx = Context.local(grads[0], seed=1)
+    for steps in (reduction.reduce(grads[0], reduction.init_state(grads[0], ctx), ctx),
+                  reduction.reduce_bucket(grads, reduction.init_bucket_state(grads, ctx), ctx)):
+        request = next(steps)
+        for tensor in request.tensors:
+            tensor.mul_(2)  # a sum over two ranks of equal gradients, in place, as Horovod's
+        with pytest.raises(StopIteration):
+            steps.send(request.tensors)
+    for grad, original in zip(grads, before, strict=True):
+        assert torch.equal(grad, original)
+
+
 def test_batch_option_is_checked() -> None:
     with pytest.raises(ValueError, match="batch_tensors_with_same_shape must be true or false"):
         PowerSGD(batch_tensors_with_same_shape=1)

@@ -289,8 +289,8 @@ class PowerSGDReduction(ReductionMethod):
         a group share a shape and are stacked as one batch); during the dense warm-up, one allreduce of the gradients
         themselves."""
         if contexts[0].step < self.compressor.start_iter:  # dense warm-up: the gradients themselves, summed
-            return (yield Allreduce([tensor.to(torch.float32, memory_format=torch.contiguous_format)
-                                     for tensor in tensors]))  # (Horovod reduces contiguous tensors only)
+            return (yield Allreduce([tensor.to(torch.float32, memory_format=torch.contiguous_format, copy=True)
+                                     for tensor in tensors]))  # contiguous, as Horovod needs; p.grad left as it is
         factored = yield from self.compressor.power_step(
             [([tensors[i] for i in g], [states[i] for i in g], [contexts[i] for i in g]) for g in groups],
             contexts[0].size)
