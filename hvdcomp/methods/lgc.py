@@ -66,7 +66,7 @@ A tensor whose k is under 4 x 2^downsample is kept dense (with a log line), as i
 Costs: stage 3 sends per rank, ring, an allreduce of k code_channels / 2^downsample floats plus the leader's
 broadcast of k int32 indices; ps, 8 k' bytes of innovation plus the leader's broadcast of the indices and code; both,
 the guard's 256 bytes. The guard decides on the host from its two sums (a :class:`~hvdcomp.requests.Read`): the
-optimizer copies every tensor's in one transfer a step, once the step's collectives are done. The autoencoder's
+optimizer copies every tensor's in one transfer a step, once no compressed collective is left. The autoencoder's
 compute runs on the tensor's device.
 
 A state made afresh (an elastic reset, a step skipped for a non-finite gradient) starts from the step counter: after
