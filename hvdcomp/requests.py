@@ -126,3 +126,32 @@ class Read:
 Request = Allreduce | Allgather | Alltoall | Broadcast | Agree | Read
 #: what a reduction is: yields requests, receives their results, returns the sum over ranks
 Reduction = Generator[Request, Any, torch.Tensor]
+
+
+def one_rank(request: Request) -> Any:
+    """What a job of one rank receives for ``request``: every sum, gather and agreement over this rank alone."""
+    if isinstance(request, Allreduce):
+        return list(request.tensors)
+    if isinstance(request, Allgather):
+        return [request.payload]
+    if isinstance(request, Alltoall):
+        return [request.payloads[0]]
+    if isinstance(request, Broadcast):
+        return request.payload
+    if isinstance(request, Read) or (isinstance(request, Agree) and request.host):
+        return request.values.cpu()
+    if isinstance(request, Agree):
+        return request.values
+    raise TypeError(f"unknown request {request!r}")
+
+
+def run_one_rank(steps: Generator[Request, Any, Any]) -> Any:
+    """Runs a reduction (or any generator of requests) to its end as a job of one rank would (:func:`one_rank`), with
+    no backend: benchmarks, profiles and tests of one process."""
+    answer = None
+    while True:
+        try:
+            request = steps.send(answer)
+        except StopIteration as done:
+            return done.value
+        answer = one_rank(request)

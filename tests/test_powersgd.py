@@ -3,9 +3,7 @@ memory, options. The comparison with PyTorch's own hook on real ranks is tests/r
 
 from __future__ import annotations
 
-from collections.abc import Generator
 from dataclasses import replace
-from typing import Any
 
 import pytest
 import torch
@@ -13,6 +11,7 @@ import torch
 from hvdcomp import CompressionConfig, Context, ErrorFeedback, PowerSGD
 from hvdcomp.error_feedback import with_memory
 from hvdcomp.methods.powersgd import orthogonalize
+from hvdcomp.requests import run_one_rank
 
 
 @pytest.mark.parametrize("rank", [1, 2, 4])
@@ -79,16 +78,6 @@ def test_bad_options_are_rejected(options: dict, message: str) -> None:
         PowerSGD(**options)
 
 
-def _one_rank(steps: Generator) -> Any:
-    """A reduction's result on a job of one rank (each allreduce returns its tensors)."""
-    request = next(steps)
-    try:
-        while True:
-            request = steps.send(request.tensors)
-    except StopIteration as done:
-        return done.value
-
-
 @pytest.mark.parametrize("warm_start", [True, False])
 def test_a_batch_of_one_shape_gives_each_matrix_what_it_gets_alone(warm_start: bool) -> None:
     """``batch_tensors_with_same_shape``: the stacked products and orthogonalizations give each matrix its own sum,
@@ -109,9 +98,9 @@ def test_a_batch_of_one_shape_gives_each_matrix_what_it_gets_alone(warm_start: b
     for step in range(4):
         grads = [torch.randn(shape, generator=generator) for _ in contexts]
         steps = [replace(ctx, step=step) for ctx in contexts]
-        expected = [_one_rank(alone.reduce(grad.clone(), state, ctx))
+        expected = [run_one_rank(alone.reduce(grad.clone(), state, ctx))
                     for grad, state, ctx in zip(grads, states_alone, steps, strict=True)]
-        got = _one_rank(batched.reduce_batch([grad.clone() for grad in grads], states_batched, steps))
+        got = run_one_rank(batched.reduce_batch([grad.clone() for grad in grads], states_batched, steps))
         for mine, theirs in zip(got, expected, strict=True):
             torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)
         for mine, theirs in zip(states_batched, states_alone, strict=True):
@@ -136,7 +125,7 @@ def test_a_bucket_gives_each_matrix_what_it_gets_alone(batched: bool) -> None:
     for step in range(4):
         grads = [torch.randn(shape, generator=generator) for shape in shapes]
         grads[1] = grads[1].to(memory_format=torch.channels_last)
-        expected = [_one_rank(reduction.reduce(grad.clone(), state, replace(member, step=step)))
+        expected = [run_one_rank(reduction.reduce(grad.clone(), state, replace(member, step=step)))
                     for grad, state, member in zip(grads, alone, members, strict=True)]
         steps = reduction.reduce_bucket([grad.clone() for grad in grads], bucket, replace(ctx, step=step))
         allreduces = 0

@@ -59,7 +59,7 @@ from hvdcomp import check
 from hvdcomp.compressor import Compressor, Context, State, derive_seed
 from hvdcomp.kernels import is_triton, kernels_for
 from hvdcomp.reductions import Phase, ReductionMethod
-from hvdcomp.requests import Allreduce, Reduction
+from hvdcomp.requests import Allreduce, Reduction, run_one_rank
 from hvdcomp.wire import Payload
 
 _generators: dict[torch.device, torch.Generator] = {}
@@ -219,13 +219,7 @@ class PowerSGD(Compressor):
                  agreed: torch.Tensor | None = None) -> tuple[Payload, Any]:
         """One rank's PowerSGD on its own (:meth:`power_step`, each sum over this rank alone): the payload is
         (P, Q) with M_hat = P Q^T. This serves benchmarks and profiles; training runs the reduction."""
-        steps = self.power_step([([tensor], [state], [ctx])], ranks=1)
-        try:
-            request = next(steps)
-            while True:
-                request = steps.send(request.tensors)
-        except StopIteration as done:
-            ((p, q, _),) = done.value
+        ((p, q, _),) = run_one_rank(self.power_step([([tensor], [state], [ctx])], ranks=1))
         return [p, q], tensor.shape
 
     def decompress(self, payload: Payload, meta: Any) -> torch.Tensor:

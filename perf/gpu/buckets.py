@@ -36,7 +36,7 @@ from hvdcomp.compressor import STEADY_STEP, Compressor, Context
 from hvdcomp.config import Choice, CompressionConfig, edges
 from hvdcomp.methods import METHODS
 from hvdcomp.reductions import ReductionMethod
-from hvdcomp.requests import Allreduce
+from hvdcomp.requests import run_one_rank
 from hvdcomp.tools.bench import clock_fields, timed, timing_fields
 
 REPO = Path(__file__).resolve().parents[2]
@@ -103,16 +103,7 @@ def _bucket_coder(choice: Choice, members: list[torch.Tensor], seed: str) -> Cal
     state = reduction.init_bucket_state(members, ctx)
 
     def own(grads: list[torch.Tensor]) -> Any:
-        steps, answer = reduction.reduce_bucket(grads, state, ctx), None
-        while True:
-            try:
-                request = steps.send(answer)
-            except StopIteration as done:
-                return done.value
-            if not isinstance(request, Allreduce):
-                raise TypeError(f"{reduction.name}'s bucket asked for {type(request).__name__}: only allreduces "
-                                "are answered here")
-            answer = request.tensors  # one rank's sum
+        return run_one_rank(reduction.reduce_bucket(grads, state, ctx))
     return own
 
 

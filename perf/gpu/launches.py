@@ -56,7 +56,7 @@ from hvdcomp import reductions  # noqa: E402
 from hvdcomp.compressor import STEADY_STEP, Context  # noqa: E402
 from hvdcomp.config import make_compressor  # noqa: E402
 from hvdcomp.methods import METHODS  # noqa: E402
-from hvdcomp.requests import Agree, Allgather, Allreduce, Alltoall, Broadcast, Read, Reduction  # noqa: E402
+from hvdcomp.requests import Agree, Read, Reduction, one_rank  # noqa: E402
 from hvdcomp.tools.bench import bench_shape  # noqa: E402
 
 #: operators that only make views, allocate or read metadata: no device work
@@ -155,22 +155,12 @@ def _count_triton_launches() -> None:
 
 def answer(request: Any) -> Any:
     """What a job of one rank receives for ``request``."""
-    if isinstance(request, Agree | Read):
-        if isinstance(request, Read) or request.host:  # the step's one transfer, for every parameter: not counted
-            with _not_counted():  # per tensor
-                _host_values.append(request.values.cpu().clone())
-            _host_storages.add(_host_values[-1].untyped_storage().data_ptr())
-            return _host_values[-1]
-        return request.values
-    if isinstance(request, Allgather):
-        return [request.payload]
-    if isinstance(request, Alltoall):
-        return [request.payloads[0]]
-    if isinstance(request, Broadcast):
-        return request.payload
-    if isinstance(request, Allreduce):
-        return request.tensors
-    raise TypeError(f"unknown request {request!r}")
+    if isinstance(request, Read) or (isinstance(request, Agree) and request.host):  # the step's one transfer, for
+        with _not_counted():  # every parameter: not counted per tensor
+            _host_values.append(request.values.cpu().clone())
+        _host_storages.add(_host_values[-1].untyped_storage().data_ptr())
+        return _host_values[-1]
+    return one_rank(request)
 
 
 #: options a method is counted with, beyond its defaults: LGC's guard never sends it back to stage 2 (on a Gaussian
