@@ -20,7 +20,8 @@ The requests check, when made, what Horovod (which runs them: :mod:`hvdcomp.coll
 :class:`Agree` names an op of :data:`AGREE_OPS`. Gathered, exchanged and broadcast payloads may mix any dtypes:
 they travel packed into one byte buffer.
 
-This module imports no backend: methods and reductions build requests without Horovod installed.
+This module imports no backend: methods and reductions build requests without Horovod installed, and
+:func:`run_one_rank` runs a reduction as a job of one rank would (benchmarks, profiles, tests of one process).
 """
 
 from __future__ import annotations
