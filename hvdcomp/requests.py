@@ -129,6 +129,14 @@ Request = Allreduce | Allgather | Alltoall | Broadcast | Agree | Read
 Reduction = Generator[Request, Any, torch.Tensor]
 
 
+def dense_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` as an :class:`Allreduce` sends a gradient densely: a contiguous float32 copy (a sparse one densified).
+    Horovod reduces contiguous tensors only, in place and in the background: a gradient sent itself could change
+    under a reader before ``synchronize()``."""
+    dense = tensor.detach().to_dense() if tensor.is_sparse else tensor.detach()
+    return dense.to(torch.float32, memory_format=torch.contiguous_format, copy=not tensor.is_sparse)
+
+
 def one_rank(request: Request) -> Any:
     """What a job of one rank receives for ``request``: every sum, gather and agreement over this rank alone."""
     if isinstance(request, Allreduce):

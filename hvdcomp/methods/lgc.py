@@ -88,7 +88,7 @@ from hvdcomp import check
 from hvdcomp.compressor import Compressor, Context, State, derive_seed
 from hvdcomp.methods.topk import largest
 from hvdcomp.reductions import Phase, ReductionMethod
-from hvdcomp.requests import Allgather, Allreduce, Broadcast, Read, Reduction, Request
+from hvdcomp.requests import Allgather, Allreduce, Broadcast, Read, Reduction, Request, dense_copy
 from hvdcomp.wire import Payload
 
 if TYPE_CHECKING:
@@ -425,8 +425,8 @@ class LGCReduction(ReductionMethod):
             stage = 2
         state["last"] = {"stage": stage}
         if stage == 1:
-            (summed,) = yield Allreduce([tensor.detach().reshape(-1).to(torch.float32, copy=True)])
-            return summed.view(tensor.shape)
+            (summed,) = yield Allreduce([dense_copy(tensor)])
+            return summed
         p = state["residual"].add_(tensor.detach().reshape(-1))
         k, leader = method.k(p.numel()), ctx.step % ctx.size
         if stage == 2:

@@ -59,7 +59,7 @@ from hvdcomp import check
 from hvdcomp.compressor import Compressor, Context, State, derive_seed
 from hvdcomp.kernels import is_triton, kernels_for
 from hvdcomp.reductions import Phase, ReductionMethod
-from hvdcomp.requests import Allreduce, Reduction, run_one_rank
+from hvdcomp.requests import Allreduce, Reduction, dense_copy, run_one_rank
 from hvdcomp.wire import Payload
 
 _generators: dict[torch.device, torch.Generator] = {}
@@ -283,8 +283,7 @@ class PowerSGDReduction(ReductionMethod):
         a group share a shape and are stacked as one batch); during the dense warm-up, one allreduce of the gradients
         themselves."""
         if contexts[0].step < self.compressor.start_iter:  # dense warm-up: the gradients themselves, summed
-            return (yield Allreduce([tensor.to(torch.float32, memory_format=torch.contiguous_format, copy=True)
-                                     for tensor in tensors]))  # contiguous, as Horovod needs; p.grad left as it is
+            return (yield Allreduce([dense_copy(tensor) for tensor in tensors]))
         factored = yield from self.compressor.power_step(
             [([tensors[i] for i in g], [states[i] for i in g], [contexts[i] for i in g]) for g in groups],
             contexts[0].size)

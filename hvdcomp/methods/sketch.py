@@ -80,7 +80,7 @@ from hvdcomp.compressor import Context, State, derive_seed
 from hvdcomp.kernels import cpu_kernels, is_triton, kernels_for
 from hvdcomp.methods.topk import Sparse, block, index_dtype
 from hvdcomp.reductions import Phase, ReductionMethod
-from hvdcomp.requests import Agree, Allgather, Allreduce, Reduction
+from hvdcomp.requests import Agree, Allgather, Allreduce, Reduction, dense_copy
 from hvdcomp.wire import Payload
 
 if TYPE_CHECKING:
@@ -329,9 +329,7 @@ class SketchReduction(ReductionMethod):
                 # the bare method, where no sketch can pay: its gradient as it is, not its rows found first (a
                 # memory wrapper's compress updates its state: a wrapped method compresses as below)
                 state["sketch"] = {"items": summed, "candidates": 0, "cells": 0, "path": "dense"}
-                dense = tensor.detach().to_dense() if tensor.is_sparse else tensor.detach()
-                (reduced,) = yield Allreduce([dense.to(torch.float32, memory_format=torch.contiguous_format,
-                                                       copy=True)])
+                (reduced,) = yield Allreduce([dense_copy(tensor)])
                 return reduced
             compressed = self.compressor.compress(tensor, state, ctx, total)
         payload, meta = compressed
