@@ -3,8 +3,8 @@ Gloo for CPU.
 
 :func:`start` starts a request as Horovod async collectives and returns it :class:`Pending`; :func:`start_vote`
 fuses many :class:`~hvdcomp.requests.Agree` requests into one vote (max and min in one max-allreduce, sums
-gathered and added in rank order, so every rank holds the same bits); :func:`to_host` copies values the host
-decides from (``Agree.host``, :class:`~hvdcomp.requests.Read`) in one transfer; :func:`run_alone` drives one
+gathered and added in rank order, so every rank holds the same bits; the values the host decides from,
+``Agree.host``, are copied by :func:`hvdcomp.requests.to_host` in one transfer); :func:`run_alone` drives one
 reduction by itself (benchmarks, tests). Each wait is bounded by a deadline (:func:`hvdcomp.deadlines.synchronize`).
 
 Payloads of gathered and exchanged requests travel as one aligned byte buffer (:mod:`hvdcomp.wire`): any mix
@@ -26,7 +26,7 @@ import torch
 
 from hvdcomp import wire
 from hvdcomp.deadlines import synchronize
-from hvdcomp.requests import Agree, Allgather, Allreduce, Alltoall, Broadcast, Read, Reduction, Request
+from hvdcomp.requests import Agree, Allgather, Allreduce, Alltoall, Broadcast, Read, Reduction, Request, to_host
 from hvdcomp.wire import Payload
 
 #: Horovod's reduce ops by the names requests use (:data:`hvdcomp.requests.ALLREDUCE_OPS`)
@@ -65,8 +65,8 @@ def host_values(values: list[int], device: torch.device) -> torch.Tensor:
 
 
 def start(request: Request, name: str, process_set: hvd.ProcessSet = hvd.global_process_set) -> Pending:
-    """Starts ``request`` (not :class:`Agree`: see :func:`start_vote`; not :class:`Read`: see :func:`to_host`) as
-    Horovod async collectives."""
+    """Starts ``request`` as Horovod async collectives (not :class:`Agree`: see :func:`start_vote`; not :class:`Read`:
+    see :func:`hvdcomp.requests.to_host`)."""
     size, rank = process_set.size(), process_set.rank()
     if isinstance(request, Allreduce):
         groups: dict[str, list[int]] = {}
@@ -208,21 +208,6 @@ def start_vote(agreements: Sequence[Agree], name: str,
         return results
 
     return Pending(handles, finish, nbytes, name)
-
-
-def to_host(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """CPU copies of ``tensors``, in one transfer per device and dtype: one wait for the device, where a read of each
-    would wait once per tensor, each time behind the work issued since."""
-    copies: list[torch.Tensor] = list(tensors)
-    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
-    for i, tensor in enumerate(tensors):
-        groups.setdefault((tensor.device, tensor.dtype), []).append(i)
-    for members in groups.values():
-        parts = [tensors[i].reshape(-1) for i in members]
-        joined = torch.cat(parts).cpu()
-        for i, part in zip(members, joined.split([part.numel() for part in parts]), strict=True):
-            copies[i] = part.view(tensors[i].shape)
-    return copies
 
 
 def run_alone(reduction: Reduction, name: str, process_set: hvd.ProcessSet = hvd.global_process_set) -> torch.Tensor:

@@ -164,10 +164,6 @@ class Compressor(ABC):
     #: Options the method's paper counts in epochs (DGC's warm-up stage, GraVAC's exploration interval), in
     #: steps here: ``hvdcomp train`` sets them to the job's steps per epoch unless the config does.
     epoch_options: ClassVar[tuple[str, ...]] = ()
-    #: The optimizer may reduce several gradients of one step together, as a bucket (the config's ``bucket_cap_mb``),
-    #: by the reduction's ``reduce_bucket``: concatenated, as one tensor, where compress() reads its input as a flat
-    #: vector, or the reduction's own way (PowerSGD's). False for the sketch, which takes sparse gradients.
-    bucketable: ClassVar[bool] = True
     #: The model's first and last layers stay dense (LGC, as its paper keeps them): the optimizer tells
     #: :meth:`hvdcomp.config.CompressionConfig.choose` which parameters those are.
     dense_edges: bool = False

@@ -27,8 +27,8 @@ compressed as one tensor once its last gradient is ready: one encoding and one s
 a GPU spends most of a small gradient's compression issuing its kernels (docs/gpu.md). The method then sees the
 bucket, not the layer: TernGrad's scaler, top-k's k, QSGD's norms and LGC's autoencoder are the bucket's. PowerSGD
 reduces a bucket as PyTorch's hook reduces a DDP bucket: each matrix factored on its own, their Ps summed in one
-allreduce and their Qs in another. The sketch, which takes sparse gradients, compresses each gradient alone
-(``Compressor.bucketable``).
+allreduce and their Qs in another. The sketch method sums each gradient's rows as alone, with one vote for the
+bucket and each round's collectives as one (:meth:`hvdcomp.methods.sketch.SketchReduction.reduce_bucket`).
 
 ``method: auto`` (or ``compression="auto"``) chooses each parameter's method and collective from measurements on the
 running job (:mod:`hvdcomp.auto`; its ``options`` are :class:`AutoSettings`); ``min_numel``, ``bucket_cap_mb``,
@@ -262,16 +262,16 @@ class CompressionConfig:
 
     def buckets(self, planned: Sequence[tuple[torch.Tensor, Choice]]) -> list[list[int]]:
         """The buckets (``bucket_cap_mb``) of two or more of ``planned`` (each parameter and its choice, in the order
-        backward readies them: reverse model order), as positions in it. A gradient whose method may be bucketed
-        (``Compressor.bucketable``) goes into the open bucket of its method (its options and collective), dtype and
-        device, which closes once it holds ``bucket_cap_mb`` MiB."""
+        backward readies them: reverse model order), as positions in it. A compressed gradient goes into the open
+        bucket of its method (its options and collective), dtype and device, which closes once it holds
+        ``bucket_cap_mb`` MiB."""
         cap = self.bucket_cap_mb * 2**20
         if not cap:
             return []
         open_buckets: dict[Any, tuple[list[int], int]] = {}
         closed = []
         for position, (param, choice) in enumerate(planned):
-            if choice.reduction is None or not choice.compressor.bucketable:
+            if choice.reduction is None:
                 continue
             key = choice.describe(), param.dtype, param.device
             members, nbytes = open_buckets.pop(key, ([], 0))

@@ -61,7 +61,6 @@ class _Wrapper(Compressor):
     keeps_nonfinite = _forwarded("keeps_nonfinite")
     epoch_options = _forwarded("epoch_options")
     dense_edges = _forwarded("dense_edges")
-    bucketable = _forwarded("bucketable")
     agrees = _forwarded("agrees")
 
     def __init__(self, inner: Compressor) -> None:

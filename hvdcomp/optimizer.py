@@ -60,11 +60,11 @@ import horovod.torch as hvd
 import torch
 
 from hvdcomp import check
-from hvdcomp.collectives import Pending, start, start_vote, to_host
+from hvdcomp.collectives import Pending, start, start_vote
 from hvdcomp.compressor import AccuracyWarning, Compressor, Context, State, derive_seed, nonfinite
 from hvdcomp.config import Choice, CompressionConfig, edges
 from hvdcomp.deadlines import DEFAULT_DEADLINE, Beacon, Deadline, answering, share_host, synchronize
-from hvdcomp.requests import Agree, Read, Reduction
+from hvdcomp.requests import Agree, Read, Reduction, to_host
 
 log = logging.getLogger(__name__)
 

@@ -121,6 +121,19 @@ class ReductionMethod(ABC):
                                device=tensors[0].device)
         return self.init_state(template, ctx)
 
+    def init_member_states(self, tensors: Sequence[torch.Tensor], ctx: Context) -> State:
+        """A bucket's state where :meth:`reduce_bucket` reduces each member on its own (PowerSGD's matrices, the sketch
+        method's gradients): ``{"members": [...]}``, each member's :meth:`init_state` with its
+        :meth:`member_contexts` context."""
+        return {"members": [self.init_state(tensor, member)
+                            for tensor, member in zip(tensors, self.member_contexts(ctx, len(tensors)), strict=True)]}
+
+    @staticmethod
+    def member_contexts(ctx: Context, count: int) -> list[Context]:
+        """The contexts of a bucket's ``count`` members reduced each on its own: the bucket's ``ctx``, derived per
+        member."""
+        return [ctx.derive("member", i) for i in range(count)]
+
     def reduce_bucket(self, tensors: Sequence[torch.Tensor], state: State, ctx: Context) -> Reduction:
         """Generator returning the sums over ranks of ``tensors`` (a bucket: the config's ``bucket_cap_mb``, in the
         same order on every rank), with the bucket's ``state`` (:meth:`init_bucket_state`) and ``ctx``. By default

@@ -21,7 +21,8 @@ The requests check, when made, what Horovod (which runs them: :mod:`hvdcomp.coll
 they travel packed into one byte buffer.
 
 This module imports no backend: methods and reductions build requests without Horovod installed, and
-:func:`run_one_rank` runs a reduction as a job of one rank would (benchmarks, profiles, tests of one process).
+:func:`run_one_rank` runs a reduction as a job of one rank would (benchmarks, profiles, tests of one process), and
+:func:`run_one_rank_step` a step's reductions together.
 """
 
 from __future__ import annotations
@@ -129,12 +130,32 @@ Request = Allreduce | Allgather | Alltoall | Broadcast | Agree | Read
 Reduction = Generator[Request, Any, torch.Tensor]
 
 
+def dense_concat(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``tensors`` as an :class:`Allreduce` sends gradients densely: their concatenation, flat, in a float32 tensor of
+    its own (sparse ones densified). Horovod reduces in place and in the background: a gradient sent itself could
+    change under a reader before ``synchronize()``."""
+    flat = torch.cat([(t.detach().to_dense() if t.is_sparse else t.detach()).reshape(-1) for t in tensors])
+    return flat.to(torch.float32)
+
+
 def dense_copy(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor`` as an :class:`Allreduce` sends a gradient densely: a contiguous float32 copy (a sparse one densified).
-    Horovod reduces contiguous tensors only, in place and in the background: a gradient sent itself could change
-    under a reader before ``synchronize()``."""
-    dense = tensor.detach().to_dense() if tensor.is_sparse else tensor.detach()
-    return dense.to(torch.float32, memory_format=torch.contiguous_format, copy=not tensor.is_sparse)
+    """``tensor`` as an :class:`Allreduce` sends a gradient densely (:func:`dense_concat`), in its shape."""
+    return dense_concat([tensor]).view(tensor.shape)
+
+
+def to_host(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """CPU copies of ``tensors``, in one transfer per device and dtype: one wait for the device, where a read of each
+    would wait once per tensor, each time behind the work issued since."""
+    copies: list[torch.Tensor] = list(tensors)
+    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+    for i, tensor in enumerate(tensors):
+        groups.setdefault((tensor.device, tensor.dtype), []).append(i)
+    for members in groups.values():
+        parts = [tensors[i].reshape(-1) for i in members]
+        joined = torch.cat(parts).cpu()
+        for i, part in zip(members, joined.split([part.numel() for part in parts]), strict=True):
+            copies[i] = part.view(tensors[i].shape)
+    return copies
 
 
 def one_rank(request: Request) -> Any:
@@ -157,10 +178,31 @@ def one_rank(request: Request) -> Any:
 def run_one_rank(steps: Generator[Request, Any, Any]) -> Any:
     """Runs a reduction (or any generator of requests) to its end as a job of one rank would (:func:`one_rank`), with
     no backend: benchmarks, profiles and tests of one process."""
-    answer = None
-    while True:
+    (result,) = run_one_rank_step([steps])
+    return result
+
+
+def run_one_rank_step(reductions: Sequence[Generator[Request, Any, Any]]) -> list[Any]:
+    """Runs a step's ``reductions`` (one per gradient or bucket) to their ends as a job of one rank would, each request
+    answered by :func:`one_rank`; the host agreements they open with (the sketch's vote) are answered together, in one
+    copy to the host, as the optimizer's vote answers them, where a copy each would wait for the device each time."""
+    results: list[Any] = [None] * len(reductions)
+    first: dict[int, Request] = {}
+    for i, steps in enumerate(reductions):
         try:
-            request = steps.send(answer)
+            first[i] = next(steps)
         except StopIteration as done:
-            return done.value
-        answer = one_rank(request)
+            results[i] = done.value
+    host = {i: request for i, request in first.items() if isinstance(request, Agree) and request.host}
+    answers = {i: one_rank(request) for i, request in first.items() if i not in host}
+    answers.update(zip(host, to_host([agree.values for agree in host.values()]), strict=True))
+    for i in first:
+        answer = answers[i]
+        while True:
+            try:
+                request = reductions[i].send(answer)
+            except StopIteration as done:
+                results[i] = done.value
+                break
+            answer = one_rank(request)
+    return results

@@ -853,7 +853,8 @@ def scenario_sketch() -> None:
     """The homomorphic sketch: the sum of every rank's sparse gradient over disjoint, overlapping and identical
     supports (exact with float64 cells), both filter collectives, the dense and fallback paths taken by every rank
     together, natively sparse gradients through DistributedOptimizer (replicas identical, the same as dense within
-    float rounding, resume exact), top-k's payloads summed instead of gathered."""
+    float rounding, resume exact), a bucket of them (``bucket_cap_mb``: each summed as alone), top-k's payloads summed
+    instead of gathered."""
     from hvdcomp.methods.sketch import Sketch, SketchReduction
 
     rank, size = hvd.rank(), hvd.size()
@@ -889,6 +890,36 @@ def scenario_sketch() -> None:
                 assert torch.equal(result, gathered.double().sum(0).float()), (case, form)
             else:
                 torch.testing.assert_close(result, gathered.sum(0), rtol=1e-5, atol=1e-5)
+    # a bucket (bucket_cap_mb): each gradient summed as alone, on every rank the same paths; exact in float64
+    bucket = []
+    for member, rows in enumerate((k, items // 2, 0, k)):  # sketched, dense at once, empty, sketched (sparse)
+        x = torch.zeros(items // (member + 1), width)
+        chosen = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(member))[:rows // 2]
+        own = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(50 + rank))[:rows - rows // 2]
+        x[torch.cat([chosen, own])] = torch.randn(rows // 2 + own.numel(), width,
+                                                  generator=torch.Generator().manual_seed(member + 10 * rank))
+        bucket.append(x.to(DEVICE).to_sparse(1) if member == 3 else x.to(DEVICE))
+    for margin, paths in ((1.1, ["sketch", "dense", "empty", "sketch"]),
+                          (0.2, ["fallback", "fallback", "empty", "fallback"])):  # a sketch 0.2 the size: smaller
+        reduction = SketchReduction(Sketch(), dtype="float64", margin=margin)
+        ctx = context("sketch.bucket", step=int(margin > 1))
+        state = reduction.init_bucket_state(bucket, ctx)
+        sums = run_alone(reduction.reduce_bucket(bucket, state, ctx), f"sketch.bucket.{margin}")
+        taken = hvd.allgather_object([member["sketch"]["path"] for member in state["members"]],
+                                     name=f"sketch.bucket.paths.{margin}")
+        assert taken == [paths] * size, taken
+        for i, (tensor, member) in enumerate(zip(bucket, reduction.member_contexts(ctx, len(bucket)), strict=True)):
+            alone = run_alone(reduction.reduce(tensor, reduction.init_state(tensor, member), member),
+                              f"sketch.bucket.{margin}.{i}")
+            dense = tensor.to_dense() if tensor.is_sparse else tensor
+            gathered = hvd.allgather(dense.unsqueeze(0), name=f"sketch.bucket.ref.{margin}.{i}")
+            assert torch.equal(sums[i], alone.reshape(-1)), (margin, i)
+            if paths[i] == "dense":  # Horovod's float32 sum
+                torch.testing.assert_close(sums[i].view_as(dense), gathered.sum(0), rtol=1e-6, atol=1e-6)
+            elif paths[i] == "fallback":  # top-k's exact path: payloads added in rank order
+                assert torch.equal(sums[i].view_as(dense), sum(gathered[1:], gathered[0].clone())), (margin, i)
+            else:
+                assert torch.equal(sums[i].view_as(dense), gathered.double().sum(0).float()), (margin, i)
     # top-k's payloads summed by the sketch equal the same payloads gathered (error feedback on both sides)
     x = torch.randn(64, 96, generator=torch.Generator().manual_seed(rank)).to(DEVICE)
     results = []
@@ -912,18 +943,23 @@ def scenario_sketch() -> None:
                  torch.randint(0, 4, (16,), generator=generator).to(DEVICE)) for _ in range(steps)]
 
     configs = {"none": "none", "sketch": {"method": "sketch", "min_numel": 100},
+               "sketch-buckets": {"method": "sketch", "min_numel": 30, "bucket_cap_mb": 1},  # the linear layer's too
                "topk-sketch": {"method": "topk", "options": {"ratio": 0.005}, "collective": "sketch",
                                "min_numel": 100}}
     trained = {}
     for label, config in configs.items():
-        def make(model: nn.Module, config: object = config) -> torch.optim.Optimizer:
-            return hvdcomp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.5,
-                                                                momentum=momentum_for(config)),
-                                                named_parameters=model.named_parameters(), compression=config)
+        def make(model: nn.Module, config: object = config, label: str = label) -> torch.optim.Optimizer:
+            optimizer = hvdcomp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.5,
+                                                                     momentum=momentum_for(config)),
+                                                     named_parameters=model.named_parameters(), compression=config)
+            in_bucket = [slot.name for slot in optimizer._slots if slot.bucket]
+            assert in_bucket == (["0.weight", "1.weight"] if label == "sketch-buckets" else []), in_bucket
+            return optimizer
         model = train_and_resume(bag_model, make, documents(8, seed=rank), f"sparse {label}")
         assert_identical_across_ranks(model, f"sparse.{label}")
         trained[label] = flat_params(model)
     torch.testing.assert_close(trained["sketch"], trained["none"], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(trained["sketch-buckets"], trained["none"], rtol=1e-5, atol=1e-5)
     assert not torch.allclose(trained["topk-sketch"], trained["none"]), "top-k kept everything: a weak test"
 
 

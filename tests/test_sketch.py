@@ -6,6 +6,9 @@ collectives run in tests/ranks.py (scenario ``sketch``).
 
 from __future__ import annotations
 
+from collections.abc import Generator
+from typing import Any
+
 import pytest
 import torch
 
@@ -14,6 +17,7 @@ from hvdcomp.compressor import Context
 from hvdcomp.config import CompressionConfig
 from hvdcomp.methods import sketch
 from hvdcomp.methods.sketch import Sketch, SketchReduction
+from hvdcomp.requests import one_rank
 
 
 def splitmix64(z: int) -> int:
@@ -140,6 +144,47 @@ def test_sketch_method_sends_the_rows_not_equal_to_zero() -> None:
         (_, rows), _ = method.compress(x, {}, ctx)
         assert rows.tolist() == [1, 4], shape
         assert float(method.agree(x, {}, ctx).values) == 2, shape
+
+
+def recorded(steps: Generator[Any, Any, Any]) -> tuple[Any, list[str]]:
+    """Runs a reduction as one rank would (:func:`one_rank`); its result and the kinds of its requests, in order."""
+    kinds, answer = [], None
+    while True:
+        try:
+            request = steps.send(answer)
+        except StopIteration as done:
+            return done.value, kinds
+        kinds.append(type(request).__name__)
+        answer = one_rank(request)
+
+
+def test_a_bucket_sums_each_gradient_as_alone_with_one_request_a_round(path: str) -> None:
+    """The sketch method's bucket: each gradient takes the path and sum it takes alone (with its member context), the
+    bucket one request a round: one vote, one filter, one allreduce (the dense ones concatenated, the sketches, float64
+    here beside float32), one gather of the payloads whose peeling did not complete."""
+    generator = torch.Generator().manual_seed(0)
+    embedding = torch.zeros(4000, 3)
+    embedding[torch.randperm(4000, generator=generator)[:40]] = torch.randn(40, 3, generator=generator)
+    other = torch.zeros(3000, 2)
+    other[torch.randperm(3000, generator=generator)[:30]] = torch.randn(30, 2, generator=generator)
+    full = torch.randn(50, 4, generator=generator)
+    bucket = [full, embedding, torch.zeros(300), other.to_sparse(1), torch.randn(7, 3, generator=generator).t()]
+    cases = [({"dtype": "float64"}, ["dense", "sketch", "empty", "sketch", "dense"],
+              ["Agree", "Allgather", "Allreduce"]),
+             ({"dtype": "float64", "margin": 0.2}, ["dense", "fallback", "empty", "fallback", "dense"],
+              ["Agree", "Allgather", "Allreduce", "Allgather"])]
+    for options, paths, kinds in cases:
+        reduction = SketchReduction(Sketch(), **options)
+        ctx = Context.local(full, name="bucket", step=3)
+        state = reduction.init_bucket_state(bucket, ctx)
+        sums, made = recorded(reduction.reduce_bucket(bucket, state, ctx))
+        assert made == kinds, made
+        assert [member["sketch"]["path"] for member in state["members"]] == paths
+        for tensor, member, total in zip(bucket, reduction.member_contexts(ctx, len(bucket)), sums, strict=True):
+            alone, _ = recorded(reduction.reduce(tensor, reduction.init_state(tensor, member), member))
+            dense = tensor.to_dense() if tensor.is_sparse else tensor
+            assert total.shape == (dense.numel(),) and torch.equal(total, alone.reshape(-1)), options
+            assert torch.equal(total, dense.reshape(-1)), options  # one rank: its own gradient, exactly
 
 
 def test_bad_options_and_collectives_are_named() -> None:

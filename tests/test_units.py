@@ -25,11 +25,13 @@ from hvdcomp import (
     check,
     make_compressor,
     reductions,
+    requests,
     wire,
 )
 from hvdcomp.deadlines import Beacon, answering
 from hvdcomp.methods.topk import candidate_threshold, largest, sample_stride
 from hvdcomp.packing import pack_bits, unpack_bits
+from hvdcomp.requests import Reduction
 
 
 @pytest.mark.parametrize("bits", range(1, 9))
@@ -73,15 +75,43 @@ def test_wire_round_trip_mixed_dtypes() -> None:
 def test_values_read_on_the_host_come_back_as_they_were() -> None:
     """``to_host`` (the optimizer's one copy a step of its reductions' Read requests): each tensor's values, shape and
     dtype, on the CPU, whatever the mix of dtypes and shapes, and not aliasing the originals."""
-    collectives = pytest.importorskip("hvdcomp.collectives")
     tensors = [torch.tensor([1.5, -2.0]), torch.arange(6, dtype=torch.int64).view(2, 3), torch.tensor(3.25),
                torch.zeros(0), torch.tensor([[0.1]], dtype=torch.float64), torch.tensor([7.0, 8.0]).expand(2, 2)]
-    copies = collectives.to_host(tensors)
+    copies = requests.to_host(tensors)
     assert len(copies) == len(tensors)
     for tensor, copy in zip(tensors, copies, strict=True):
         assert copy.device.type == "cpu" and copy.dtype == tensor.dtype and torch.equal(copy, tensor), (tensor, copy)
     tensors[0].add_(1)
     assert torch.equal(copies[0], torch.tensor([1.5, -2.0]))
+
+
+def test_a_step_on_one_rank_answers_its_opening_host_agreements_together() -> None:
+    """``run_one_rank_step`` (benchmarks' step of one rank): every reduction makes its first request before any is
+    answered, the host agreements among them come back on the host with their values, shapes and dtypes, and each
+    reduction then runs to its end; one that makes no request returns as it is."""
+    log: list[str] = []
+
+    def reduction(name: str, values: torch.Tensor) -> Reduction:
+        log.append(f"{name} asks")
+        agreed = yield requests.Agree(values, "sum", host=True)
+        log.append(f"{name} has {agreed.tolist()} {agreed.dtype} on {agreed.device.type}")
+        (summed,) = yield requests.Allreduce([agreed.float() + 1])
+        return summed
+
+    def no_request() -> Reduction:
+        return torch.ones(1)
+        yield  # a generator
+
+    def gathers() -> Reduction:
+        (payload,) = yield requests.Allgather([torch.arange(3)])
+        return payload[0]
+
+    results = requests.run_one_rank_step([reduction("a", torch.tensor([1.0, 2.0])), no_request(), gathers(),
+                                          reduction("b", torch.tensor([[3.0]], dtype=torch.float64))])
+    assert log == ["a asks", "b asks", "a has [1.0, 2.0] torch.float32 on cpu",
+                   "b has [[3.0]] torch.float64 on cpu"], log
+    for result, expected in zip(results, [[2.0, 3.0], [1.0], [0, 1, 2], [[4.0]]], strict=True):
+        assert result.tolist() == expected, results
 
 
 @pytest.mark.parametrize("inner", [TopK(0.1), TernGrad(), FP16Compressor(), NoneCompressor()])
@@ -378,8 +408,8 @@ def test_a_beacon_listens_only_on_the_addresses_it_advertises() -> None:
 
 def test_buckets_close_at_the_cap_per_method_and_dtype() -> None:
     """bucket_cap_mb: in the order given, a bucket per method (with its options and collective), dtype and device,
-    closed once it holds the cap; a method that may not be bucketed (the sketch) and dense parameters stay out, and a
-    bucket of one is no bucket. PowerSGD's matrices bucket too (its reduction factors each)."""
+    closed once it holds the cap; dense parameters stay out, and a bucket of one is no bucket. PowerSGD's matrices and
+    the sketch method's gradients bucket too (their reductions reduce each member on its own)."""
     config = CompressionConfig.parse({"method": "topk", "min_numel": 100, "bucket_cap_mb": 1,
                                       "overrides": [{"match": "q*", "method": "qsgd"},
                                                     {"match": "p*", "method": "powersgd"},
@@ -392,8 +422,8 @@ def test_buckets_close_at_the_cap_per_method_and_dtype() -> None:
     for name, shape in shapes.items():
         dtype = torch.float16 if name == "h" else torch.float32
         planned.append((torch.empty(shape, dtype=dtype), config.choose(name, shape, 2)))
-    # t1 t2 t3 reach 1 MiB; t4 and h alone; p1 p2 and q1 q2 open; s1 s2 never
-    assert config.buckets(planned) == [[0, 2, 6], [4, 5], [1, 9]]
+    # t1 t2 t3 reach 1 MiB; t4 and h alone; p1 p2, q1 q2 and s1 s2 open
+    assert config.buckets(planned) == [[0, 2, 6], [4, 5], [1, 9], [11, 12]]
     assert CompressionConfig.parse({"method": "topk"}).buckets(planned) == []
 
 

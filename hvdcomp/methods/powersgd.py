@@ -256,20 +256,14 @@ class PowerSGDReduction(ReductionMethod):
         return (yield from self._reduce([list(range(len(tensors)))], tensors, states, contexts))
 
     def init_bucket_state(self, tensors: Sequence[torch.Tensor], ctx: Context) -> State:
-        """Each member's own state (its Q and residual), from the bucket's context derived per member."""
-        return {"members": [self.init_state(tensor, member)
-                            for tensor, member in zip(tensors, self._members(ctx, len(tensors)), strict=True)]}
-
-    @staticmethod
-    def _members(ctx: Context, count: int) -> list[Context]:
-        """The contexts of a bucket's ``count`` members: the bucket's, derived per member."""
-        return [ctx.derive("member", i) for i in range(count)]
+        """Each member's own state (its Q and residual)."""
+        return self.init_member_states(tensors, ctx)
 
     def reduce_bucket(self, tensors: Sequence[torch.Tensor], state: State, ctx: Context) -> Reduction:
         """A bucket as PyTorch's hook reduces a DDP bucket: each matrix factored on its own (those of one shape as one
         batch with ``batch_tensors_with_same_shape``: they are all ready now), every P summed in one allreduce and
         every Q in another. Each sum is flat."""
-        contexts = self._members(ctx, len(tensors))
+        contexts = self.member_contexts(ctx, len(tensors))
         groups: dict[Hashable, list[int]] = {}
         for i, tensor in enumerate(tensors):
             key = tensor.shape if self.compressor.batch_tensors_with_same_shape else i

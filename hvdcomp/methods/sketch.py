@@ -52,6 +52,12 @@ Two ways to use it:
   are summed in compressed form instead of gathered, so a rank receives about the union of the supports rather
   than N x k entries.
 
+In a bucket (``bucket_cap_mb``) the sketch method sums each gradient as it would alone (its own rows, sizes, hash
+functions and path; its context is the bucket's, derived per member), with one vote for the bucket and each round's
+requests as one: one filter collective, one allreduce of the dense gradients (concatenated), the payloads that go
+dense and the sketches, one gather of the payloads whose peeling did not complete. The sparsifiers' payloads
+(``collective: sketch``) bucket as their methods do: the bucket's concatenation is compressed as one tensor.
+
 Options (``collective_options``): ``margin`` (default 1.1), ``slack`` (cells added for small sketches, default 24),
 ``fp_rate``, ``dtype`` (float32 or float64), ``filter_collective`` (auto, allgather or allreduce).
 
@@ -70,6 +76,7 @@ rounds (on CUDA its float64 scatter-adds are likewise deterministic only where t
 from __future__ import annotations
 
 import math
+from collections.abc import Generator, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -80,7 +87,7 @@ from hvdcomp.compressor import Context, State, derive_seed
 from hvdcomp.kernels import cpu_kernels, is_triton, kernels_for
 from hvdcomp.methods.topk import Sparse, block, index_dtype
 from hvdcomp.reductions import Phase, ReductionMethod
-from hvdcomp.requests import Agree, Allgather, Allreduce, Reduction, dense_copy
+from hvdcomp.requests import Agree, Allgather, Allreduce, Reduction, Request, dense_concat
 from hvdcomp.wire import Payload
 
 if TYPE_CHECKING:
@@ -245,7 +252,6 @@ class Sketch(Sparse):
     unbiased = True
     accepts_sparse = True
     reduction = "sketch"
-    bucketable = False  # it takes sparse gradients as they are
 
     @staticmethod
     def items(shape: torch.Size) -> int:
@@ -306,6 +312,7 @@ class SketchReduction(ReductionMethod):
         check.choice(self.name, "filter_collective", filter_collective, ("auto", "allgather", "allreduce"))
         self.margin, self.slack, self.fp_rate = float(margin), slack, fp_rate
         self.dtype, self.filter_collective = dtype, filter_collective
+        self._by_member = isinstance(compressor.unwrapped(), Sketch)  # a bucket's gradients each as alone
 
     @classmethod
     def rejects(cls, traits: Any) -> str | None:
@@ -321,55 +328,117 @@ class SketchReduction(ReductionMethod):
             compressed = self.compressor.compress(tensor, state, ctx)
             entries = compressed[0][1].numel()  # the payload's indices
             request = Agree(torch.full((1,), float(entries), device=tensor.device), "sum", host=True)
-        (total,) = yield request
-        summed = round(float(total))  # on the host: the vote's transfer (Agree.host)
-        if compressed is None:  # the sketch method: its rows are found once the vote has its sum
-            bare = self.compressor.unwrapped() is self.compressor
-            if bare and self._dense_at_once(summed, Sketch.items(tensor.shape), ctx):
-                # the bare method, where no sketch can pay: its gradient as it is, not its rows found first (a
-                # memory wrapper's compress updates its state: a wrapped method compresses as below)
-                state["sketch"] = {"items": summed, "candidates": 0, "cells": 0, "path": "dense"}
-                (reduced,) = yield Allreduce([dense_copy(tensor)])
-                return reduced
-            compressed = self.compressor.compress(tensor, state, ctx, total)
-        payload, meta = compressed
-        values, items = payload
-        shape, n, _ = meta
-        width = block(shape, n)
-        rows = values.view(-1, width)
-        stats = state["sketch"] = {"items": summed, "candidates": 0, "cells": 0, "path": "empty"}
-        if summed == 0:
-            return torch.zeros(shape, dtype=torch.float32, device=values.device)
-        if self._dense_at_once(summed, n, ctx):  # the sparsifiers' payloads here, or a wrapped sketch method's rows
-            stats["path"] = "dense"
-            return (yield from self._dense(rows, items, n, shape))
-        bits, hashes = filter_size(summed, n, ctx.size, self.fp_rate)
-        filter_seed = derive_seed(ctx.shared_seed, "filter", ctx.step)
-        own = bloom(items, filter_seed, bits, hashes)
-        if self._filter_collective(ctx.size) == "allgather":
-            gathered = yield Allgather([own])
-            union = gathered[0][0].clone()
-            for (other,) in gathered[1:]:
-                union.bitwise_or_(other)
-        else:
-            (flags,) = yield Allreduce([unpack_bits(own).to(torch.float16)])
-            union = pack_bits(flags > 0)
-        found = candidates(union, n, filter_seed, hashes)
-        c3 = sketch_cells(found.numel(), self.margin, self.slack)
-        stats.update(candidates=found.numel(), cells=3 * c3)
-        if self._larger_than_dense(c3, n):
-            stats["path"] = "dense"
-            return (yield from self._dense(rows, items, n, shape))
-        sketch_seed = derive_seed(ctx.shared_seed, "sketch", ctx.step)
-        (table,) = yield Allreduce([encode(rows, items, sketch_seed, c3, getattr(torch, self.dtype))])
-        decoded, resolved = peel(found, table, sketch_seed)
-        if resolved == found.numel():
-            stats["path"] = "sketch"
-            result = torch.zeros(n, width, dtype=torch.float32, device=values.device)
-            return result.index_copy_(0, found, decoded.float()).view(shape)
-        stats["path"] = "fallback"  # the same verdict on every rank: gather the payloads, add them in rank order
-        payloads = yield Allgather(payload, fixed_size=False)
-        return self.compressor.aggregate(payloads, meta).float()
+        totals = yield request  # on the host: the vote's transfer (Agree.host)
+        (total,) = yield from self._sum([tensor], [compressed], [state], [ctx], totals)
+        return total
+
+    def init_bucket_state(self, tensors: Sequence[torch.Tensor], ctx: Context) -> State:
+        """The sketch method's bucket: each gradient's own state; a sparsifier's: its concatenation's."""
+        if self._by_member:
+            return self.init_member_states(tensors, ctx)
+        return super().init_bucket_state(tensors, ctx)
+
+    def reduce_bucket(self, tensors: Sequence[torch.Tensor], state: State, ctx: Context) -> Reduction:
+        """The sketch method's bucket: each gradient summed as alone (its own rows, sizes and path), with one vote
+        for the bucket and each round's collectives as one request (:meth:`_sum`). A sparsifier's bucket is its
+        concatenation, compressed as one tensor (the default). Each sum is flat."""
+        if not self._by_member:
+            return (yield from super().reduce_bucket(tensors, state, ctx))
+        states, contexts = state["members"], self.member_contexts(ctx, len(tensors))
+        counts = [self.compressor.agree(tensor, member_state, member).values
+                  for tensor, member_state, member in zip(tensors, states, contexts, strict=True)]
+        totals = yield Agree(torch.cat(counts), "sum", host=True)
+        sums = yield from self._sum(tensors, [None] * len(tensors), states, contexts, totals)
+        return [total.reshape(-1) for total in sums]
+
+    def _sum(self, tensors: Sequence[torch.Tensor], compressed: list[tuple[Payload, Any] | None],
+             states: Sequence[State], contexts: Sequence[Context],
+             totals: torch.Tensor) -> Generator[Request, Any, list[torch.Tensor]]:
+        """The sums over ranks of ``tensors`` (one, or a bucket's), from each one's payload items summed over ranks
+        (``totals``, the vote's, on the host) and its payload (``compressed``: a sparsifier's, made before the vote;
+        None: the sketch method's, whose rows are found now). Each takes its own path (the class docstring); their
+        requests of one round go as one: the filters, then the dense tensors and the sketches, then the payloads whose
+        peeling did not complete."""
+        bare = self.compressor.unwrapped() is self.compressor
+        results: list[torch.Tensor | None] = [None] * len(tensors)
+        at_once: list[int] = []  # the gradients sent as they are, in one concatenation
+        dense: dict[int, torch.Tensor] = {}  # payloads sent densely
+        filters: dict[int, tuple[int, int, int]] = {}  # the filter's seed, bits and hashes
+        for i, (tensor, state, ctx) in enumerate(zip(tensors, states, contexts, strict=True)):
+            summed = round(float(totals[i]))
+            stats = state["sketch"] = {"items": summed, "candidates": 0, "cells": 0, "path": "empty"}
+            if compressed[i] is None:  # the sketch method: its rows are found once the vote has its sum
+                if bare and self._dense_at_once(summed, Sketch.items(tensor.shape), ctx):
+                    # the bare method, where no sketch can pay: its gradient as it is, not its rows found first (a
+                    # memory wrapper's compress updates its state: a wrapped method compresses as below)
+                    stats["path"] = "dense"
+                    at_once.append(i)
+                    continue
+                compressed[i] = self.compressor.compress(tensor, state, ctx, totals[i])
+            (values, items), (shape, n, _) = compressed[i]
+            if summed == 0:
+                results[i] = torch.zeros(shape, dtype=torch.float32, device=values.device)
+            elif self._dense_at_once(summed, n, ctx):  # the sparsifiers' payloads, or a wrapped method's rows
+                stats["path"] = "dense"
+                dense[i] = self._densified(values, items, n, shape)
+            else:
+                bits, hashes = filter_size(summed, n, ctx.size, self.fp_rate)
+                filters[i] = derive_seed(ctx.shared_seed, "filter", ctx.step), bits, hashes
+        unions = yield from self._unions([bloom(compressed[i][0][1], *filters[i]) for i in filters], contexts[0].size)
+        sketched: dict[int, tuple[torch.Tensor, int, torch.Tensor]] = {}  # candidates, hash seed, sketch
+        for i, union in zip(filters, unions, strict=True):
+            (values, items), (shape, n, _) = compressed[i]
+            found = candidates(union, n, filters[i][0], filters[i][2])
+            c3 = sketch_cells(found.numel(), self.margin, self.slack)
+            states[i]["sketch"].update(candidates=found.numel(), cells=3 * c3)
+            if self._larger_than_dense(c3, n):
+                states[i]["sketch"]["path"] = "dense"
+                dense[i] = self._densified(values, items, n, shape)
+            else:
+                seed = derive_seed(contexts[i].shared_seed, "sketch", contexts[i].step)
+                rows = values.view(-1, block(shape, n))
+                sketched[i] = found, seed, encode(rows, items, seed, c3, getattr(torch, self.dtype))
+        flat = [dense_concat([tensors[i] for i in at_once])] if at_once else []
+        if flat or dense or sketched:
+            reduced = yield Allreduce([*flat, *dense.values(), *(table for *_, table in sketched.values())])
+            if flat:
+                for i, total in zip(at_once, reduced[0].split([tensors[i].numel() for i in at_once]), strict=True):
+                    results[i] = total.view(tensors[i].shape)
+            tables = reduced[len(flat) + len(dense):]
+            for i, total in zip(dense, reduced[len(flat):len(flat) + len(dense)], strict=True):
+                results[i] = total.view(compressed[i][1][0])
+            fallback = []
+            for i, table in zip(sketched, tables, strict=True):
+                found, seed, _ = sketched[i]
+                decoded, resolved = peel(found, table, seed)
+                if resolved < found.numel():  # the same verdict on every rank
+                    states[i]["sketch"]["path"] = "fallback"
+                    fallback.append(i)
+                    continue
+                states[i]["sketch"]["path"] = "sketch"
+                shape, n, _ = compressed[i][1]
+                result = torch.zeros(n, block(shape, n), dtype=torch.float32, device=table.device)
+                results[i] = result.index_copy_(0, found, decoded.float()).view(shape)
+            if fallback:  # gather the payloads, add them in rank order (top-k's exact path)
+                gathered = yield Allgather([part for i in fallback for part in compressed[i][0]], fixed_size=False)
+                for j, i in enumerate(fallback):
+                    payloads = [payload[2 * j:2 * j + 2] for payload in gathered]
+                    results[i] = self.compressor.aggregate(payloads, compressed[i][1]).float()
+        return results
+
+    def _unions(self, owns: list[torch.Tensor], ranks: int) -> Generator[Request, Any, list[torch.Tensor]]:
+        """The packed filters ``owns`` ORed over ranks, in one collective (none if there are none)."""
+        if not owns:
+            return []
+        if self._filter_collective(ranks) == "allgather":
+            gathered = yield Allgather(owns)
+            unions = [own.clone() for own in gathered[0]]
+            for other in gathered[1:]:
+                for union, bits in zip(unions, other, strict=True):
+                    union.bitwise_or_(bits)
+            return unions
+        flags = yield Allreduce([unpack_bits(own).to(torch.float16) for own in owns])
+        return [pack_bits(summed > 0) for summed in flags]
 
     def _dense_at_once(self, summed: int, items: int, ctx: Context) -> bool:
         """Whether ``summed`` payload items over ranks (the vote's) make even the smallest union's sketch, summed // N
@@ -386,10 +455,10 @@ class SketchReduction(ReductionMethod):
         return "allgather" if ranks < FILTER_ALLGATHER_MAX_RANKS else "allreduce"
 
     @staticmethod
-    def _dense(rows: torch.Tensor, items: torch.Tensor, n: int, shape: torch.Size) -> Reduction:
-        dense = torch.zeros(n, rows.shape[1], dtype=torch.float32, device=rows.device)
-        (summed,) = yield Allreduce([dense.index_add_(0, items.long(), rows.float())])
-        return summed.view(shape)
+    def _densified(values: torch.Tensor, items: torch.Tensor, n: int, shape: torch.Size) -> torch.Tensor:
+        """A payload's rows as the dense float32 tensor [n, block] they came from."""
+        dense = torch.zeros(n, block(shape, n), dtype=torch.float32, device=values.device)
+        return dense.index_add_(0, items.long(), values.float().view(-1, dense.shape[1]))
 
     # Costs for the performance model, from a payload of 4-byte values and 4-byte indices measured on one rank:
     # disjoint supports (the union is N payloads, the model's upper bound), a filter of about 10 bits per item.

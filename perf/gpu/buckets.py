@@ -11,9 +11,12 @@ the default ``min_numel``:
 * ``per_tensor``: each compressed gradient encoded (statistics, compression, the wire's packing for gathered
   payloads) and decoded (the sum of one payload), one after another, as ``hvdcomp profile`` measures them;
 * ``buckets``: the same, each bucket (:meth:`hvdcomp.config.CompressionConfig.buckets`, in reverse model order) as one
-  tensor, its concatenation included; gradients left alone by the buckets as before. PowerSGD, which reduces a bucket
-  its own way (each matrix factored, the Ps and Qs of all summed together), runs its bucket's reduction as one rank
-  would (each allreduce's sum this rank's own tensors).
+  tensor, its concatenation included; gradients left alone by the buckets as before.
+
+PowerSGD and the sketch method reduce a bucket their own way (PowerSGD factors each matrix and sums the Ps and Qs of
+all together; the sketch sums each gradient's rows as alone, with one vote and one allreduce for the bucket): both
+ways run their reductions as one rank's step runs them (:func:`hvdcomp.requests.run_one_rank_step`: each allreduce's
+sum this rank's own tensors, the sketch's vote answered in one copy to the host for the step).
 
 Both are one function per step, timed in interleaved rounds by ``hvdcomp.tools.bench.timed`` (CUDA events with L2
 flushed between calls on a GPU; the host clock on CPU). The methods' states are kept across calls (residuals grow), as
@@ -36,7 +39,7 @@ from hvdcomp.compressor import STEADY_STEP, Compressor, Context
 from hvdcomp.config import Choice, CompressionConfig, edges
 from hvdcomp.methods import METHODS
 from hvdcomp.reductions import ReductionMethod
-from hvdcomp.requests import run_one_rank
+from hvdcomp.requests import Reduction, run_one_rank_step
 from hvdcomp.tools.bench import clock_fields, timed, timing_fields
 
 REPO = Path(__file__).resolve().parents[2]
@@ -89,22 +92,26 @@ def _coder(compressor: Compressor, tensor: torch.Tensor, seed: str) -> Callable[
 
 
 def _bucket_coder(choice: Choice, members: list[torch.Tensor], seed: str) -> Callable[[list[torch.Tensor]], Any]:
-    """A bucket's encode and decode, with its own state, as a function of its members' gradients: the concatenation's
-    (:func:`_coder`), or where the reduction reduces a bucket its own way (PowerSGD), that reduction on one rank."""
+    """A bucket's encode and decode, with its own state, as a function of its members' gradients (:func:`_coder` of
+    their concatenation)."""
+    code = _coder(choice.compressor, torch.cat([grad.reshape(-1) for grad in members]), seed)
+
+    def concatenated(grads: list[torch.Tensor]) -> Any:
+        return code(torch.cat([grad.reshape(-1) for grad in grads])).split([grad.numel() for grad in grads])
+    return concatenated
+
+
+def _reducer(choice: Choice, members: list[torch.Tensor], seed: str) -> Callable[[list[torch.Tensor]], Reduction]:
+    """For a reduction that reduces a bucket its own way: one gradient's (``members`` of one) or a bucket's reduction,
+    with its own state, as a function of the gradients."""
     reduction = choice.reduction
     assert reduction is not None
-    if type(reduction).reduce_bucket is ReductionMethod.reduce_bucket:
-        code = _coder(choice.compressor, torch.cat([grad.reshape(-1) for grad in members]), seed)
-
-        def concatenated(grads: list[torch.Tensor]) -> Any:
-            return code(torch.cat([grad.reshape(-1) for grad in grads])).split([grad.numel() for grad in grads])
-        return concatenated
     ctx = Context.local(members[0], name=seed, step=STEADY_STEP)
-    state = reduction.init_bucket_state(members, ctx)
-
-    def own(grads: list[torch.Tensor]) -> Any:
-        return run_one_rank(reduction.reduce_bucket(grads, state, ctx))
-    return own
+    if len(members) == 1:
+        state = reduction.init_state(members[0], ctx)
+        return lambda grads: reduction.reduce(grads[0], state, ctx)
+    bucket_state = reduction.init_bucket_state(members, ctx)
+    return lambda grads: reduction.reduce_bucket(grads, bucket_state, ctx)
 
 
 def measure(method: str, device: torch.device, cap_mb: float, repeats: int) -> dict[str, Any]:
@@ -118,19 +125,34 @@ def measure(method: str, device: torch.device, cap_mb: float, repeats: int) -> d
     compressed = [(name, grad, choice) for name, grad, choice in planned if choice.compressor is not None]
     buckets = config.buckets([(grad, choice) for _, grad, choice in compressed])
     in_bucket = {position for bucket in buckets for position in bucket}
-    per_tensor = [(grad, _coder(choice.compressor, grad, name)) for name, grad, choice in compressed]
-    units = [(grad, coder) for position, (grad, coder) in enumerate(per_tensor) if position not in in_bucket]
-    for bucket in buckets:
-        members = [compressed[position][1] for position in bucket]
-        units.append((members, _bucket_coder(compressed[bucket[0]][2], members, compressed[bucket[0]][0])))
+    units = [[position] for position in range(len(compressed)) if position not in in_bucket] + buckets
+    reduction = compressed[0][2].reduction
+    if type(reduction).reduce_bucket is ReductionMethod.reduce_bucket:
+        per_tensor = [(grad, _coder(choice.compressor, grad, name)) for name, grad, choice in compressed]
+        in_units = [per_tensor[unit[0]] if len(unit) == 1 else
+                    ([compressed[p][1] for p in unit], _bucket_coder(compressed[unit[0]][2],
+                                                                     [compressed[p][1] for p in unit],
+                                                                     compressed[unit[0]][0])) for unit in units]
 
-    def step_per_tensor() -> None:
-        for grad, code in per_tensor:
-            code(grad)
+        def step_per_tensor() -> None:
+            for grad, code in per_tensor:
+                code(grad)
 
-    def step_buckets() -> None:
-        for grads, code in units:
-            code(grads)
+        def step_buckets() -> None:
+            for grads, code in in_units:
+                code(grads)
+    else:  # PowerSGD, the sketch method: the reductions of a step, run as one rank's step runs them
+        alone = [([grad], _reducer(choice, [grad], name)) for name, grad, choice in compressed]
+        reducers = [alone[unit[0]] if len(unit) == 1 else
+                    ([compressed[p][1] for p in unit], _reducer(compressed[unit[0]][2],
+                                                                [compressed[p][1] for p in unit],
+                                                                compressed[unit[0]][0])) for unit in units]
+
+        def step_per_tensor() -> None:
+            run_one_rank_step([reduce(grads) for grads, reduce in alone])
+
+        def step_buckets() -> None:
+            run_one_rank_step([reduce(grads) for grads, reduce in reducers])
 
     timings = timed({"per_tensor": step_per_tensor, "buckets": step_buckets}, device, repeats)
     row: dict[str, Any] = {
@@ -147,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--cap-mb", type=float, default=25.0, help="bucket_cap_mb (default 25, DDP's)")
-    parser.add_argument("--method", action="append", help="a bucketable method (default: every one)")
+    parser.add_argument("--method", action="append", help="a method (default: every one)")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
@@ -156,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("resnet50_shapes() differs from torchvision's resnet50(): fix it")
     assert sum(torch.Size(shape).numel() for _, shape in resnet50_shapes()) == RESNET50_PARAMETERS
     device = torch.device(args.device)
-    methods = args.method or [m for m, cls in METHODS.items() if m != "none" and cls.bucketable]
+    methods = args.method or [m for m in METHODS if m != "none"]
     with args.out.open("a") as out:
         for method in methods:
             started = time.perf_counter()

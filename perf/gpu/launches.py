@@ -247,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(count("powersgd", args.numel, device, batch=4, bucket=True))  # each matrix factored alone
     if "lgc" in (args.method or METHODS):
         rows.append(count("lgc", args.numel, device, OPTIONS["lgc"], batch=4, bucket=True))
+    if "sketch" in (args.method or METHODS):
+        rows.append(count("sketch", args.numel, device, batch=4, bucket=True))  # dense: one vote, one allreduce
     print(f"{'method':>18} {'reduction':>10} {'triton':>6} {'aten':>5} {'syncs':>5} {'per tensor':>10}  (one step of "
           f"tensors of {args.numel} elements)")
     for row in rows:
