@@ -14,7 +14,7 @@
 #    against its CPU path, determinism, no host sync in compression) (test_triton.log; each failure's message in
 #    failures.txt as it fails, perf/gpu/report_failures.py, kept where the stage's time limit cuts pytest off);
 # 2. perf/gpu/buckets.py --device cuda: the same gradients' compression per step, each alone against in buckets of
-#    25 MiB (bucket_cap_mb), per bucketable method (buckets.jsonl, buckets.log); and perf/gpu/checks.py --device cuda,
+#    25 MiB (bucket_cap_mb), per method (buckets.jsonl, buckets.log); and perf/gpu/checks.py --device cuda,
 #    the optimizer's NaN/Inf check of the step's gradients both ways (checks.jsonl); and perf/gpu/selection.py, the
 #    top-k selection over the whole tensor against over gathered candidates, by size (selection.jsonl); and
 #    perf/gpu/kernel_times.py, the sparsifiers', the sketch's and PowerSGD's kernels at 25 M elements, each one's
