@@ -19,7 +19,8 @@
 #    top-k selection over the whole tensor against over gathered candidates, by size (selection.jsonl); and
 #    perf/gpu/kernel_times.py, the sparsifiers', the sketch's and PowerSGD's kernels at 25 M elements, each one's
 #    device time by PyTorch's profiler, and top-k's and threshold's at 2^20, where the selection's CUDA-event time
-#    (about 200 us) may be mostly the host's issuing: the kernels' own sum tells (kernel_times.jsonl);
+#    (about 200 us) may be mostly the host's issuing: the kernels' own sum tells; and LGC's and PowerSGD's at 2^16, a
+#    small layer, where LGC took 1.9 ms a gradient on ResNet-50 (kernel_times.jsonl);
 # 3. `bench compress --device cuda` (CUDA events, L2 flushed between calls) for every method, at 25,000,000 elements
 #    (fraction_of_copy: their speed against a copy; PowerSGD gets a 5000 x 5000 matrix) and at 1,024 (compress_us +
 #    decompress_us), one process per method (bench-cuda.jsonl, JSON lines; bench.log);
@@ -94,6 +95,9 @@ timeout -k 5 "$(limit "$STAGE_TIMEOUT_KERNEL_TIMES")" "$py" perf/gpu/kernel_time
 timeout -k 5 "$(limit 20)" "$py" perf/gpu/kernel_times.py --numel 1048576 --method topk --method threshold \
     --out "$out/kernel_times.jsonl" 2>&1 | grep -v '^{' | tee -a "$out/buckets.log" ||
     { status=1; say "FAILED: kernel_times at 2^20 (buckets.log)" >&2; }
+timeout -k 5 "$(limit 20)" "$py" perf/gpu/kernel_times.py --numel 65536 --method lgc --method powersgd \
+    --out "$out/kernel_times.jsonl" 2>&1 | grep -v '^{' | tee -a "$out/buckets.log" ||
+    { status=1; say "FAILED: kernel_times at 2^16 (buckets.log)" >&2; }
 
 # 3. compression speed: 25 M elements against a copy, and 1,024 elements in microseconds
 read -r -a bench_methods <<<"${BENCH_METHODS:-${methods[*]}}"  # BENCH_METHODS: some of them alone
