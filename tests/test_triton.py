@@ -604,6 +604,24 @@ def test_orthogonalization_equals_pytorch_gram_schmidt(shape: tuple[int, ...], e
     torch.testing.assert_close(got.cpu(), expected, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("rank", [1, 2])
+def test_orthogonalization_of_matrices_side_by_side_equals_each_alone(rank: int) -> None:
+    """A bucket's Ps (or Qs) side by side in one buffer, of different numbers of rows (one of them over a block of
+    rows, one empty, one with a zero column), orthonormalized in one launch: each as PyTorch's Gram-Schmidt alone."""
+    from hvdcomp.methods.powersgd import gram_schmidt
+
+    rows = [7, 1500, 0, 64, 3]
+    flat = gaussian(sum(rows) * rank, seed=rank)
+    parts = list(flat.split([n * rank for n in rows]))
+    parts[3].view(64, rank)[:, 0] = 0
+    expected = [gram_schmidt(part.clone().view(n, rank)) for part, n in zip(parts, rows, strict=True)]
+    got = gpu.orthogonalize_parts(flat.clone().to(DEVICE), rows, rank).cpu()
+    for part, n, want in zip(got.split([n * rank for n in rows]), rows, expected, strict=True):
+        torch.testing.assert_close(part.view(n, rank), want, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="do not cover"):
+        gpu.orthogonalize_parts(flat.to(DEVICE), rows[:-1], rank)
+
+
 def test_powersgd_on_the_triton_kernels_equals_its_cpu_path(monkeypatch: pytest.MonkeyPatch) -> None:
     """PowerSGD's step on CUDA (or with ``HVDCOMP_KERNELS=triton``), per matrix and in a batch of one shape, gives
     its CPU path's sums and next Q to float rounding."""

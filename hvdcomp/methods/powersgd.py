@@ -100,6 +100,36 @@ def gram_schmidt(matrix: torch.Tensor, epsilon: float = 0.0) -> torch.Tensor:
     return matrix
 
 
+def _parts(flat: torch.Tensor, shapes: Sequence[torch.Size]) -> list[torch.Tensor]:
+    """``flat`` as tensors of ``shapes``, back to back: views."""
+    return [part.view(shape) for part, shape in zip(flat.split([math.prod(s) for s in shapes]), shapes, strict=True)]
+
+
+def products(factors: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The products a @ b of ``factors`` (matrices, or batches of them), written back to back into one new float32
+    buffer: the buffer (one tensor for an allreduce) and each product, a view of it."""
+    shapes = [torch.Size((*a.shape[:-1], b.shape[-1])) for a, b in factors]
+    flat = factors[0][0].new_empty(sum(math.prod(shape) for shape in shapes), dtype=torch.float32)
+    parts = _parts(flat, shapes)
+    for (a, b), out in zip(factors, parts, strict=True):
+        torch.matmul(a, b, out=out)
+    return flat, parts
+
+
+def orthogonalize_all(flat: torch.Tensor, parts: Sequence[torch.Tensor], epsilon: float = 0.0) -> None:
+    """Orthonormalizes in place the columns of each of ``parts`` (matrices or batches of one rank r, views of ``flat``
+    back to back, covering it): with the Triton kernels and r <= 2 in one launch for all of them
+    (:func:`hvdcomp.kernels.gpu.lowrank.orthogonalize_parts`), else each by :func:`orthogonalize`."""
+    rank = parts[0].shape[-1]
+    kernels = kernels_for(flat.device)
+    if is_triton(kernels) and rank <= 2 and flat.dtype == torch.float32 and flat.is_contiguous():
+        rows = [part.shape[-2] for part in parts for _ in range(part.shape[0] if part.dim() == 3 else 1)]
+        kernels.orthogonalize_parts(flat, rows, rank, epsilon)
+        return
+    for part in parts:
+        orthogonalize(part, epsilon)
+
+
 class PowerSGD(Compressor):
     """Rank-``rank`` PowerSGD with warm start and error feedback (see the module docstring for each knob)."""
 
@@ -167,42 +197,48 @@ class PowerSGD(Compressor):
     def start(self, groups: Sequence[Group]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Each group's M (float32, n x m; a batch b x n x m for several tensors of one shape) and starting Q (m x r, or
         b x m x r), orthonormalized. M is the gradient plus the residual, built in the residual's buffer (every
-        group's in one launch; a batch's then stacked); Q is last step's (warm start) or a new draw."""
+        group's in one launch; a batch's then stacked); Q is last step's (warm start) or a new draw: one matrix's
+        orthonormalized where it is, several copied side by side and orthonormalized in one launch."""
         if self.error_feedback:
             torch._foreach_add_([state["residual"] for _, states, _ in groups for state in states],
                                 [tensor for tensors, _, _ in groups for tensor in tensors])
-        started = []
+        matrices, qs = [], []
         for tensors, states, contexts in groups:
-            shape = tensors[0].shape
-            n = shape[0]
+            n = tensors[0].shape[0]
             if self.error_feedback:
-                matrices = [state["residual"].view(n, -1) for state in states]
+                members = [state["residual"].view(n, -1) for state in states]
             else:
-                matrices = [tensor.detach().float().reshape(n, -1) for tensor in tensors]
+                members = [tensor.detach().float().reshape(n, -1) for tensor in tensors]
+            matrices.append(members[0] if len(members) == 1 else torch.stack(members))
             if self.warm_start:
-                qs = [state["q"] for state in states]
+                qs += [state["q"] for state in states]
             else:
-                qs = [self._q(shape, ctx.device, derive_seed(ctx.shared_seed, ctx.step)) for ctx in contexts]
-            if len(tensors) == 1:
-                started.append((matrices[0], orthogonalize(qs[0], self.orthogonalization_epsilon)))
-            else:
-                started.append((torch.stack(matrices), orthogonalize(torch.stack(qs), self.orthogonalization_epsilon)))
-        return started
+                qs += [self._q(tensors[0].shape, ctx.device, derive_seed(ctx.shared_seed, ctx.step))
+                       for ctx in contexts]
+        shapes = [torch.Size((*matrix.shape[:-2], matrix.shape[-1], self._rank(matrix.shape[-2:])))
+                  for matrix in matrices]
+        flat = qs[0].view(-1) if len(qs) == 1 else torch.cat([q.reshape(-1) for q in qs])
+        started = _parts(flat, shapes)
+        orthogonalize_all(flat, started, self.orthogonalization_epsilon)
+        return list(zip(matrices, started, strict=True))
 
     def power_step(self, groups: Sequence[Group], ranks: int
                    ) -> Generator[Allreduce, Payload, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]]:
         """Algorithm 1 (module docstring) on groups of matrices, each one tensor or a batch of one shape, the one place
         its equations are written: a generator that yields the two sums over ``ranks`` ranks (every group's P, then
-        every group's Q, each in one request) and returns, per group, (P, Q averaged over the ranks, M_hat summed over
-        them), each stacked for a batch. :class:`PowerSGDReduction` runs it across ranks; :meth:`compress` on one
-        rank."""
+        every group's Q, each side by side in one buffer, one tensor of one request, orthonormalized in one launch)
+        and returns, per group, (P, Q averaged over the ranks, M_hat summed over them), each stacked for a batch.
+        :class:`PowerSGDReduction` runs it across ranks; :meth:`compress` on one rank."""
         started = self.start(groups)
-        ps = yield Allreduce([matrix @ q for matrix, q in started])  # P = M Q, summed: its scale is lost next
-        for p in ps:
-            orthogonalize(p, self.orthogonalization_epsilon)
-        qs = yield Allreduce([matrix.transpose(-2, -1) @ p for (matrix, _), p in zip(started, ps, strict=True)])
+        flat, ps = products(started)  # P = M Q, summed: its scale is lost next
+        (flat,) = yield Allreduce([flat])
+        ps = _parts(flat, [p.shape for p in ps])
+        orthogonalize_all(flat, ps, self.orthogonalization_epsilon)
+        flat, qs = products([(matrix.transpose(-2, -1), p) for (matrix, _), p in zip(started, ps, strict=True)])
+        (flat,) = yield Allreduce([flat])
+        qs = _parts(flat, [q.shape for q in qs])
         totals = [p @ q.transpose(-2, -1) for p, q in zip(ps, qs, strict=True)]  # M_hat summed: what is returned
-        torch._foreach_div_(qs, ranks)  # Q (summed above) averaged, as PyTorch's hook keeps it, for the warm start
+        flat.div_(ranks)  # Q (summed above) averaged, as PyTorch's hook keeps it, for the warm start
         if self.error_feedback:  # E <- M - M_hat, in the residual's buffer (a batch: its stacked copy, copied below)
             torch._foreach_add_([matrix for matrix, _ in started], totals, alpha=-1 / ranks)
         for (tensors, states, _), (matrix, _), q in zip(groups, started, qs, strict=True):

@@ -21,7 +21,7 @@ kernels on CPU tensors: that is how they are tested without a GPU, and tests/tes
 the launches those tests made through Triton's compiler front end for a Hopper GPU (sm_90), which needs no GPU either.
 """
 
-from hvdcomp.kernels.gpu.lowrank import orthogonalize
+from hvdcomp.kernels.gpu.lowrank import orthogonalize, orthogonalize_parts
 from hvdcomp.kernels.gpu.memory import momentum_step, release
 from hvdcomp.kernels.gpu.norms import MAX_NORMS, squared_norms
 from hvdcomp.kernels.gpu.quant import (
@@ -40,6 +40,7 @@ from hvdcomp.kernels.gpu.sketch import sketch_candidates, sketch_encode, sketch_
 from hvdcomp.kernels.gpu.ternary import abs_mean, ternarize_pack, ternary_statistics, unpack_sum
 
 __all__ = ["MAX_BUCKET", "MAX_NORMS", "abs_mean", "decode_subtract", "decode_sum", "excess_moments", "momentum_step",
-           "orthogonalize", "pack_signs", "pack_signs_abs_mean", "quantize_binary", "quantize_levels", "randomk_select",
-           "release", "sign_vote", "sketch_candidates", "sketch_encode", "sketch_peel", "sketch_rows", "squared_norms",
-           "ternarize_pack", "ternary_statistics", "threshold_fit", "topk", "unpack_sum"]
+           "orthogonalize", "orthogonalize_parts", "pack_signs", "pack_signs_abs_mean", "quantize_binary",
+           "quantize_levels", "randomk_select", "release", "sign_vote", "sketch_candidates", "sketch_encode",
+           "sketch_peel", "sketch_rows", "squared_norms", "ternarize_pack", "ternary_statistics", "threshold_fit",
+           "topk", "unpack_sum"]

@@ -1,8 +1,10 @@
 """Triton kernel for PowerSGD's orthogonalization (:func:`hvdcomp.methods.powersgd.orthogonalize`): Gram-Schmidt on
-the r <= 2 columns of each matrix of a batch, in one launch, where the PyTorch path takes 14 (a norm, a guard and a
+the r <= 2 columns of each matrix of a batch, or of every matrix of a step laid back to back in one buffer (a bucket's
+Ps or Qs, of any numbers of rows), in one launch, where the PyTorch path takes 14 a matrix (a norm, a guard and a
 division per column, a projection between them).
 
-One program per matrix (n x r, float32, rows contiguous), in three passes over its rows: the sums of squares and the
+One program per matrix (n x r, float32, rows contiguous; where it starts and its n read from a small table of the
+layout, made once per layout and device and kept), in three passes over its rows: the sums of squares and the
 columns' dot product, the second column's norm once the first is projected out, then the writes. Column 0 becomes
 c0 / |c0|, column 1 becomes (c1 - (c1 . q0) q0) / |c1 - (c1 . q0) q0|, with (c1 . q0) = (c1 . c0) / |c0|; each
 norm guarded as the PyTorch path guards it (epsilon added, or with epsilon 0 a zero column divided by 1, so that it
@@ -11,6 +13,9 @@ The matrices PowerSGD orthogonalizes are its factors P (n x r) and Q (m x r): sm
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import lru_cache
 
 import torch
 import triton
@@ -26,9 +31,12 @@ def _guarded(norm, epsilon, ZERO_EPSILON: tl.constexpr):
     return norm + epsilon
 
 
-@triton.jit(do_not_specialize=["n", "epsilon"])
-def _gram_schmidt_kernel(x_ptr, n, epsilon, R: tl.constexpr, ZERO_EPSILON: tl.constexpr, BLOCK: tl.constexpr):
-    base = x_ptr + tl.program_id(0).to(tl.int64) * n * R
+@triton.jit(do_not_specialize=["count", "epsilon"])
+def _gram_schmidt_kernel(x_ptr, layout_ptr, count, epsilon, R: tl.constexpr, ZERO_EPSILON: tl.constexpr,
+                         BLOCK: tl.constexpr):
+    matrix = tl.program_id(0)
+    base = x_ptr + tl.load(layout_ptr + matrix)  # its first element, then its rows
+    n = tl.load(layout_ptr + count + matrix)
     offsets = tl.arange(0, BLOCK)
     squares0 = tl.zeros([BLOCK], dtype=tl.float32)
     dots = tl.zeros([BLOCK], dtype=tl.float32)
@@ -70,15 +78,39 @@ def _gram_schmidt_kernel(x_ptr, n, epsilon, R: tl.constexpr, ZERO_EPSILON: tl.co
 def orthogonalize(matrix: torch.Tensor, epsilon: float = 0.0) -> torch.Tensor:
     """Orthonormalizes in place the columns of ``matrix`` (float32, contiguous, n x r or a batch b x n x r, r <= 2),
     as Gram-Schmidt with ``epsilon`` added to each column's norm (0: a zero column stays zero); returns it."""
-    if matrix.dim() not in (2, 3) or matrix.shape[-1] not in (1, 2):
+    if matrix.dim() not in (2, 3):
         raise ValueError(f"orthogonalize: a matrix or a batch of matrices of 1 or 2 columns, got shape "
                          f"{tuple(matrix.shape)}")
-    if matrix.dtype != torch.float32 or not matrix.is_contiguous():
-        raise ValueError(f"orthogonalize: a contiguous float32 tensor, got {matrix.dtype}"
-                         f"{'' if matrix.is_contiguous() else ', not contiguous'}")
-    n, rank = matrix.shape[-2], matrix.shape[-1]
     batch = matrix.shape[0] if matrix.dim() == 3 else 1
-    if batch and n:
-        _gram_schmidt_kernel[(batch,)](matrix, n, float(epsilon), R=rank, ZERO_EPSILON=epsilon == 0, BLOCK=_BLOCK,
-                                       enable_fp_fusion=False)
+    orthogonalize_parts(matrix, (matrix.shape[-2],) * batch, matrix.shape[-1], epsilon)
     return matrix
+
+
+def orthogonalize_parts(flat: torch.Tensor, rows: Sequence[int], rank: int, epsilon: float = 0.0) -> torch.Tensor:
+    """Orthonormalizes in place, in one launch, the columns of each matrix of ``flat`` (float32, contiguous): matrices
+    of ``rows[i]`` x ``rank`` (r <= 2) back to back, covering it; as :func:`orthogonalize` does each. Returns
+    ``flat``."""
+    if rank not in (1, 2):
+        raise ValueError(f"orthogonalize: matrices of 1 or 2 columns, got {rank}")
+    if flat.dtype != torch.float32 or not flat.is_contiguous():
+        raise ValueError(f"orthogonalize: a contiguous float32 tensor, got {flat.dtype}"
+                         f"{'' if flat.is_contiguous() else ', not contiguous'}")
+    if sum(rows) * rank != flat.numel():
+        raise ValueError(f"orthogonalize: matrices of {sum(rows)} rows of {rank} do not cover {flat.numel()} elements")
+    if flat.numel():
+        _gram_schmidt_kernel[(len(rows),)](flat, _layout(flat.device, tuple(rows), rank), len(rows), float(epsilon),
+                                           R=rank, ZERO_EPSILON=epsilon == 0, BLOCK=_BLOCK, enable_fp_fusion=False)
+    return flat
+
+
+@lru_cache(maxsize=256)
+def _layout(device: torch.device, rows: tuple[int, ...], rank: int) -> torch.Tensor:
+    """The kernel's table of ``rows``' matrices: each one's first element, then each one's rows (int64), on
+    ``device``. A step's layouts repeat, so each is made once, its copy to a GPU from pinned memory: no wait."""
+    starts = [0]
+    for n in rows[:-1]:
+        starts.append(starts[-1] + n * rank)
+    table = torch.tensor(starts + list(rows), dtype=torch.int64)
+    if device.type != "cuda":
+        return table.to(device)
+    return table.pin_memory().to(device, non_blocking=True)
