@@ -622,6 +622,22 @@ def test_orthogonalization_of_matrices_side_by_side_equals_each_alone(rank: int)
         gpu.orthogonalize_parts(flat.to(DEVICE), rows[:-1], rank)
 
 
+@pytest.mark.parametrize("k", [1, 100, 5000])
+def test_lgc_guard_projection_equals_its_pytorch_path(k: int) -> None:
+    """LGC's guard in one launch each: S x with the PyTorch path's signs (sums of ones, exact, equal), the same sums
+    of Gaussian values and the same error to float rounding; the largest key, whose key + i reaches 2^62 + k."""
+    from hvdcomp.methods.lgc import GUARD_BUCKETS, LGC
+
+    for key in (7, 2**62 - 1):
+        ones = torch.ones(k)
+        assert torch.equal(gpu.projection(ones.to(DEVICE), key, GUARD_BUCKETS).cpu(), LGC.projection(ones, key))
+        x, reconstructed = gaussian(k, seed=1), gaussian(k, seed=2)
+        exact = LGC.projection(x, key)
+        torch.testing.assert_close(gpu.projection(x.to(DEVICE), key, GUARD_BUCKETS).cpu(), exact, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(gpu.projection_error(exact.to(DEVICE), reconstructed.to(DEVICE), key).cpu(),
+                                   LGC.projection_error(exact, reconstructed, key), rtol=1e-5, atol=1e-5)
+
+
 def test_powersgd_on_the_triton_kernels_equals_its_cpu_path(monkeypatch: pytest.MonkeyPatch) -> None:
     """PowerSGD's step on CUDA (or with ``HVDCOMP_KERNELS=triton``), per matrix and in a batch of one shape, gives
     its CPU path's sums and next Q to float rounding."""

@@ -86,6 +86,8 @@ import torch.nn.functional as F
 
 from hvdcomp import check
 from hvdcomp.compressor import Compressor, Context, State, derive_seed
+from hvdcomp.kernels import is_triton, kernels_for
+from hvdcomp.methods.sketch import mix
 from hvdcomp.methods.topk import largest
 from hvdcomp.reductions import Phase, ReductionMethod
 from hvdcomp.requests import Allgather, Allreduce, Broadcast, Read, Reduction, Request, dense_copy
@@ -95,7 +97,7 @@ if TYPE_CHECKING:
     from hvdcomp.perfmodel.schema import Encoded
 
 VARIANTS = ("ring", "ps")
-#: the guard's projection of the k values (LGC.sketch): 64 signed sums, 256 bytes more per rank and step
+#: the guard's projection of the k values (LGC.projection): 64 signed sums, 256 bytes more per rank and step
 GUARD_BUCKETS = 64
 #: the guard's smoothing: an exponentially weighted moving average of the stage-3 errors, this weight on the newest
 GUARD_ALPHA = 0.25
@@ -105,7 +107,6 @@ _BETAS = (0.9, 0.999)
 _EPS = 1e-8
 
 Weights = dict[str, torch.Tensor]
-_generators: dict[torch.device, torch.Generator] = {}
 
 
 def _deterministic() -> contextlib.AbstractContextManager[None]:
@@ -314,21 +315,33 @@ class LGC(Compressor):
         error = state["last"].get("error")
         return [state["last"]["stage"], None if error is None else round(error, 5), state["fallbacks"]]
 
-    def signs(self, k: int, device: torch.device, seed: int) -> torch.Tensor:
-        """The guard's random signs for k values padded to a multiple of GUARD_BUCKETS, drawn on ``device`` from
-        ``seed`` (the same on every rank)."""
-        generator = _generators.get(device)
-        if generator is None:
-            generator = _generators[device] = torch.Generator(device=device)
-        length = -(-k // GUARD_BUCKETS) * GUARD_BUCKETS
-        draw = torch.randint(0, 2, (length,), generator=generator.manual_seed(seed), device=device, dtype=torch.float32)
-        return draw.mul_(2).sub_(1)
+    @staticmethod
+    def guard_key(ctx: Context) -> int:
+        """The key of the guard's signs at ``ctx``'s step, the same on every rank: 62 bits, so that key + i never
+        wraps."""
+        return derive_seed(ctx.shared_seed, "guard", ctx.step) >> 1
 
     @staticmethod
-    def sketch(x: torch.Tensor, signs: torch.Tensor) -> torch.Tensor:
-        """S x: GUARD_BUCKETS sums of consecutive signed values, a linear projection with E ||S x||^2 = ||x||^2
-        (summed over ranks by the same collective as the payload; a deterministic reduction on every device)."""
-        return (F.pad(x, (0, signs.numel() - x.numel())) * signs).view(GUARD_BUCKETS, -1).sum(1)
+    def projection(x: torch.Tensor, key: int) -> torch.Tensor:
+        """S x: GUARD_BUCKETS sums of consecutive signed values (x padded with zeros to a multiple of GUARD_BUCKETS),
+        a linear projection with E ||S x||^2 = ||x||^2, summed over ranks by the same collective as the payload.
+        Value i's sign is bit 0 of splitmix64(``key`` + i): on CUDA one Triton launch draws and sums
+        (:mod:`hvdcomp.kernels.gpu.projection`, the same signs, its own order of addition)."""
+        kernels = kernels_for(x.device)
+        if is_triton(kernels):
+            return kernels.projection(x.contiguous(), key, GUARD_BUCKETS)
+        length = -(-x.numel() // GUARD_BUCKETS) * GUARD_BUCKETS
+        signs = 1.0 - 2.0 * (mix(torch.arange(length, device=x.device) + key) & 1).float()
+        return (F.pad(x, (0, length - x.numel())) * signs).view(GUARD_BUCKETS, -1).sum(1)
+
+    @classmethod
+    def projection_error(cls, exact: torch.Tensor, x: torch.Tensor, key: int) -> torch.Tensor:
+        """(||exact - S x||^2, ||exact||^2), float32 [2]: the guard's measure of reconstruction ``x`` against the
+        projection ``exact`` of what it reconstructs (one Triton launch on CUDA)."""
+        kernels = kernels_for(x.device)
+        if is_triton(kernels):
+            return kernels.projection_error(exact.contiguous(), x.contiguous(), key)
+        return torch.stack([(exact - cls.projection(x, key)).square().sum(), exact.square().sum()])
 
     def guard(self, state: State, step: int, error: torch.Tensor) -> None:
         """Stage 3's check, from (||S(exact - reconstructed)||^2, ||S exact||^2) summed over the tensor's values:
@@ -367,7 +380,7 @@ class LGC(Compressor):
         x = selected / scale
         with torch.no_grad():
             code = self.encode(state["ae"], self.pad(x.unsqueeze(0))).reshape(-1)
-        check = self.sketch(x, self.signs(k, x.device, derive_seed(ctx.shared_seed, "guard", ctx.step)))
+        check = self.projection(x, self.guard_key(ctx))
         meta = (tensor.shape, k, state["ae"])
         if self.variant == "ring":
             payload = [indices, scale, torch.cat([code, check])]
@@ -449,26 +462,26 @@ class LGCReduction(ReductionMethod):
                 state["ae"][name].copy_(part.view_as(state["ae"][name]))
             state["synced"] = True
         weights = state["ae"]
-        signs = method.signs(k, p.device, derive_seed(ctx.shared_seed, "guard", ctx.step))
+        key = method.guard_key(ctx)
         if method.variant == "ring":
             indices, scale = yield from self._leader(method, p, k, leader, ctx)
             index = indices.long()
             selected = p[index]  # (p is not written before the residual's update below)
             x = selected / scale
             code = method.encode(weights, method.pad(x.unsqueeze(0)))
-            (summed,) = yield Allreduce([torch.cat([code.reshape(-1), method.sketch(x, signs)])])
+            (summed,) = yield Allreduce([torch.cat([code.reshape(-1), method.projection(x, key)])])
             mean = method.decode(weights, summed[:code.numel()].view_as(code) / ctx.size)[0, 0, :k]
             reconstruction = mean * scale  # the estimate of the mean of the ranks' values, this rank's share
             total = reconstruction * ctx.size
             exact = summed[code.numel():] / ctx.size  # S of the exact mean: the guard's reference
-            error = torch.stack([(exact - method.sketch(mean, signs)).square().sum(), exact.square().sum()])
+            error = method.projection_error(exact, mean, key)
         else:
             indices, scale, code = yield from self._leader(method, p, k, leader, ctx, weights)
             index = indices.long()
             selected = p[index]
             x = selected / scale
             values, positions = method.innovation(x.unsqueeze(0))
-            gathered = yield Allgather([torch.cat([values.reshape(-1), method.sketch(x, signs)]),
+            gathered = yield Allgather([torch.cat([values.reshape(-1), method.projection(x, key)]),
                                         positions.reshape(-1)], fixed_size=True)
             kept = values.numel()
             length = method.length(k)
@@ -479,8 +492,7 @@ class LGCReduction(ReductionMethod):
                 innovation = method.scatter(head[:kept].view(1, -1), inno_positions.view(1, -1), length)
                 decoded.append(method.decode(weights, code, r, innovation)[0, 0, :k])
                 total += decoded[r] * scale
-                exact = head[kept:]
-                error += torch.stack([(exact - method.sketch(decoded[r], signs)).square().sum(), exact.square().sum()])
+                error += method.projection_error(head[kept:], decoded[r], key)
             reconstruction = decoded[ctx.rank] * scale
         p.index_copy_(0, index, selected - reconstruction)
         method.guard(state, ctx.step, (yield Read(error)))

@@ -71,18 +71,16 @@ def autoencoder_costs(variant: str, ranks: int, k: int, repeats: int) -> dict:
     train_ms, train_range = median_ms(lambda: method.train_step(state, batch, 0), repeats)
     x = method.pad(batch[:1])
 
-    signs = method.signs(k, batch.device, 0)
-
     def stage3() -> None:
         code = method.encode(weights, x)
-        method.sketch(batch[0], signs)  # the guard's projection of this rank's values
-        if variant == "ring":  # the summed code, and the guard's projection of what it decodes to
-            method.sketch(method.decode(weights, code)[0, 0, :k], signs)
+        exact = method.projection(batch[0], 0)  # the guard's projection of this rank's values
+        if variant == "ring":  # the summed code, and the guard's error of what it decodes to
+            method.projection_error(exact, method.decode(weights, code)[0, 0, :k], 0)
             return
         values, positions = method.innovation(batch)
         innovations = method.scatter(values, positions, x.shape[-1])
         for r in range(ranks):
-            method.sketch(method.decode(weights, code, r, innovations[r:r + 1])[0, 0, :k], signs)
+            method.projection_error(exact, method.decode(weights, code, r, innovations[r:r + 1])[0, 0, :k], 0)
 
     with torch.no_grad():
         use_ms, use_range = median_ms(stage3, repeats)
