@@ -45,6 +45,8 @@ if TYPE_CHECKING:
 #: With ``collective: auto``, fixed-size gathered payloads switch to the two-phase scheme from this many
 #: ranks on: allgather receives (N-1) payloads per rank, two-phase about 2 at any N.
 TWO_PHASE_MIN_RANKS = 5
+#: the key of a bucket's state that holds one state per member (:meth:`ReductionMethod.init_member_states`)
+MEMBERS = "members"
 
 
 class Traits(Protocol):
@@ -97,11 +99,19 @@ class ReductionMethod(ABC):
         return self.compressor.init_state(tensor, ctx)
 
     def plan(self, state: State) -> str:
-        """The changing part of the plan (:meth:`Compressor.plan`) of the state this reduction made."""
+        """The changing part of the plan (:meth:`Compressor.plan`) of the state this reduction made; of a bucket's
+        members' states (:meth:`init_member_states`), theirs, joined."""
+        if MEMBERS in state:
+            plans = [self.compressor.plan(member) for member in state[MEMBERS]]
+            return "; ".join(plans) if any(plans) else ""
         return self.compressor.plan(state)
 
     def decisions(self, state: State) -> list[Any] | None:
-        """The last step's decisions (:meth:`Compressor.decisions`) of the state this reduction made."""
+        """The last step's decisions (:meth:`Compressor.decisions`) of the state this reduction made; of a bucket's
+        members' states, each member's, where any decides something."""
+        if MEMBERS in state:
+            decided = [self.compressor.decisions(member) for member in state[MEMBERS]]
+            return None if all(d is None for d in decided) else decided
         return self.compressor.decisions(state)
 
     @abstractmethod
@@ -123,10 +133,10 @@ class ReductionMethod(ABC):
 
     def init_member_states(self, tensors: Sequence[torch.Tensor], ctx: Context) -> State:
         """A bucket's state where :meth:`reduce_bucket` reduces each member on its own (PowerSGD's matrices, the sketch
-        method's gradients): ``{"members": [...]}``, each member's :meth:`init_state` with its
-        :meth:`member_contexts` context."""
-        return {"members": [self.init_state(tensor, member)
-                            for tensor, member in zip(tensors, self.member_contexts(ctx, len(tensors)), strict=True)]}
+        method's gradients): ``{MEMBERS: [...]}``, each member's :meth:`init_state` with its :meth:`member_contexts`
+        context."""
+        return {MEMBERS: [self.init_state(tensor, member)
+                          for tensor, member in zip(tensors, self.member_contexts(ctx, len(tensors)), strict=True)]}
 
     @staticmethod
     def member_contexts(ctx: Context, count: int) -> list[Context]:

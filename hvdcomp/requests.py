@@ -134,13 +134,15 @@ def dense_concat(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     """``tensors`` as an :class:`Allreduce` sends gradients densely: their concatenation, flat, in a float32 tensor of
     its own (sparse ones densified). Horovod reduces in place and in the background: a gradient sent itself could
     change under a reader before ``synchronize()``."""
-    flat = torch.cat([(t.detach().to_dense() if t.is_sparse else t.detach()).reshape(-1) for t in tensors])
-    return flat.to(torch.float32)
+    parts = [(t.detach().to_dense() if t.is_sparse else t.detach()).reshape(-1) for t in tensors]
+    out = torch.empty(sum(part.numel() for part in parts), dtype=torch.float32, device=parts[0].device)
+    return torch.cat(parts, out=out)  # converted as it is copied
 
 
 def dense_copy(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor`` as an :class:`Allreduce` sends a gradient densely (:func:`dense_concat`), in its shape."""
-    return dense_concat([tensor]).view(tensor.shape)
+    """``tensor`` as an :class:`Allreduce` sends a gradient densely (as :func:`dense_concat`), in its shape."""
+    dense = tensor.detach().to_dense() if tensor.is_sparse else tensor.detach()
+    return dense.to(torch.float32, memory_format=torch.contiguous_format, copy=not tensor.is_sparse)
 
 
 def to_host(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:

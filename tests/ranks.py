@@ -944,6 +944,7 @@ def scenario_sketch() -> None:
 
     configs = {"none": "none", "sketch": {"method": "sketch", "min_numel": 100},
                "sketch-buckets": {"method": "sketch", "min_numel": 30, "bucket_cap_mb": 1},  # the linear layer's too
+               "sketch-ef-buckets": {"method": "sketch", "error_feedback": True, "min_numel": 30, "bucket_cap_mb": 1},
                "topk-sketch": {"method": "topk", "options": {"ratio": 0.005}, "collective": "sketch",
                                "min_numel": 100}}
     trained = {}
@@ -953,13 +954,14 @@ def scenario_sketch() -> None:
                                                                      momentum=momentum_for(config)),
                                                      named_parameters=model.named_parameters(), compression=config)
             in_bucket = [slot.name for slot in optimizer._slots if slot.bucket]
-            assert in_bucket == (["0.weight", "1.weight"] if label == "sketch-buckets" else []), in_bucket
+            assert in_bucket == (["0.weight", "1.weight"] if "buckets" in label else []), in_bucket
             return optimizer
         model = train_and_resume(bag_model, make, documents(8, seed=rank), f"sparse {label}")
         assert_identical_across_ranks(model, f"sparse.{label}")
         trained[label] = flat_params(model)
     torch.testing.assert_close(trained["sketch"], trained["none"], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(trained["sketch-buckets"], trained["none"], rtol=1e-5, atol=1e-5)
+    for label in ("sketch-buckets", "sketch-ef-buckets"):
+        torch.testing.assert_close(trained[label], trained["none"], rtol=1e-5, atol=1e-5)
     assert not torch.allclose(trained["topk-sketch"], trained["none"]), "top-k kept everything: a weak test"
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from hvdcomp import make_compressor
+from hvdcomp import ErrorFeedback, make_compressor
 from hvdcomp.compressor import Context
 from hvdcomp.config import CompressionConfig
 from hvdcomp.methods import sketch
@@ -168,10 +168,14 @@ def test_a_bucket_sums_each_gradient_as_alone_with_one_request_a_round(path: str
     other = torch.zeros(3000, 2)
     other[torch.randperm(3000, generator=generator)[:30]] = torch.randn(30, 2, generator=generator)
     full = torch.randn(50, 4, generator=generator)
-    bucket = [full, embedding, torch.zeros(300), other.to_sparse(1), torch.randn(7, 3, generator=generator).t()]
-    cases = [({"dtype": "float64"}, ["dense", "sketch", "empty", "sketch", "dense"],
+    half = torch.zeros(2000, 2)  # dense only once its filter's false positives are counted, at fp_rate 0.25
+    half[torch.randperm(2000, generator=generator)[:700]] = torch.randn(700, 2, generator=generator)
+    bucket = [full, embedding, torch.zeros(300), other.to_sparse(1), torch.randn(7, 3, generator=generator).t(), half]
+    cases = [({"dtype": "float64"}, ["dense", "sketch", "empty", "sketch", "dense", "sketch"],
               ["Agree", "Allgather", "Allreduce"]),
-             ({"dtype": "float64", "margin": 0.2}, ["dense", "fallback", "empty", "fallback", "dense"],
+             ({"dtype": "float64", "fp_rate": 0.25}, ["dense", "sketch", "empty", "sketch", "dense", "dense"],
+              ["Agree", "Allgather", "Allreduce"]),
+             ({"dtype": "float64", "margin": 0.2}, ["dense", "fallback", "empty", "fallback", "dense", "fallback"],
               ["Agree", "Allgather", "Allreduce", "Allgather"])]
     for options, paths, kinds in cases:
         reduction = SketchReduction(Sketch(), **options)
@@ -185,6 +189,21 @@ def test_a_bucket_sums_each_gradient_as_alone_with_one_request_a_round(path: str
             dense = tensor.to_dense() if tensor.is_sparse else tensor
             assert total.shape == (dense.numel(),) and torch.equal(total, alone.reshape(-1)), options
             assert torch.equal(total, dense.reshape(-1)), options  # one rank: its own gradient, exactly
+        assert state["members"][5]["sketch"]["candidates"] > 0, "half went dense before its filter"
+
+
+def test_a_bucket_of_the_sketch_method_with_error_feedback_plans_and_sums_each_gradient() -> None:
+    """The sketch method wrapped in error feedback, in a bucket: the plan and decisions read each member's state, and
+    the sum is each gradient's (lossless: nothing is left in the residuals)."""
+    bucket = [torch.randn(30, 2), torch.zeros(500, 3)]
+    bucket[1][7] = 1.5
+    reduction = SketchReduction(ErrorFeedback(Sketch()), dtype="float64")
+    ctx = Context.local(bucket[0], name="bucket", step=2)
+    state = reduction.init_bucket_state(bucket, ctx)
+    assert reduction.plan(state) == "" and reduction.decisions(state) is None
+    sums, _ = recorded(reduction.reduce_bucket(bucket, state, ctx))
+    for tensor, total in zip(bucket, sums, strict=True):
+        assert torch.equal(total, tensor.reshape(-1))
 
 
 def test_bad_options_and_collectives_are_named() -> None:

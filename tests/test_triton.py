@@ -43,6 +43,8 @@ from hvdcomp import Context, make_compressor  # noqa: E402
 from hvdcomp.kernels import cpu_kernels, gpu  # noqa: E402
 from hvdcomp.packing import pack_bits  # noqa: E402
 from hvdcomp.quantization import rounding_variance  # noqa: E402
+from hvdcomp.reductions import MEMBERS  # noqa: E402
+from hvdcomp.requests import run_one_rank  # noqa: E402
 
 pytestmark = pytest.mark.triton
 DEVICE = torch.device("cuda" if CUDA else "cpu")
@@ -667,6 +669,31 @@ def test_powersgd_on_the_triton_kernels_equals_its_cpu_path(monkeypatch: pytest.
         monkeypatch.setenv("HVDCOMP_KERNELS", "triton")
     results = step(on_device(*grads), sync_free=True)
     for expected, got in zip(reference, results, strict=True):
+        torch.testing.assert_close(got.cpu(), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_powersgd_bucket_of_mixed_shapes_and_ranks_on_the_triton_kernels_equals_its_cpu_path(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A PowerSGD bucket whose Ps and Qs lie side by side in one buffer each: matrices of different shapes, one of
+    rank 1 (a single row, which ``min_compression_rate`` < 1 compresses), so not all orthonormalized in one launch;
+    the Triton path's sums and next Qs equal the CPU path's to float rounding, two steps running."""
+    from hvdcomp.methods.powersgd import PowerSGD, PowerSGDReduction
+
+    def steps(grads: list[torch.Tensor]) -> list[torch.Tensor]:
+        reduction = PowerSGDReduction(PowerSGD(start_iter=0, min_compression_rate=0.5))
+        ctx = Context.local(grads[0], seed=3, name="bucket")
+        state = reduction.init_bucket_state(grads, ctx)
+        results = []
+        for step in range(2):
+            results += run_one_rank(reduction.reduce_bucket([g.clone() for g in grads], state,
+                                                            Context.local(grads[0], seed=3, name="bucket", step=step)))
+        return [*results, *(member["q"] for member in state[MEMBERS])]
+
+    grads = [gaussian(100, 0).view(1, 100), gaussian(50 * 40, 1).view(50, 40), gaussian(30 * 20, 2).view(30, 20)]
+    reference = steps(grads)
+    if not CUDA:
+        monkeypatch.setenv("HVDCOMP_KERNELS", "triton")
+    for expected, got in zip(reference, steps(on_device(*grads)), strict=True):
         torch.testing.assert_close(got.cpu(), expected, rtol=1e-4, atol=1e-5)
 
 

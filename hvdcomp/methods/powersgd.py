@@ -59,7 +59,7 @@ import torch
 from hvdcomp import check
 from hvdcomp.compressor import Compressor, Context, State, derive_seed
 from hvdcomp.kernels import is_triton, kernels_for
-from hvdcomp.reductions import Phase, ReductionMethod
+from hvdcomp.reductions import MEMBERS, Phase, ReductionMethod
 from hvdcomp.requests import Allreduce, Reduction, dense_copy, run_one_rank
 from hvdcomp.wire import Payload
 
@@ -118,12 +118,14 @@ def products(factors: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torc
 
 
 def orthogonalize_all(flat: torch.Tensor, parts: Sequence[torch.Tensor], epsilon: float = 0.0) -> None:
-    """Orthonormalizes in place the columns of each of ``parts`` (matrices or batches of one rank r, views of ``flat``
-    back to back, covering it): with the Triton kernels and r <= 2 in one launch for all of them
-    (:func:`hvdcomp.kernels.gpu.lowrank.orthogonalize_parts`), else each by :func:`orthogonalize`."""
+    """Orthonormalizes in place the columns of each of ``parts`` (matrices or batches, views of ``flat`` back to back,
+    covering it): with the Triton kernels, where all have one rank r <= 2, in one launch for all of them
+    (:func:`hvdcomp.kernels.gpu.lowrank.orthogonalize_parts`), else each by :func:`orthogonalize`. (A matrix's rank is
+    below the option's where it has fewer rows or columns, which ``min_compression_rate`` < 1 lets it be.)"""
     rank = parts[0].shape[-1]
     kernels = kernels_for(flat.device)
-    if is_triton(kernels) and rank <= 2 and flat.dtype == torch.float32 and flat.is_contiguous():
+    if is_triton(kernels) and rank <= 2 and all(part.shape[-1] == rank for part in parts) \
+            and flat.dtype == torch.float32 and flat.is_contiguous():
         rows = [part.shape[-2] for part in parts for _ in range(part.shape[0] if part.dim() == 3 else 1)]
         kernels.orthogonalize_parts(flat, rows, rank, epsilon)
         return
@@ -305,7 +307,7 @@ class PowerSGDReduction(ReductionMethod):
         for i, tensor in enumerate(tensors):
             key = tensor.shape if self.compressor.batch_tensors_with_same_shape else i
             groups.setdefault(key, []).append(i)
-        totals = yield from self._reduce(list(groups.values()), tensors, state["members"], contexts)
+        totals = yield from self._reduce(list(groups.values()), tensors, state[MEMBERS], contexts)
         return [total.reshape(-1) for total in totals]
 
     def _reduce(self, groups: Sequence[Sequence[int]], tensors: Sequence[torch.Tensor], states: Sequence[State],

@@ -78,7 +78,7 @@ from __future__ import annotations
 import math
 from collections.abc import Generator, Sequence
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -86,7 +86,7 @@ from hvdcomp import check
 from hvdcomp.compressor import Context, State, derive_seed
 from hvdcomp.kernels import cpu_kernels, is_triton, kernels_for
 from hvdcomp.methods.topk import Sparse, block, index_dtype
-from hvdcomp.reductions import Phase, ReductionMethod
+from hvdcomp.reductions import MEMBERS, Phase, ReductionMethod
 from hvdcomp.requests import Agree, Allgather, Allreduce, Reduction, Request, dense_concat
 from hvdcomp.wire import Payload
 
@@ -296,7 +296,9 @@ class SketchReduction(ReductionMethod):
     sketch method, must ask for exactly that sum); none more if it is 0; then, unless dense pays from the start, the
     filter (Allgather or Allreduce); then Allreduce of the sketch, or of the dense tensor when the sketch would
     be no smaller; and, if peeling did not complete, Allgather of the payloads. Each rank's last step is kept in
-    ``state["sketch"]`` (items, candidates, cells, path).
+    ``state["sketch"]`` (items, candidates, cells, path). A bucket of the sketch method's gradients
+    (:meth:`reduce_bucket`) makes one such sequence for all of them: one Agree of every gradient's items, then each
+    round's requests as one; each gradient's last step is kept in its member's state (``state[MEMBERS][i]``).
     """
 
     name = "sketch"
@@ -312,7 +314,7 @@ class SketchReduction(ReductionMethod):
         check.choice(self.name, "filter_collective", filter_collective, ("auto", "allgather", "allreduce"))
         self.margin, self.slack, self.fp_rate = float(margin), slack, fp_rate
         self.dtype, self.filter_collective = dtype, filter_collective
-        self._by_member = isinstance(compressor.unwrapped(), Sketch)  # a bucket's gradients each as alone
+        self._members_alone = isinstance(compressor.unwrapped(), Sketch)  # a bucket's gradients each as alone
 
     @classmethod
     def rejects(cls, traits: Any) -> str | None:
@@ -334,7 +336,7 @@ class SketchReduction(ReductionMethod):
 
     def init_bucket_state(self, tensors: Sequence[torch.Tensor], ctx: Context) -> State:
         """The sketch method's bucket: each gradient's own state; a sparsifier's: its concatenation's."""
-        if self._by_member:
+        if self._members_alone:
             return self.init_member_states(tensors, ctx)
         return super().init_bucket_state(tensors, ctx)
 
@@ -342,9 +344,9 @@ class SketchReduction(ReductionMethod):
         """The sketch method's bucket: each gradient summed as alone (its own rows, sizes and path), with one vote
         for the bucket and each round's collectives as one request (:meth:`_sum`). A sparsifier's bucket is its
         concatenation, compressed as one tensor (the default). Each sum is flat."""
-        if not self._by_member:
+        if not self._members_alone:
             return (yield from super().reduce_bucket(tensors, state, ctx))
-        states, contexts = state["members"], self.member_contexts(ctx, len(tensors))
+        states, contexts = state[MEMBERS], self.member_contexts(ctx, len(tensors))
         counts = [self.compressor.agree(tensor, member_state, member).values
                   for tensor, member_state, member in zip(tensors, states, contexts, strict=True)]
         totals = yield Agree(torch.cat(counts), "sum", host=True)
@@ -356,13 +358,13 @@ class SketchReduction(ReductionMethod):
              totals: torch.Tensor) -> Generator[Request, Any, list[torch.Tensor]]:
         """The sums over ranks of ``tensors`` (one, or a bucket's), from each one's payload items summed over ranks
         (``totals``, the vote's, on the host) and its payload (``compressed``: a sparsifier's, made before the vote;
-        None: the sketch method's, whose rows are found now). Each takes its own path (the class docstring); their
-        requests of one round go as one: the filters, then the dense tensors and the sketches, then the payloads whose
-        peeling did not complete."""
+        None: the sketch method's, whose rows are found now and written into ``compressed``). Each takes its own path
+        (the class docstring); their requests of one round go as one: the filters, then the dense tensors and the
+        sketches, then the payloads whose peeling did not complete."""
         bare = self.compressor.unwrapped() is self.compressor
         results: list[torch.Tensor | None] = [None] * len(tensors)
-        at_once: list[int] = []  # the gradients sent as they are, in one concatenation
-        dense: dict[int, torch.Tensor] = {}  # payloads sent densely
+        as_they_are: list[int] = []  # the gradients sent dense at once, in one concatenation
+        densified: dict[int, torch.Tensor] = {}  # payloads sent as the dense tensors they came from
         filters: dict[int, tuple[int, int, int]] = {}  # the filter's seed, bits and hashes
         for i, (tensor, state, ctx) in enumerate(zip(tensors, states, contexts, strict=True)):
             summed = round(float(totals[i]))
@@ -372,7 +374,7 @@ class SketchReduction(ReductionMethod):
                     # the bare method, where no sketch can pay: its gradient as it is, not its rows found first (a
                     # memory wrapper's compress updates its state: a wrapped method compresses as below)
                     stats["path"] = "dense"
-                    at_once.append(i)
+                    as_they_are.append(i)
                     continue
                 compressed[i] = self.compressor.compress(tensor, state, ctx, totals[i])
             (values, items), (shape, n, _) = compressed[i]
@@ -380,7 +382,7 @@ class SketchReduction(ReductionMethod):
                 results[i] = torch.zeros(shape, dtype=torch.float32, device=values.device)
             elif self._dense_at_once(summed, n, ctx):  # the sparsifiers' payloads, or a wrapped method's rows
                 stats["path"] = "dense"
-                dense[i] = self._densified(values, items, n, shape)
+                densified[i] = self._densified(values, items, n, shape)
             else:
                 bits, hashes = filter_size(summed, n, ctx.size, self.fp_rate)
                 filters[i] = derive_seed(ctx.shared_seed, "filter", ctx.step), bits, hashes
@@ -393,19 +395,20 @@ class SketchReduction(ReductionMethod):
             states[i]["sketch"].update(candidates=found.numel(), cells=3 * c3)
             if self._larger_than_dense(c3, n):
                 states[i]["sketch"]["path"] = "dense"
-                dense[i] = self._densified(values, items, n, shape)
+                densified[i] = self._densified(values, items, n, shape)
             else:
                 seed = derive_seed(contexts[i].shared_seed, "sketch", contexts[i].step)
                 rows = values.view(-1, block(shape, n))
                 sketched[i] = found, seed, encode(rows, items, seed, c3, getattr(torch, self.dtype))
-        flat = [dense_concat([tensors[i] for i in at_once])] if at_once else []
-        if flat or dense or sketched:
-            reduced = yield Allreduce([*flat, *dense.values(), *(table for *_, table in sketched.values())])
-            if flat:
-                for i, total in zip(at_once, reduced[0].split([tensors[i].numel() for i in at_once]), strict=True):
+        concatenated = [dense_concat([tensors[i] for i in as_they_are])] if as_they_are else []
+        if concatenated or densified or sketched:
+            reduced = yield Allreduce([*concatenated, *densified.values(), *(table for *_, table in sketched.values())])
+            if concatenated:
+                sizes = [tensors[i].numel() for i in as_they_are]
+                for i, total in zip(as_they_are, reduced[0].split(sizes), strict=True):
                     results[i] = total.view(tensors[i].shape)
-            tables = reduced[len(flat) + len(dense):]
-            for i, total in zip(dense, reduced[len(flat):len(flat) + len(dense)], strict=True):
+            tables = reduced[len(concatenated) + len(densified):]
+            for i, total in zip(densified, reduced[len(concatenated):len(concatenated) + len(densified)], strict=True):
                 results[i] = total.view(compressed[i][1][0])
             fallback = []
             for i, table in zip(sketched, tables, strict=True):
@@ -424,7 +427,7 @@ class SketchReduction(ReductionMethod):
                 for j, i in enumerate(fallback):
                     payloads = [payload[2 * j:2 * j + 2] for payload in gathered]
                     results[i] = self.compressor.aggregate(payloads, compressed[i][1]).float()
-        return results
+        return cast("list[torch.Tensor]", results)  # each path above has set its tensors' results
 
     def _unions(self, owns: list[torch.Tensor], ranks: int) -> Generator[Request, Any, list[torch.Tensor]]:
         """The packed filters ``owns`` ORed over ranks, in one collective (none if there are none)."""

@@ -126,6 +126,8 @@ def measure(method: str, device: torch.device, cap_mb: float, repeats: int) -> d
     buckets = config.buckets([(grad, choice) for _, grad, choice in compressed])
     in_bucket = {position for bucket in buckets for position in bucket}
     units = [[position] for position in range(len(compressed)) if position not in in_bucket] + buckets
+    if not compressed:
+        raise SystemExit(f"{method} compresses none of ResNet-50's gradients")
     reduction = compressed[0][2].reduction
     if type(reduction).reduce_bucket is ReductionMethod.reduce_bucket:
         per_tensor = [(grad, _coder(choice.compressor, grad, name)) for name, grad, choice in compressed]

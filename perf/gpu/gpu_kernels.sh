@@ -20,7 +20,7 @@
 #    perf/gpu/kernel_times.py, the sparsifiers', the sketch's and PowerSGD's kernels at 25 M elements, each one's
 #    device time by PyTorch's profiler, and top-k's and threshold's at 2^20, where the selection's CUDA-event time
 #    (about 200 us) may be mostly the host's issuing: the kernels' own sum tells; and LGC's and PowerSGD's at 2^16, a
-#    small layer, where LGC took 1.9 ms a gradient on ResNet-50 (kernel_times.jsonl);
+#    small layer, where the same comparison tells how much of their time is the host's (kernel_times.jsonl);
 # 3. `bench compress --device cuda` (CUDA events, L2 flushed between calls) for every method, at 25,000,000 elements
 #    (fraction_of_copy: their speed against a copy; PowerSGD gets a 5000 x 5000 matrix) and at 1,024 (compress_us +
 #    decompress_us), one process per method (bench-cuda.jsonl, JSON lines; bench.log);
