@@ -48,7 +48,8 @@ every rank decodes with the same weights even where training rounded differently
 the same kind decode to the same bits, as every method's decoding assumes.
 
 Guard: in stage 3 every rank also sends S x_r, a projection of its normalized values onto GUARD_BUCKETS (64) signed
-sums (random signs from the shared seed and the step; E ||S x||^2 = ||x||^2), with its code (ring: summed in the same
+sums (random signs, bit 0 of splitmix64 of a key from the shared seed and the step plus the value's position;
+E ||S x||^2 = ||x||^2), with its code (ring: summed in the same
 allreduce) or its innovation (ps: gathered). Every rank then knows the exact S of what was to be reconstructed (ring:
 of the mean; ps: of each rank's values) and computes the relative error ||S(x - x_hat)|| / ||S x|| of the
 reconstruction it applied: the same bits on every rank (they come from the collective's result), without a vote.
@@ -66,7 +67,8 @@ A tensor whose k is under 4 x 2^downsample is kept dense (with a log line), as i
 Costs: stage 3 sends per rank, ring, an allreduce of k code_channels / 2^downsample floats plus the leader's
 broadcast of k int32 indices; ps, 8 k' bytes of innovation plus the leader's broadcast of the indices and code; both,
 the guard's 256 bytes. The guard decides on the host from its two sums (a :class:`~hvdcomp.requests.Read`): the
-optimizer copies every tensor's in one transfer a step, once no compressed collective is left. The autoencoder's
+optimizer copies every tensor's in one transfer a step, once no compressed collective is left. On CUDA the guard's
+projection and its error take one Triton launch each (:mod:`hvdcomp.kernels.gpu.projection`). The autoencoder's
 compute runs on the tensor's device.
 
 A state made afresh (an elastic reset, a step skipped for a non-finite gradient) starts from the step counter: after
