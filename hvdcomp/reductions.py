@@ -103,7 +103,7 @@ class ReductionMethod(ABC):
         members' states (:meth:`init_member_states`), theirs, joined."""
         if MEMBERS in state:
             plans = [self.compressor.plan(member) for member in state[MEMBERS]]
-            return "; ".join(plans) if any(plans) else ""
+            return ";".join(plans) if any(plans) else ""
         return self.compressor.plan(state)
 
     def decisions(self, state: State) -> list[Any] | None:

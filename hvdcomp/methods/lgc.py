@@ -68,7 +68,7 @@ Costs: stage 3 sends per rank, ring, an allreduce of k code_channels / 2^downsam
 broadcast of k int32 indices; ps, 8 k' bytes of innovation plus the leader's broadcast of the indices and code; both,
 the guard's 256 bytes. The guard decides on the host from its two sums (a :class:`~hvdcomp.requests.Read`): the
 optimizer copies every tensor's in one transfer a step, once no compressed collective is left. On CUDA the guard's
-projection and its error take one Triton launch each (:mod:`hvdcomp.kernels.gpu.projection`). The autoencoder's
+projection takes one Triton launch and its error two (:mod:`hvdcomp.kernels.gpu.projection`). The autoencoder's
 compute runs on the tensor's device.
 
 A state made afresh (an elastic reset, a step skipped for a non-finite gradient) starts from the step counter: after
@@ -81,6 +81,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Generator
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -109,6 +110,13 @@ _BETAS = (0.9, 0.999)
 _EPS = 1e-8
 
 Weights = dict[str, torch.Tensor]
+
+
+@lru_cache(maxsize=8)
+def _signs(length: int, key: int, device: torch.device) -> torch.Tensor:
+    """The guard's signs of ``length`` values at ``key`` on the PyTorch path (:meth:`LGC.projection`), float32: kept
+    for the step's other projections with the same key (read only)."""
+    return 1.0 - 2.0 * (mix(torch.arange(length, device=device) + key) & 1).float()
 
 
 def _deterministic() -> contextlib.AbstractContextManager[None]:
@@ -331,18 +339,17 @@ class LGC(Compressor):
         (:mod:`hvdcomp.kernels.gpu.projection`, the same signs, its own order of addition)."""
         kernels = kernels_for(x.device)
         if is_triton(kernels):
-            return kernels.projection(x.contiguous(), key, GUARD_BUCKETS)
+            return kernels.projection(x.float().contiguous(), key, GUARD_BUCKETS)
         length = -(-x.numel() // GUARD_BUCKETS) * GUARD_BUCKETS
-        signs = 1.0 - 2.0 * (mix(torch.arange(length, device=x.device) + key) & 1).float()
-        return (F.pad(x, (0, length - x.numel())) * signs).view(GUARD_BUCKETS, -1).sum(1)
+        return (F.pad(x, (0, length - x.numel())) * _signs(length, key, x.device)).view(GUARD_BUCKETS, -1).sum(1)
 
     @classmethod
     def projection_error(cls, exact: torch.Tensor, x: torch.Tensor, key: int) -> torch.Tensor:
         """(||exact - S x||^2, ||exact||^2), float32 [2]: the guard's measure of reconstruction ``x`` against the
-        projection ``exact`` of what it reconstructs (one Triton launch on CUDA)."""
+        projection ``exact`` of what it reconstructs (two Triton launches on CUDA)."""
         kernels = kernels_for(x.device)
         if is_triton(kernels):
-            return kernels.projection_error(exact.contiguous(), x.contiguous(), key)
+            return kernels.projection_error(exact.float().contiguous(), x.float().contiguous(), key)
         return torch.stack([(exact - cls.projection(x, key)).square().sum(), exact.square().sum()])
 
     def guard(self, state: State, step: int, error: torch.Tensor) -> None:
