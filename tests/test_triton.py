@@ -887,6 +887,62 @@ def test_sketch_rows_are_the_nonzero_rows_in_order(width: int) -> None:
     assert gpu.sketch_rows(*on_device(torch.zeros(0, width)), torch.int64)[0].shape == (0, width)
 
 
+def test_a_buckets_rows_are_counted_on_its_concatenation_as_each_gradient_alone() -> None:
+    """The sketch method's vote for a bucket of dense gradients (``sketch_bucket_counts``): each gradient's nonzero
+    rows (NaN counted, -0 not) as ``any`` counts them, over gradients of 1 entry to 100 values a row (wider than a
+    program's columns), of several programs' rows, with no row or no column, and all zeros."""
+    generator = torch.Generator().manual_seed(8)
+    shapes = [(300, 3), (1000,), (0, 5), (5, 0), (130, 100), (64, 2), (7, 1)]
+    grads = []
+    for shape in shapes:
+        grad = torch.randn(shape, generator=generator)
+        grad[torch.rand(shape[0], generator=generator) < 0.5] = 0
+        grads.append(grad)
+    grads[4][3] = 0.0
+    grads[4][3, 99] = float("nan")  # a row of one NaN: sent
+    grads[4][5] = 0.0
+    grads[4][5, 7] = -0.0  # a row of -0: not sent
+    grads[5].zero_()
+    items = [shape[0] for shape in shapes]  # rows, or a 1-D gradient's entries
+    widths = [grad.numel() // n if n else 0 for grad, n in zip(grads, items, strict=True)]
+    flat = torch.cat([grad.reshape(-1) for grad in grads])
+    counts = gpu.sketch_bucket_counts(flat.to(DEVICE), items, widths).cpu()
+    expected = [float(grad.reshape(n, -1).any(1).sum()) if n else 0.0 for grad, n in zip(grads, items, strict=True)]
+    assert counts.tolist() == expected, (counts, expected)
+    with pytest.raises(ValueError, match="concatenation"):
+        gpu.sketch_bucket_counts(flat.to(DEVICE), items[:-1], widths[:-1])
+
+
+def test_the_sketch_methods_bucket_on_the_triton_kernels_sums_as_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bucket of the sketch method on CUDA (or ``HVDCOMP_KERNELS=triton``), its rows counted on its concatenation:
+    the same paths and sums as on the CPU path, whether every gradient goes dense at once (the concatenation sent as
+    it is) or one is sketched (the others concatenated apart)."""
+    from hvdcomp.methods.sketch import Sketch, SketchReduction
+
+    generator = torch.Generator().manual_seed(4)
+    sparse_rows = torch.zeros(3000, 2)
+    sparse_rows[torch.randperm(3000, generator=generator)[:20]] = 1.5
+    buckets = [[torch.randn(40, 3, generator=generator), torch.randn(50, generator=generator)],
+               [torch.randn(40, 3, generator=generator), sparse_rows, torch.randn(9, 2, generator=generator)]]
+
+    def reduced(bucket: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[str]]:
+        reduction = SketchReduction(Sketch(), dtype="float64")
+        ctx = Context.local(bucket[0], name="bucket", step=5)
+        state = reduction.init_bucket_state(bucket, ctx)
+        sums = run_one_rank(reduction.reduce_bucket(bucket, state, ctx))
+        return [total.cpu() for total in sums], [member["sketch"]["path"] for member in state[MEMBERS]]
+
+    reference = [reduced(bucket) for bucket in buckets]
+    if not CUDA:
+        monkeypatch.setenv("HVDCOMP_KERNELS", "triton")
+    for bucket, (sums, paths) in zip(buckets, reference, strict=True):
+        got, got_paths = reduced(on_device(*bucket))
+        assert got_paths == paths, (got_paths, paths)
+        for expected, total in zip(sums, got, strict=True):
+            same(expected, total, f"bucket {paths}")
+    assert reference[0][1] == ["dense", "dense"] and reference[1][1] == ["dense", "sketch", "dense"], reference
+
+
 def test_sketch_peeling_resumes_after_each_check_of_its_progress(cpu: object, monkeypatch: pytest.MonkeyPatch) -> None:
     """Checked every 2 rounds instead of every :data:`~hvdcomp.kernels.gpu.sketch.ROUNDS`, peeling resumes where
     it was, to the CPU's result (complete, and stuck at a 2-core)."""

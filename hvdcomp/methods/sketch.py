@@ -343,24 +343,38 @@ class SketchReduction(ReductionMethod):
     def reduce_bucket(self, tensors: Sequence[torch.Tensor], state: State, ctx: Context) -> Reduction:
         """The sketch method's bucket: each gradient summed as alone (its own rows, sizes and path), with one vote
         for the bucket and each round's collectives as one request (:meth:`_sum`). A sparsifier's bucket is its
-        concatenation, compressed as one tensor (the default). Each sum is flat."""
+        concatenation, compressed as one tensor (the default). Each sum is flat.
+
+        On CUDA, a bucket of dense gradients of the bare method is concatenated first and its rows counted on the
+        concatenation in two launches (:func:`hvdcomp.kernels.gpu.sketch.sketch_bucket_counts`), where each gradient's
+        count took two; the concatenation is what the allreduce sends where every gradient goes dense at once."""
         if not self._members_alone:
             return (yield from super().reduce_bucket(tensors, state, ctx))
         states, contexts = state[MEMBERS], self.member_contexts(ctx, len(tensors))
-        counts = [self.compressor.agree(tensor, member_state, member).values
-                  for tensor, member_state, member in zip(tensors, states, contexts, strict=True)]
-        totals = yield Agree(torch.cat(counts), "sum", host=True)
-        sums = yield from self._sum(tensors, [None] * len(tensors), states, contexts, totals)
+        device_kernels = _triton_kernels(tensors[0].device)
+        concatenated = None
+        if device_kernels is not None and self.compressor.unwrapped() is self.compressor \
+                and not any(tensor.is_sparse for tensor in tensors):
+            concatenated = dense_concat(tensors)
+            items = [Sketch.items(tensor.shape) for tensor in tensors]
+            counts = device_kernels.sketch_bucket_counts(
+                concatenated, items, [block(tensor.shape, n) for tensor, n in zip(tensors, items, strict=True)])
+        else:
+            counts = torch.cat([self.compressor.agree(tensor, member_state, member).values
+                                for tensor, member_state, member in zip(tensors, states, contexts, strict=True)])
+        totals = yield Agree(counts, "sum", host=True)
+        sums = yield from self._sum(tensors, [None] * len(tensors), states, contexts, totals, concatenated)
         return [total.reshape(-1) for total in sums]
 
     def _sum(self, tensors: Sequence[torch.Tensor], compressed: list[tuple[Payload, Any] | None],
-             states: Sequence[State], contexts: Sequence[Context],
-             totals: torch.Tensor) -> Generator[Request, Any, list[torch.Tensor]]:
+             states: Sequence[State], contexts: Sequence[Context], totals: torch.Tensor,
+             concatenated: torch.Tensor | None = None) -> Generator[Request, Any, list[torch.Tensor]]:
         """The sums over ranks of ``tensors`` (one, or a bucket's), from each one's payload items summed over ranks
         (``totals``, the vote's, on the host) and its payload (``compressed``: a sparsifier's, made before the vote;
         None: the sketch method's, whose rows are found now and written into ``compressed``). Each takes its own path
         (the class docstring); their requests of one round go as one: the filters, then the dense tensors and the
-        sketches, then the payloads whose peeling did not complete."""
+        sketches, then the payloads whose peeling did not complete. ``concatenated``: the tensors' dense
+        concatenation, already made, sent as it is where every one of them goes dense at once."""
         bare = self.compressor.unwrapped() is self.compressor
         results: list[torch.Tensor | None] = [None] * len(tensors)
         as_they_are: list[int] = []  # the gradients sent dense at once, in one concatenation
@@ -400,15 +414,17 @@ class SketchReduction(ReductionMethod):
                 seed = derive_seed(contexts[i].shared_seed, "sketch", contexts[i].step)
                 rows = values.view(-1, block(shape, n))
                 sketched[i] = found, seed, encode(rows, items, seed, c3, getattr(torch, self.dtype))
-        concatenated = [dense_concat([tensors[i] for i in as_they_are])] if as_they_are else []
-        if concatenated or densified or sketched:
-            reduced = yield Allreduce([*concatenated, *densified.values(), *(table for *_, table in sketched.values())])
-            if concatenated:
+        if concatenated is None or len(as_they_are) < len(tensors):
+            concatenated = dense_concat([tensors[i] for i in as_they_are]) if as_they_are else None
+        dense = [] if concatenated is None else [concatenated]
+        if dense or densified or sketched:
+            reduced = yield Allreduce([*dense, *densified.values(), *(table for *_, table in sketched.values())])
+            if dense:
                 sizes = [tensors[i].numel() for i in as_they_are]
                 for i, total in zip(as_they_are, reduced[0].split(sizes), strict=True):
                     results[i] = total.view(tensors[i].shape)
-            tables = reduced[len(concatenated) + len(densified):]
-            for i, total in zip(densified, reduced[len(concatenated):len(concatenated) + len(densified)], strict=True):
+            tables = reduced[len(dense) + len(densified):]
+            for i, total in zip(densified, reduced[len(dense):len(dense) + len(densified)], strict=True):
                 results[i] = total.view(compressed[i][1][0])
             fallback = []
             for i, table in zip(sketched, tables, strict=True):

@@ -37,11 +37,17 @@ from hvdcomp.kernels.gpu.quant import (
 )
 from hvdcomp.kernels.gpu.randomk import randomk_select
 from hvdcomp.kernels.gpu.select import excess_moments, threshold_fit, topk
-from hvdcomp.kernels.gpu.sketch import sketch_candidates, sketch_encode, sketch_peel, sketch_rows
+from hvdcomp.kernels.gpu.sketch import (
+    sketch_bucket_counts,
+    sketch_candidates,
+    sketch_encode,
+    sketch_peel,
+    sketch_rows,
+)
 from hvdcomp.kernels.gpu.ternary import abs_mean, ternarize_pack, ternary_statistics, unpack_sum
 
 __all__ = ["MAX_BUCKET", "MAX_NORMS", "abs_mean", "decode_subtract", "decode_sum", "excess_moments", "momentum_step",
            "orthogonalize", "orthogonalize_parts", "pack_signs", "pack_signs_abs_mean", "projection",
            "projection_error", "quantize_binary", "quantize_levels", "randomk_select", "release", "sign_vote",
-           "sketch_candidates", "sketch_encode", "sketch_peel", "sketch_rows", "squared_norms", "ternarize_pack",
-           "ternary_statistics", "threshold_fit", "topk", "unpack_sum"]
+           "sketch_bucket_counts", "sketch_candidates", "sketch_encode", "sketch_peel", "sketch_rows", "squared_norms",
+           "ternarize_pack", "ternary_statistics", "threshold_fit", "topk", "unpack_sum"]

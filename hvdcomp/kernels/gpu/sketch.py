@@ -10,6 +10,8 @@ them in item order, and a search of the sorted cells gives each cell's range (de
 * A rank's rows: the nonzero rows of its gradient and their values, compacted in row order by per-program counts,
   their scan and a second pass that places each program's rows at its offset (one host sync: their count sizes
   the payload).
+* A bucket's rows counted for its vote: one program per 64 rows of one of its gradients, over their concatenation,
+  then one per gradient adds its programs' counts (two launches for the whole bucket, no host sync).
 * Candidates: one thread per item tests its filter bits; the passing items are compacted in order
   (``nonzero``, one host sync: their count sizes the sketch).
 * Encoding: one thread per cell (and column) adds its entries' signed values in float64 in item order, which is
@@ -33,6 +35,9 @@ Each round is four launches and no host sync; the host reads how many candidates
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from functools import lru_cache
+
 import torch
 import triton
 import triton.language as tl
@@ -47,6 +52,8 @@ _BLOCK = 1024
 _ROWS_BLOCK = 4096
 _ROWS_WARPS = 16
 _MAX_COLS = 32
+#: rows a program of :func:`sketch_bucket_counts` reads (of any width, _MAX_COLS values at a time)
+_BUCKET_ROWS = 64
 _NONE = tl.constexpr(2**63 - 1)  # no key: larger than any
 
 
@@ -260,6 +267,72 @@ def _recount_kernel(order_ptr, starts_ptr, position_ptr, covered_ptr, key_ptr, r
     tl.store(key_ptr + cell, 3 * last + cell // c3, mask=live & (last >= 0))
     if tl.program_id(0) == 0:
         tl.store(bases_ptr + step + 1, base + tl.load(rank_ptr + keys - 1))
+
+
+@triton.jit(do_not_specialize=["programs"])
+def _bucket_counts_kernel(x_ptr, table_ptr, counts_ptr, programs, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """Each program's count of nonzero rows among ROWS rows of one gradient of a bucket's concatenation, as the
+    table's columns give it: the gradient's first element, its width and rows, the program's first row."""
+    pid = tl.program_id(0)
+    start = tl.load(table_ptr + pid)
+    width = tl.load(table_ptr + programs + pid)
+    items = tl.load(table_ptr + 2 * programs + pid)
+    row = (tl.load(table_ptr + 3 * programs + pid) + tl.arange(0, ROWS))[:, None]
+    tl.store(counts_ptr + pid, tl.sum(_nonzero(x_ptr + start, row, items, width, ROWS, COLS).to(tl.int32)))
+
+
+@triton.jit
+def _member_sums_kernel(counts_ptr, bounds_ptr, out_ptr, BLOCK: tl.constexpr):
+    """Each gradient's count: the sum of its programs' counts (bounds[m] to bounds[m + 1]), in order."""
+    member = tl.program_id(0)
+    first, end = tl.load(bounds_ptr + member), tl.load(bounds_ptr + member + 1)
+    offsets = tl.arange(0, BLOCK)
+    total = tl.zeros([BLOCK], dtype=tl.int32)
+    start = first
+    while start < end:
+        total += tl.load(counts_ptr + start + offsets, mask=start + offsets < end, other=0)
+        start += BLOCK
+    tl.store(out_ptr + member, tl.sum(total, axis=0).to(tl.float32))
+
+
+def sketch_bucket_counts(flat: torch.Tensor, items: Sequence[int], widths: Sequence[int]) -> torch.Tensor:
+    """The nonzero rows (as :func:`sketch_rows` finds them) of each gradient of a bucket's concatenation ``flat``
+    (contiguous; gradient m is ``items[m]`` rows of ``widths[m]`` values, back to back), float32 [gradients], in two
+    launches, with no host sync: the sketch method's vote for a bucket."""
+    if flat.dim() != 1 or not flat.is_contiguous() or sum(n * w for n, w in zip(items, widths, strict=True)) != \
+            flat.numel():
+        raise ValueError(f"sketch_bucket_counts: a contiguous 1-D concatenation of the gradients' {sum(items)} rows, "
+                         f"got shape {tuple(flat.shape)}")
+    table, bounds = _bucket_table(flat.device, tuple(items), tuple(widths))
+    programs = table.shape[1]
+    counts = torch.empty(programs, dtype=torch.int32, device=flat.device)
+    out = torch.empty(len(items), dtype=torch.float32, device=flat.device)
+    if programs:
+        _bucket_counts_kernel[(programs,)](flat, table, counts, programs, ROWS=_BUCKET_ROWS, COLS=_MAX_COLS)
+    if len(items):
+        _member_sums_kernel[(len(items),)](counts, bounds, out, BLOCK=_BLOCK)
+    return out
+
+
+@lru_cache(maxsize=64)
+def _bucket_table(device: torch.device, items: tuple[int, ...], widths: tuple[int, ...]
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`sketch_bucket_counts`' tables for a bucket's layout, on ``device``: per program (columns) its gradient's
+    first element, width and rows and its own first row (int64 [4, programs]); per gradient its first program and,
+    last, the programs' count (int64 [gradients + 1]). A bucket's layout repeats every step: each is made once, its
+    copy to a GPU from pinned memory, with no wait."""
+    columns: list[list[int]] = [[], [], [], []]
+    bounds, start = [0], 0
+    for n, width in zip(items, widths, strict=True):
+        for first in range(0, n if width else 0, _BUCKET_ROWS):
+            for column, value in zip(columns, (start, width, n, first), strict=True):
+                column.append(value)
+        bounds.append(len(columns[0]))
+        start += n * width
+    tables = [torch.tensor(columns, dtype=torch.int64), torch.tensor(bounds, dtype=torch.int64)]
+    if device.type != "cuda":
+        return tables[0].to(device), tables[1].to(device)
+    return tables[0].pin_memory().to(device, non_blocking=True), tables[1].pin_memory().to(device, non_blocking=True)
 
 
 def _hash(items: torch.Tensor, seed: int, c3: int) -> tuple[torch.Tensor, torch.Tensor]:
