@@ -55,7 +55,8 @@ Two ways to use it:
 In a bucket (``bucket_cap_mb``) the sketch method sums each gradient as it would alone (its own rows, sizes, hash
 functions and path; its context is the bucket's, derived per member), with one vote for the bucket and each round's
 requests as one: one filter collective, one allreduce of the dense gradients (concatenated), the payloads that go
-dense and the sketches, one gather of the payloads whose peeling did not complete. The sparsifiers' payloads
+dense and the sketches, one gather of the payloads whose peeling did not complete; on CUDA a bucket's dense gradients
+are concatenated first and their rows counted on the concatenation in two launches. The sparsifiers' payloads
 (``collective: sketch``) bucket as their methods do: the bucket's concatenation is compressed as one tensor.
 
 Options (``collective_options``): ``margin`` (default 1.1), ``slack`` (cells added for small sketches, default 24),
