@@ -39,7 +39,7 @@ triton = pytest.importorskip("triton")
 from operators import Operators  # noqa: E402
 from triton_compile import compile_for, covering, recording  # noqa: E402
 
-from hvdcomp import Context, make_compressor  # noqa: E402
+from hvdcomp import Context, make_compressor, requests  # noqa: E402
 from hvdcomp.kernels import cpu_kernels, gpu  # noqa: E402
 from hvdcomp.packing import pack_bits  # noqa: E402
 from hvdcomp.quantization import rounding_variance  # noqa: E402
@@ -914,33 +914,54 @@ def test_a_buckets_rows_are_counted_on_its_concatenation_as_each_gradient_alone(
 
 
 def test_the_sketch_methods_bucket_on_the_triton_kernels_sums_as_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A bucket of the sketch method on CUDA (or ``HVDCOMP_KERNELS=triton``), its rows counted on its concatenation:
-    the same paths and sums as on the CPU path, whether every gradient goes dense at once (the concatenation sent as
-    it is) or one is sketched (the others concatenated apart)."""
+    """A bucket of the sketch method on CUDA (or ``HVDCOMP_KERNELS=triton``), its rows counted on its concatenation
+    (once a bucket, float32 or float16, channels-last too): the same paths and sums as on the CPU path, whether every
+    gradient goes dense at once (the concatenation itself sent) or one is sketched (the others concatenated apart);
+    float64 gradients, which the float32 concatenation could round to 0, are counted one by one."""
     from hvdcomp.methods.sketch import Sketch, SketchReduction
 
     generator = torch.Generator().manual_seed(4)
     sparse_rows = torch.zeros(3000, 2)
     sparse_rows[torch.randperm(3000, generator=generator)[:20]] = 1.5
     buckets = [[torch.randn(40, 3, generator=generator), torch.randn(50, generator=generator)],
-               [torch.randn(40, 3, generator=generator), sparse_rows, torch.randn(9, 2, generator=generator)]]
+               [torch.randn(40, 3, generator=generator), sparse_rows, torch.randn(9, 2, generator=generator)],
+               [torch.randn(40, 3, generator=generator).half(),
+                torch.randn(4, 3, 2, 2, generator=generator).half().to(memory_format=torch.channels_last)],
+               [torch.randn(40, 3, generator=generator).double(), torch.randn(30, generator=generator).double()]]
+    sent: list[torch.Tensor] = []
 
     def reduced(bucket: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[str]]:
         reduction = SketchReduction(Sketch(), dtype="float64")
         ctx = Context.local(bucket[0], name="bucket", step=5)
         state = reduction.init_bucket_state(bucket, ctx)
-        sums = run_one_rank(reduction.reduce_bucket(bucket, state, ctx))
+        steps = reduction.reduce_bucket(bucket, state, ctx)
+        request = next(steps)
+        try:
+            while True:
+                if isinstance(request, requests.Allreduce):
+                    sent.append(request.tensors[0])
+                request = steps.send(requests.one_rank(request))
+        except StopIteration as done:
+            sums = done.value
         return [total.cpu() for total in sums], [member["sketch"]["path"] for member in state[MEMBERS]]
 
     reference = [reduced(bucket) for bucket in buckets]
     if not CUDA:
         monkeypatch.setenv("HVDCOMP_KERNELS", "triton")
-    for bucket, (sums, paths) in zip(buckets, reference, strict=True):
+    counted = []
+    counts = gpu.sketch_bucket_counts
+    monkeypatch.setattr(gpu, "sketch_bucket_counts", lambda *args: counted.append(1) or counts(*args))
+    for index, (bucket, (sums, paths)) in enumerate(zip(buckets, reference, strict=True)):
+        sent.clear()
         got, got_paths = reduced(on_device(*bucket))
         assert got_paths == paths, (got_paths, paths)
         for expected, total in zip(sums, got, strict=True):
             same(expected, total, f"bucket {paths}")
-    assert reference[0][1] == ["dense", "dense"] and reference[1][1] == ["dense", "sketch", "dense"], reference
+        assert len(counted) == min(index + 1, 3), f"bucket {index}: its rows counted {len(counted)} times in all"
+        if index == 0:  # the concatenation made to count the rows is what the allreduce sends
+            assert sent[0].numel() == sum(t.numel() for t in bucket) and sent[0].data_ptr() != bucket[0].data_ptr()
+    assert [paths for _, paths in reference] == [["dense", "dense"], ["dense", "sketch", "dense"], ["dense", "dense"],
+                                                  ["dense", "dense"]], reference
 
 
 def test_sketch_peeling_resumes_after_each_check_of_its_progress(cpu: object, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -55,8 +55,9 @@ Two ways to use it:
 In a bucket (``bucket_cap_mb``) the sketch method sums each gradient as it would alone (its own rows, sizes, hash
 functions and path; its context is the bucket's, derived per member), with one vote for the bucket and each round's
 requests as one: one filter collective, one allreduce of the dense gradients (concatenated), the payloads that go
-dense and the sketches, one gather of the payloads whose peeling did not complete; on CUDA a bucket's dense gradients
-are concatenated first and their rows counted on the concatenation in two launches. The sparsifiers' payloads
+dense and the sketches, one gather of the payloads whose peeling did not complete. On the Triton kernels (CUDA) the
+bare method's bucket of dense float32 (or half) gradients is concatenated first and its rows counted on the
+concatenation in two launches. The sparsifiers' payloads
 (``collective: sketch``) bucket as their methods do: the bucket's concatenation is compressed as one tensor.
 
 Options (``collective_options``): ``margin`` (default 1.1), ``slack`` (cells added for small sketches, default 24),
@@ -346,16 +347,18 @@ class SketchReduction(ReductionMethod):
         for the bucket and each round's collectives as one request (:meth:`_sum`). A sparsifier's bucket is its
         concatenation, compressed as one tensor (the default). Each sum is flat.
 
-        On CUDA, a bucket of dense gradients of the bare method is concatenated first and its rows counted on the
-        concatenation in two launches (:func:`hvdcomp.kernels.gpu.sketch.sketch_bucket_counts`), where each gradient's
-        count took two; the concatenation is what the allreduce sends where every gradient goes dense at once."""
+        On the Triton kernels (CUDA), a bucket of the bare method's dense gradients (float32 or a half type, which
+        float32 holds exactly) is concatenated first and its rows counted on the concatenation in two launches
+        (:func:`hvdcomp.kernels.gpu.sketch.sketch_bucket_counts`), where each gradient's count took two; the
+        concatenation is what the allreduce sends where every gradient goes dense at once (where one is sketched
+        instead, it was copied for nothing)."""
         if not self._members_alone:
             return (yield from super().reduce_bucket(tensors, state, ctx))
         states, contexts = state[MEMBERS], self.member_contexts(ctx, len(tensors))
         device_kernels = _triton_kernels(tensors[0].device)
         concatenated = None
         if device_kernels is not None and self.compressor.unwrapped() is self.compressor \
-                and not any(tensor.is_sparse for tensor in tensors):
+                and all(not t.is_sparse and t.dtype in (torch.float32, torch.float16, torch.bfloat16) for t in tensors):
             concatenated = dense_concat(tensors)
             items = [Sketch.items(tensor.shape) for tensor in tensors]
             counts = device_kernels.sketch_bucket_counts(

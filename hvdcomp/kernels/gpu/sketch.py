@@ -10,8 +10,9 @@ them in item order, and a search of the sorted cells gives each cell's range (de
 * A rank's rows: the nonzero rows of its gradient and their values, compacted in row order by per-program counts,
   their scan and a second pass that places each program's rows at its offset (one host sync: their count sizes
   the payload).
-* A bucket's rows counted for its vote: one program per 64 rows of one of its gradients, over their concatenation,
-  then one per gradient adds its programs' counts (two launches for the whole bucket, no host sync).
+* A bucket's rows counted for its vote: one program per 64 rows or more (about 4,096 values) of one of its gradients,
+  over their concatenation, then one per gradient adds its programs' counts (two launches for the whole bucket, no
+  host sync).
 * Candidates: one thread per item tests its filter bits; the passing items are compacted in order
   (``nonzero``, one host sync: their count sizes the sketch).
 * Encoding: one thread per cell (and column) adds its entries' signed values in float64 in item order, which is
@@ -52,8 +53,10 @@ _BLOCK = 1024
 _ROWS_BLOCK = 4096
 _ROWS_WARPS = 16
 _MAX_COLS = 32
-#: rows a program of :func:`sketch_bucket_counts` reads (of any width, _MAX_COLS values at a time)
+#: rows a program of :func:`sketch_bucket_counts` reads at once (_MAX_COLS values of each at a time), and about how
+#: many values it reads in all: narrow gradients (1-D ones are rows of one entry) get more rows a program
 _BUCKET_ROWS = 64
+_BUCKET_VALUES = 4096
 _NONE = tl.constexpr(2**63 - 1)  # no key: larger than any
 
 
@@ -271,14 +274,20 @@ def _recount_kernel(order_ptr, starts_ptr, position_ptr, covered_ptr, key_ptr, r
 
 @triton.jit(do_not_specialize=["programs"])
 def _bucket_counts_kernel(x_ptr, table_ptr, counts_ptr, programs, ROWS: tl.constexpr, COLS: tl.constexpr):
-    """Each program's count of nonzero rows among ROWS rows of one gradient of a bucket's concatenation, as the
-    table's columns give it: the gradient's first element, its width and rows, the program's first row."""
+    """Each program's count of nonzero rows among its rows of one gradient of a bucket's concatenation, ROWS at a
+    time, as the table's columns give them: the gradient's first element and width, the program's first row and the
+    row after its last."""
     pid = tl.program_id(0)
     start = tl.load(table_ptr + pid)
     width = tl.load(table_ptr + programs + pid)
-    items = tl.load(table_ptr + 2 * programs + pid)
-    row = (tl.load(table_ptr + 3 * programs + pid) + tl.arange(0, ROWS))[:, None]
-    tl.store(counts_ptr + pid, tl.sum(_nonzero(x_ptr + start, row, items, width, ROWS, COLS).to(tl.int32)))
+    first = tl.load(table_ptr + 2 * programs + pid)
+    end = tl.load(table_ptr + 3 * programs + pid)
+    found = tl.zeros([ROWS, 1], dtype=tl.int32)
+    while first < end:
+        row = (first + tl.arange(0, ROWS))[:, None]
+        found += _nonzero(x_ptr + start, row, end, width, ROWS, COLS).to(tl.int32)
+        first += ROWS
+    tl.store(counts_ptr + pid, tl.sum(found))
 
 
 @triton.jit
@@ -314,18 +323,21 @@ def sketch_bucket_counts(flat: torch.Tensor, items: Sequence[int], widths: Seque
     return out
 
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=256)
 def _bucket_table(device: torch.device, items: tuple[int, ...], widths: tuple[int, ...]
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`sketch_bucket_counts`' tables for a bucket's layout, on ``device``: per program (columns) its gradient's
-    first element, width and rows and its own first row (int64 [4, programs]); per gradient its first program and,
-    last, the programs' count (int64 [gradients + 1]). A bucket's layout repeats every step: each is made once, its
-    copy to a GPU from pinned memory, with no wait."""
+    first element and width, its own first row and the row after its last (int64 [4, programs]: about
+    _BUCKET_VALUES values a program, in whole tiles of _BUCKET_ROWS rows); per gradient its first program and, last,
+    the programs' count (int64 [gradients + 1]). A bucket's layout repeats every step: each is made once and kept,
+    its copy to a GPU from pinned memory, with no wait, on the stream of the step that made it (the optimizer's work
+    runs on one)."""
     columns: list[list[int]] = [[], [], [], []]
     bounds, start = [0], 0
     for n, width in zip(items, widths, strict=True):
-        for first in range(0, n if width else 0, _BUCKET_ROWS):
-            for column, value in zip(columns, (start, width, n, first), strict=True):
+        per_program = max(1, _BUCKET_VALUES // max(width, 1) // _BUCKET_ROWS) * _BUCKET_ROWS
+        for first in range(0, n if width else 0, per_program):
+            for column, value in zip(columns, (start, width, first, min(n, first + per_program)), strict=True):
                 column.append(value)
         bounds.append(len(columns[0]))
         start += n * width
