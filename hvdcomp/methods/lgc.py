@@ -49,13 +49,12 @@ the same kind decode to the same bits, as every method's decoding assumes.
 
 Guard: in stage 3 every rank also sends S x_r, a projection of its normalized values onto GUARD_BUCKETS (64) signed
 sums (random signs, bit 0 of splitmix64 of a key from the shared seed and the step plus the value's position;
-E ||S x||^2 = ||x||^2), with its code (ring: summed in the same
-allreduce) or its innovation (ps: gathered). Every rank then knows the exact S of what was to be reconstructed (ring:
-of the mean; ps: of each rank's values) and computes the relative error ||S(x - x_hat)|| / ||S x|| of the
-reconstruction it applied: the same bits on every rank (they come from the collective's result), without a vote.
-Where the moving average of these errors (weight 0.25 on the newest) passes ``max_error``, that tensor goes back to
-stage 2 for ``train_steps`` steps (the autoencoder trains on the new gradients), then into stage 3 again. Nothing of
-a bad step is lost: the residual holds it.
+E ||S x||^2 = ||x||^2), with its code (ring: summed in the same allreduce) or its innovation (ps: gathered). Every
+rank then knows the exact S of what was to be reconstructed (ring: of the mean; ps: of each rank's values) and
+computes the relative error ||S(x - x_hat)|| / ||S x|| of the reconstruction it applied: the same bits on every rank
+(they come from the collective's result), without a vote. Where the moving average of these errors (weight 0.25 on
+the newest) passes ``max_error``, that tensor goes back to stage 2 for ``train_steps`` steps (the autoencoder trains
+on the new gradients), then into stage 3 again. Nothing of a bad step is lost: the residual holds it.
 
 Knobs: ``variant`` (ring | ps), ``ratio`` (k / d, top-k's fraction: 0.01), ``innovation_ratio`` (k' / k, ps: 0.1),
 ``dense_steps`` and ``train_steps`` (stage lengths; the paper counts epochs, and ``hvdcomp train`` sets both to one

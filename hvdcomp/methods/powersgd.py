@@ -106,7 +106,7 @@ def _parts(flat: torch.Tensor, shapes: Sequence[torch.Size]) -> list[torch.Tenso
     return [part.view(shape) for part, shape in zip(flat.split([math.prod(s) for s in shapes]), shapes, strict=True)]
 
 
-def products(factors: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+def _products(factors: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """The products a @ b of ``factors`` (matrices, or batches of them), written back to back into one new float32
     buffer: the buffer (one tensor for an allreduce) and each product, a view of it."""
     shapes = [torch.Size((*a.shape[:-1], b.shape[-1])) for a, b in factors]
@@ -117,7 +117,7 @@ def products(factors: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torc
     return flat, parts
 
 
-def orthogonalize_all(flat: torch.Tensor, parts: Sequence[torch.Tensor], epsilon: float = 0.0) -> None:
+def _orthogonalize_all(flat: torch.Tensor, parts: Sequence[torch.Tensor], epsilon: float = 0.0) -> None:
     """Orthonormalizes in place the columns of each of ``parts`` (matrices or batches, views of ``flat`` back to back,
     covering it): with the Triton kernels, where all have one rank r <= 2, in one launch for all of them
     (:func:`hvdcomp.kernels.gpu.lowrank.orthogonalize_parts`), else each by :func:`orthogonalize`. (A matrix's rank is
@@ -222,7 +222,7 @@ class PowerSGD(Compressor):
                   for matrix in matrices]
         flat = qs[0].view(-1) if len(qs) == 1 else torch.cat([q.reshape(-1) for q in qs])
         started = _parts(flat, shapes)
-        orthogonalize_all(flat, started, self.orthogonalization_epsilon)
+        _orthogonalize_all(flat, started, self.orthogonalization_epsilon)
         return list(zip(matrices, started, strict=True))
 
     def power_step(self, groups: Sequence[Group], ranks: int
@@ -233,11 +233,11 @@ class PowerSGD(Compressor):
         and returns, per group, (P, Q averaged over the ranks, M_hat summed over them), each stacked for a batch.
         :class:`PowerSGDReduction` runs it across ranks; :meth:`compress` on one rank."""
         started = self.start(groups)
-        flat, ps = products(started)  # P = M Q, summed: its scale is lost next
+        flat, ps = _products(started)  # P = M Q, summed: its scale is lost next
         (flat,) = yield Allreduce([flat])
         ps = _parts(flat, [p.shape for p in ps])
-        orthogonalize_all(flat, ps, self.orthogonalization_epsilon)
-        flat, qs = products([(matrix.transpose(-2, -1), p) for (matrix, _), p in zip(started, ps, strict=True)])
+        _orthogonalize_all(flat, ps, self.orthogonalization_epsilon)
+        flat, qs = _products([(matrix.transpose(-2, -1), p) for (matrix, _), p in zip(started, ps, strict=True)])
         (flat,) = yield Allreduce([flat])
         qs = _parts(flat, [q.shape for q in qs])
         totals = [p @ q.transpose(-2, -1) for p, q in zip(ps, qs, strict=True)]  # M_hat summed: what is returned

@@ -57,8 +57,8 @@ functions and path; its context is the bucket's, derived per member), with one v
 requests as one: one filter collective, one allreduce of the dense gradients (concatenated), the payloads that go
 dense and the sketches, one gather of the payloads whose peeling did not complete. On the Triton kernels (CUDA) the
 bare method's bucket of dense float32 (or half) gradients is concatenated first and its rows counted on the
-concatenation in two launches. The sparsifiers' payloads
-(``collective: sketch``) bucket as their methods do: the bucket's concatenation is compressed as one tensor.
+concatenation in two launches. The sparsifiers' payloads (``collective: sketch``) bucket as their methods do: the
+bucket's concatenation is compressed as one tensor.
 
 Options (``collective_options``): ``margin`` (default 1.1), ``slack`` (cells added for small sketches, default 24),
 ``fp_rate``, ``dtype`` (float32 or float64), ``filter_collective`` (auto, allgather or allreduce).
