@@ -625,19 +625,21 @@ def test_orthogonalization_of_matrices_side_by_side_equals_each_alone(rank: int)
 
 
 @pytest.mark.parametrize("k", [1, 100, 5000])
-def test_lgc_guard_projection_equals_its_pytorch_path(k: int) -> None:
+def test_lgc_guard_projection_equals_its_pytorch_path(k: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """LGC's guard in one launch each: S x with the PyTorch path's signs (sums of ones, exact, equal), the same sums
     of Gaussian values and the same error to float rounding; the largest key, whose key + i reaches 2^62 + k."""
-    from hvdcomp.methods.lgc import GUARD_BUCKETS, LGC
+    from hvdcomp.methods.lgc import GUARD_BUCKETS, Projection
 
+    monkeypatch.delenv("HVDCOMP_KERNELS", raising=False)  # Projection on CPU tensors: the PyTorch path
     for key in (7, 2**62 - 1):
+        projection = Projection(key)
         ones = torch.ones(k)
-        assert torch.equal(gpu.projection(ones.to(DEVICE), key, GUARD_BUCKETS).cpu(), LGC.projection(ones, key))
+        assert torch.equal(gpu.projection(ones.to(DEVICE), key, GUARD_BUCKETS).cpu(), projection(ones))
         x, reconstructed = gaussian(k, seed=1), gaussian(k, seed=2)
-        exact = LGC.projection(x, key)
+        exact = projection(x)
         torch.testing.assert_close(gpu.projection(x.to(DEVICE), key, GUARD_BUCKETS).cpu(), exact, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(gpu.projection_error(exact.to(DEVICE), reconstructed.to(DEVICE), key).cpu(),
-                                   LGC.projection_error(exact, reconstructed, key), rtol=1e-5, atol=1e-5)
+                                   projection.error(exact, reconstructed), rtol=1e-5, atol=1e-5)
 
 
 def test_powersgd_on_the_triton_kernels_equals_its_cpu_path(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -962,6 +964,13 @@ def test_the_sketch_methods_bucket_on_the_triton_kernels_sums_as_on_the_cpu(monk
             assert sent[0].numel() == sum(t.numel() for t in bucket) and sent[0].data_ptr() != bucket[0].data_ptr()
     assert [paths for _, paths in reference] == [["dense", "dense"], ["dense", "sketch", "dense"], ["dense", "dense"],
                                                   ["dense", "dense"]], reference
+    counted.clear()  # once a gradient of the bucket was sketched, the next step counts gradient by gradient
+    reduction = SketchReduction(Sketch(), dtype="float64")
+    bucket, ctx = on_device(*buckets[1]), Context.local(buckets[1][0], name="bucket")
+    state = reduction.init_bucket_state(bucket, ctx)
+    for step in range(2):
+        run_one_rank(reduction.reduce_bucket(bucket, state, replace(ctx, step=step)))
+    assert len(counted) == 1, counted
 
 
 def test_sketch_peeling_resumes_after_each_check_of_its_progress(cpu: object, monkeypatch: pytest.MonkeyPatch) -> None:

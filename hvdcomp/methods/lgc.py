@@ -80,7 +80,6 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Generator
-from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -99,7 +98,7 @@ if TYPE_CHECKING:
     from hvdcomp.perfmodel.schema import Encoded
 
 VARIANTS = ("ring", "ps")
-#: the guard's projection of the k values (LGC.projection): 64 signed sums, 256 bytes more per rank and step
+#: the guard's projection of the k values (Projection): 64 signed sums, 256 bytes more per rank and step
 GUARD_BUCKETS = 64
 #: the guard's smoothing: an exponentially weighted moving average of the stage-3 errors, this weight on the newest
 GUARD_ALPHA = 0.25
@@ -111,11 +110,35 @@ _EPS = 1e-8
 Weights = dict[str, torch.Tensor]
 
 
-@lru_cache(maxsize=8)
-def _signs(length: int, key: int, device: torch.device) -> torch.Tensor:
-    """The guard's signs of ``length`` values at ``key`` on the PyTorch path (:meth:`LGC.projection`), float32: kept
-    for the step's other projections with the same key (read only)."""
-    return 1.0 - 2.0 * (mix(torch.arange(length, device=device) + key) & 1).float()
+class Projection:
+    """The guard's projection S at one step of one tensor: GUARD_BUCKETS sums of consecutive signed values (x padded
+    with zeros to a multiple of GUARD_BUCKETS), a linear projection with E ||S x||^2 = ||x||^2, summed over ranks by
+    the same collective as the payload. Value i's sign is bit 0 of splitmix64(``key`` + i), ``key`` below 2^62 (so
+    that key + i never wraps): on CUDA one Triton launch draws and sums (:mod:`hvdcomp.kernels.gpu.projection`, the
+    same signs, its own order of addition); on the PyTorch path the signs are drawn once, for every projection of the
+    step."""
+
+    def __init__(self, key: int) -> None:
+        self.key = key
+        self._signs: torch.Tensor | None = None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """S x."""
+        kernels = kernels_for(x.device)
+        if is_triton(kernels):
+            return kernels.projection(x.float().contiguous(), self.key, GUARD_BUCKETS)
+        length = -(-x.numel() // GUARD_BUCKETS) * GUARD_BUCKETS
+        if self._signs is None or self._signs.numel() != length or self._signs.device != x.device:
+            self._signs = 1.0 - 2.0 * (mix(torch.arange(length, device=x.device) + self.key) & 1).float()
+        return (F.pad(x, (0, length - x.numel())) * self._signs).view(GUARD_BUCKETS, -1).sum(1)
+
+    def error(self, exact: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """(||exact - S x||^2, ||exact||^2), float32 [2]: the guard's measure of reconstruction ``x`` against the
+        projection ``exact`` of what it reconstructs (two Triton launches on CUDA)."""
+        kernels = kernels_for(x.device)
+        if is_triton(kernels):
+            return kernels.projection_error(exact.float().contiguous(), x.float().contiguous(), self.key)
+        return torch.stack([(exact - self(x)).square().sum(), exact.square().sum()])
 
 
 def _deterministic() -> contextlib.AbstractContextManager[None]:
@@ -325,31 +348,9 @@ class LGC(Compressor):
         return [state["last"]["stage"], None if error is None else round(error, 5), state["fallbacks"]]
 
     @staticmethod
-    def guard_key(ctx: Context) -> int:
-        """The key of the guard's signs at ``ctx``'s step, the same on every rank: 62 bits, so that key + i never
-        wraps."""
-        return derive_seed(ctx.shared_seed, "guard", ctx.step) >> 1
-
-    @staticmethod
-    def projection(x: torch.Tensor, key: int) -> torch.Tensor:
-        """S x: GUARD_BUCKETS sums of consecutive signed values (x padded with zeros to a multiple of GUARD_BUCKETS),
-        a linear projection with E ||S x||^2 = ||x||^2, summed over ranks by the same collective as the payload.
-        Value i's sign is bit 0 of splitmix64(``key`` + i): on CUDA one Triton launch draws and sums
-        (:mod:`hvdcomp.kernels.gpu.projection`, the same signs, its own order of addition)."""
-        kernels = kernels_for(x.device)
-        if is_triton(kernels):
-            return kernels.projection(x.float().contiguous(), key, GUARD_BUCKETS)
-        length = -(-x.numel() // GUARD_BUCKETS) * GUARD_BUCKETS
-        return (F.pad(x, (0, length - x.numel())) * _signs(length, key, x.device)).view(GUARD_BUCKETS, -1).sum(1)
-
-    @classmethod
-    def projection_error(cls, exact: torch.Tensor, x: torch.Tensor, key: int) -> torch.Tensor:
-        """(||exact - S x||^2, ||exact||^2), float32 [2]: the guard's measure of reconstruction ``x`` against the
-        projection ``exact`` of what it reconstructs (two Triton launches on CUDA)."""
-        kernels = kernels_for(x.device)
-        if is_triton(kernels):
-            return kernels.projection_error(exact.float().contiguous(), x.float().contiguous(), key)
-        return torch.stack([(exact - cls.projection(x, key)).square().sum(), exact.square().sum()])
+    def projection(ctx: Context) -> Projection:
+        """The guard's projection at ``ctx``'s step, the same on every rank."""
+        return Projection(derive_seed(ctx.shared_seed, "guard", ctx.step) >> 1)
 
     def guard(self, state: State, step: int, error: torch.Tensor) -> None:
         """Stage 3's check, from (||S(exact - reconstructed)||^2, ||S exact||^2) summed over the tensor's values:
@@ -388,7 +389,7 @@ class LGC(Compressor):
         x = selected / scale
         with torch.no_grad():
             code = self.encode(state["ae"], self.pad(x.unsqueeze(0))).reshape(-1)
-        check = self.projection(x, self.guard_key(ctx))
+        check = self.projection(ctx)(x)
         meta = (tensor.shape, k, state["ae"])
         if self.variant == "ring":
             payload = [indices, scale, torch.cat([code, check])]
@@ -470,26 +471,26 @@ class LGCReduction(ReductionMethod):
                 state["ae"][name].copy_(part.view_as(state["ae"][name]))
             state["synced"] = True
         weights = state["ae"]
-        key = method.guard_key(ctx)
+        projection = method.projection(ctx)
         if method.variant == "ring":
             indices, scale = yield from self._leader(method, p, k, leader, ctx)
             index = indices.long()
             selected = p[index]  # (p is not written before the residual's update below)
             x = selected / scale
             code = method.encode(weights, method.pad(x.unsqueeze(0)))
-            (summed,) = yield Allreduce([torch.cat([code.reshape(-1), method.projection(x, key)])])
+            (summed,) = yield Allreduce([torch.cat([code.reshape(-1), projection(x)])])
             mean = method.decode(weights, summed[:code.numel()].view_as(code) / ctx.size)[0, 0, :k]
             reconstruction = mean * scale  # the estimate of the mean of the ranks' values, this rank's share
             total = reconstruction * ctx.size
             exact = summed[code.numel():] / ctx.size  # S of the exact mean: the guard's reference
-            error = method.projection_error(exact, mean, key)
+            error = projection.error(exact, mean)
         else:
             indices, scale, code = yield from self._leader(method, p, k, leader, ctx, weights)
             index = indices.long()
             selected = p[index]
             x = selected / scale
             values, positions = method.innovation(x.unsqueeze(0))
-            gathered = yield Allgather([torch.cat([values.reshape(-1), method.projection(x, key)]),
+            gathered = yield Allgather([torch.cat([values.reshape(-1), projection(x)]),
                                         positions.reshape(-1)], fixed_size=True)
             kept = values.numel()
             length = method.length(k)
@@ -500,7 +501,7 @@ class LGCReduction(ReductionMethod):
                 innovation = method.scatter(head[:kept].view(1, -1), inno_positions.view(1, -1), length)
                 decoded.append(method.decode(weights, code, r, innovation)[0, 0, :k])
                 total += decoded[r] * scale
-                error += method.projection_error(head[kept:], decoded[r], key)
+                error += projection.error(head[kept:], decoded[r])
             reconstruction = decoded[ctx.rank] * scale
         p.index_copy_(0, index, selected - reconstruction)
         method.guard(state, ctx.step, (yield Read(error)))

@@ -42,7 +42,8 @@ With the config's ``bucket_cap_mb`` the optimizer hands PowerSGD each bucket of 
 ready, and it reduces the bucket as PyTorch's hook reduces a DDP bucket: each matrix factored on its own (with
 ``batch_tensors_with_same_shape``, the bucket's matrices of one shape as one batch), the Ps of the whole bucket summed
 in one allreduce and its Qs in another. A step's Ps lie side by side in one buffer, the allreduce's one tensor, and so
-do its Qs: on CUDA each buffer's matrices are orthonormalized in one launch, whatever their shapes.
+do its Qs: on CUDA each buffer's matrices are orthonormalized in one launch, whatever their shapes, where all have one
+rank r <= 2.
 
 Orthogonalization is Gram-Schmidt for r <= 2 and QR above (as PyTorch). The first Q is drawn from the
 parameter's rank-independent seed, so every rank starts from the same Q with no broadcast.

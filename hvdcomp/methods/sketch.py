@@ -56,9 +56,9 @@ In a bucket (``bucket_cap_mb``) the sketch method sums each gradient as it would
 functions and path; its context is the bucket's, derived per member), with one vote for the bucket and each round's
 requests as one: one filter collective, one allreduce of the dense gradients (concatenated), the payloads that go
 dense and the sketches, one gather of the payloads whose peeling did not complete. On the Triton kernels (CUDA) the
-bare method's bucket of dense float32 (or half) gradients is concatenated first and its rows counted on the
-concatenation in two launches. The sparsifiers' payloads (``collective: sketch``) bucket as their methods do: the
-bucket's concatenation is compressed as one tensor.
+bare method's bucket of dense float32 (or half) gradients that went dense in the last step is concatenated first and
+its rows counted on the concatenation in two launches. The sparsifiers' payloads (``collective: sketch``) bucket as
+their methods do: the bucket's concatenation is compressed as one tensor.
 
 Options (``collective_options``): ``margin`` (default 1.1), ``slack`` (cells added for small sketches, default 24),
 ``fp_rate``, ``dtype`` (float32 or float64), ``filter_collective`` (auto, allgather or allreduce).
@@ -348,17 +348,20 @@ class SketchReduction(ReductionMethod):
         concatenation, compressed as one tensor (the default). Each sum is flat.
 
         On the Triton kernels (CUDA), a bucket of the bare method's dense gradients (float32 or a half type, which
-        float32 holds exactly) is concatenated first and its rows counted on the concatenation in two launches
+        float32 holds exactly) that all went dense at once in the last step (or have no last step) is concatenated
+        first and its rows counted on the concatenation in two launches
         (:func:`hvdcomp.kernels.gpu.sketch.sketch_bucket_counts`), where each gradient's count took two; the
-        concatenation is what the allreduce sends where every gradient goes dense at once (where one is sketched
-        instead, it was copied for nothing)."""
+        concatenation is what the allreduce sends where they go dense at once again (where one is sketched instead,
+        it was copied for nothing, and the next step counts gradient by gradient)."""
         if not self._members_alone:
             return (yield from super().reduce_bucket(tensors, state, ctx))
         states, contexts = state[MEMBERS], self.member_contexts(ctx, len(tensors))
         device_kernels = _triton_kernels(tensors[0].device)
         concatenated = None
+        exact_in_float32 = (torch.float32, torch.float16, torch.bfloat16)
         if device_kernels is not None and self.compressor.unwrapped() is self.compressor \
-                and all(not t.is_sparse and t.dtype in (torch.float32, torch.float16, torch.bfloat16) for t in tensors):
+                and all(not t.is_sparse and t.dtype in exact_in_float32 for t in tensors) \
+                and all(member.get("sketch", {}).get("path", "dense") == "dense" for member in states):
             concatenated = dense_concat(tensors)
             items = [Sketch.items(tensor.shape) for tensor in tensors]
             counts = device_kernels.sketch_bucket_counts(

@@ -61,7 +61,7 @@ def autoencoder_costs(variant: str, ranks: int, k: int, repeats: int) -> dict:
     """One row: a stage-2 training step and a rank's stage-3 autoencoder work, for k values from ``ranks`` ranks."""
     import torch
 
-    from hvdcomp.methods.lgc import LGC
+    from hvdcomp.methods.lgc import LGC, Projection
 
     method = LGC(variant=variant)
     weights = method.init_weights(ranks, 0)
@@ -73,14 +73,15 @@ def autoencoder_costs(variant: str, ranks: int, k: int, repeats: int) -> dict:
 
     def stage3() -> None:
         code = method.encode(weights, x)
-        exact = method.projection(batch[0], 0)  # the guard's projection of this rank's values
+        projection = Projection(0)
+        exact = projection(batch[0])  # the guard's projection of this rank's values
         if variant == "ring":  # the summed code, and the guard's error of what it decodes to
-            method.projection_error(exact, method.decode(weights, code)[0, 0, :k], 0)
+            projection.error(exact, method.decode(weights, code)[0, 0, :k])
             return
         values, positions = method.innovation(batch)
         innovations = method.scatter(values, positions, x.shape[-1])
         for r in range(ranks):
-            method.projection_error(exact, method.decode(weights, code, r, innovations[r:r + 1])[0, 0, :k], 0)
+            projection.error(exact, method.decode(weights, code, r, innovations[r:r + 1])[0, 0, :k])
 
     with torch.no_grad():
         use_ms, use_range = median_ms(stage3, repeats)

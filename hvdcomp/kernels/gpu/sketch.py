@@ -10,9 +10,9 @@ them in item order, and a search of the sorted cells gives each cell's range (de
 * A rank's rows: the nonzero rows of its gradient and their values, compacted in row order by per-program counts,
   their scan and a second pass that places each program's rows at its offset (one host sync: their count sizes
   the payload).
-* A bucket's rows counted for its vote: one program per 64 rows or more (about 4,096 values) of one of its gradients,
-  over their concatenation, then one per gradient adds its programs' counts (two launches for the whole bucket, no
-  host sync).
+* A bucket's rows counted for its vote: one program per 64 rows of one of its gradients (more rows, about 4,096 values,
+  where rows are narrower than 64 values), over their concatenation, then one per gradient adds its programs' counts
+  (two launches for the whole bucket, no host sync).
 * Candidates: one thread per item tests its filter bits; the passing items are compacted in order
   (``nonzero``, one host sync: their count sizes the sketch).
 * Encoding: one thread per cell (and column) adds its entries' signed values in float64 in item order, which is
@@ -327,11 +327,11 @@ def sketch_bucket_counts(flat: torch.Tensor, items: Sequence[int], widths: Seque
 def _bucket_table(device: torch.device, items: tuple[int, ...], widths: tuple[int, ...]
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`sketch_bucket_counts`' tables for a bucket's layout, on ``device``: per program (columns) its gradient's
-    first element and width, its own first row and the row after its last (int64 [4, programs]: about
-    _BUCKET_VALUES values a program, in whole tiles of _BUCKET_ROWS rows); per gradient its first program and, last,
-    the programs' count (int64 [gradients + 1]). A bucket's layout repeats every step: each is made once and kept,
-    its copy to a GPU from pinned memory, with no wait, on the stream of the step that made it (the optimizer's work
-    runs on one)."""
+    first element and width, its own first row and the row after its last (int64 [4, programs]: _BUCKET_ROWS rows a
+    program, or as many whole tiles of them as hold about _BUCKET_VALUES values where rows are narrower); per gradient
+    its first program and, last, the programs' count (int64 [gradients + 1]). A bucket's layout repeats every step:
+    each is made once and kept, its copy to a GPU from pinned memory, with no wait, on the stream of the step that
+    made it (the optimizer's work runs on one)."""
     columns: list[list[int]] = [[], [], [], []]
     bounds, start = [0], 0
     for n, width in zip(items, widths, strict=True):
