@@ -92,8 +92,11 @@ def _coder(compressor: Compressor, tensor: torch.Tensor, seed: str) -> Callable[
 
 
 def _bucket_coder(choice: Choice, members: list[torch.Tensor], seed: str) -> Callable[[list[torch.Tensor]], Any]:
-    """A bucket's encode and decode, with its own state, as a function of its members' gradients (:func:`_coder` of
-    their concatenation)."""
+    """A gradient's or a bucket's encode and decode, with its own state, as a function of the gradients: :func:`_coder`
+    of the gradient, or of the bucket's concatenation."""
+    if len(members) == 1:
+        one = _coder(choice.compressor, members[0], seed)
+        return lambda grads: one(grads[0])
     code = _coder(choice.compressor, torch.cat([grad.reshape(-1) for grad in members]), seed)
 
     def concatenated(grads: list[torch.Tensor]) -> Any:
@@ -125,36 +128,30 @@ def measure(method: str, device: torch.device, cap_mb: float, repeats: int) -> d
     compressed = [(name, grad, choice) for name, grad, choice in planned if choice.compressor is not None]
     buckets = config.buckets([(grad, choice) for _, grad, choice in compressed])
     in_bucket = {position for bucket in buckets for position in bucket}
-    units = [[position] for position in range(len(compressed)) if position not in in_bucket] + buckets
     if not compressed:
         raise SystemExit(f"{method} compresses none of ResNet-50's gradients")
-    reduction = compressed[0][2].reduction
-    if type(reduction).reduce_bucket is ReductionMethod.reduce_bucket:
-        per_tensor = [(grad, _coder(choice.compressor, grad, name)) for name, grad, choice in compressed]
-        in_units = [per_tensor[unit[0]] if len(unit) == 1 else
-                    ([compressed[p][1] for p in unit], _bucket_coder(compressed[unit[0]][2],
-                                                                     [compressed[p][1] for p in unit],
-                                                                     compressed[unit[0]][0])) for unit in units]
+    # PowerSGD and the sketch method: their reductions, run as one rank's step runs them; the others: their codecs
+    own_way = type(compressed[0][2].reduction).reduce_bucket is not ReductionMethod.reduce_bucket
+    make = _reducer if own_way else _bucket_coder
 
-        def step_per_tensor() -> None:
-            for grad, code in per_tensor:
-                code(grad)
+    def made(unit: list[int]) -> tuple[list[torch.Tensor], Callable[[list[torch.Tensor]], Any]]:
+        grads = [compressed[position][1] for position in unit]
+        return grads, make(compressed[unit[0]][2], grads, compressed[unit[0]][0])
 
-        def step_buckets() -> None:
-            for grads, code in in_units:
-                code(grads)
-    else:  # PowerSGD, the sketch method: the reductions of a step, run as one rank's step runs them
-        alone = [([grad], _reducer(choice, [grad], name)) for name, grad, choice in compressed]
-        reducers = [alone[unit[0]] if len(unit) == 1 else
-                    ([compressed[p][1] for p in unit], _reducer(compressed[unit[0]][2],
-                                                                [compressed[p][1] for p in unit],
-                                                                compressed[unit[0]][0])) for unit in units]
+    alone = [made([position]) for position in range(len(compressed))]
+    units = [alone[position] for position in range(len(compressed)) if position not in in_bucket]
+    units += [made(bucket) for bucket in buckets]
 
-        def step_per_tensor() -> None:
-            run_one_rank_step([reduce(grads) for grads, reduce in alone])
+    def step(of: list[tuple[list[torch.Tensor], Callable[[list[torch.Tensor]], Any]]]) -> None:
+        done = [run(grads) for grads, run in of]
+        if own_way:
+            run_one_rank_step(done)
 
-        def step_buckets() -> None:
-            run_one_rank_step([reduce(grads) for grads, reduce in reducers])
+    def step_per_tensor() -> None:
+        step(alone)
+
+    def step_buckets() -> None:
+        step(units)
 
     timings = timed({"per_tensor": step_per_tensor, "buckets": step_buckets}, device, repeats)
     row: dict[str, Any] = {

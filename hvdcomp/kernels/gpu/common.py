@@ -12,6 +12,7 @@ exactly ``bits`` bytes.
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -92,3 +93,12 @@ def load_codes(src_ptr, element, mask, nbytes, BITS: tl.constexpr):
     low = tl.load(src_ptr + offset, mask=mask, other=0).to(tl.uint32)
     high = tl.load(src_ptr + offset + 1, mask=mask & (offset + 1 < nbytes), other=0).to(tl.uint32)
     return (((high << 8) | low) >> (bit & 7).to(tl.uint32)) & ((1 << BITS) - 1)
+
+
+def kept_table(values: list[int], device: torch.device) -> torch.Tensor:
+    """``values`` as an int64 tensor on ``device``, for a table a kernel reads that is made once and kept (a layout
+    that repeats every step): copied to a GPU from pinned memory, without a wait, on the current stream."""
+    table = torch.tensor(values, dtype=torch.int64)
+    if device.type != "cuda":
+        return table.to(device)
+    return table.pin_memory().to(device, non_blocking=True)

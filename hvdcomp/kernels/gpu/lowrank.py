@@ -21,6 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
+from hvdcomp.kernels.gpu.common import kept_table
+
 _BLOCK = 1024
 
 
@@ -110,7 +112,4 @@ def _layout(device: torch.device, rows: tuple[int, ...], rank: int) -> torch.Ten
     starts = [0]
     for n in rows[:-1]:
         starts.append(starts[-1] + n * rank)
-    table = torch.tensor(starts + list(rows), dtype=torch.int64)
-    if device.type != "cuda":
-        return table.to(device)
-    return table.pin_memory().to(device, non_blocking=True)
+    return kept_table(starts + list(rows), device)

@@ -43,7 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hvdcomp.kernels.gpu.common import splitmix64
+from hvdcomp.kernels.gpu.common import kept_table, splitmix64
 
 #: rounds of peeling between two reads of the progress on the host
 ROUNDS = 20
@@ -341,10 +341,8 @@ def _bucket_table(device: torch.device, items: tuple[int, ...], widths: tuple[in
                 column.append(value)
         bounds.append(len(columns[0]))
         start += n * width
-    tables = [torch.tensor(columns, dtype=torch.int64), torch.tensor(bounds, dtype=torch.int64)]
-    if device.type != "cuda":
-        return tables[0].to(device), tables[1].to(device)
-    return tables[0].pin_memory().to(device, non_blocking=True), tables[1].pin_memory().to(device, non_blocking=True)
+    flat = [value for column in columns for value in column]
+    return kept_table(flat, device).view(4, len(columns[0])), kept_table(bounds, device)
 
 
 def _hash(items: torch.Tensor, seed: int, c3: int) -> tuple[torch.Tensor, torch.Tensor]:
