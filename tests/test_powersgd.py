@@ -21,9 +21,36 @@ def test_orthogonalize_gives_orthonormal_columns(rank: int) -> None:
     torch.testing.assert_close(q.t() @ q, torch.eye(rank, dtype=torch.float64))
 
 
-def test_a_zero_column_stays_zero_without_epsilon() -> None:
-    matrix = torch.zeros(10, 2)
-    assert torch.equal(orthogonalize(matrix), torch.zeros(10, 2)), "0/0 would poison the gradient with NaN"
+@pytest.mark.parametrize("epsilon", [0.0, 1e-8])
+@pytest.mark.parametrize("zero", [[0], [1], [0, 1]])
+def test_a_zero_column_becomes_its_spare(zero: list[int], epsilon: float) -> None:
+    """A zero column (a layer no rank used) becomes its spare signs, so orthonormalized: not NaN (PyTorch's hook at
+    epsilon 0), not zero (for good, under the warm start); a column that is not zero is orthonormalized as ever."""
+    matrix = torch.randn(2, 40, 2, generator=torch.Generator().manual_seed(1))
+    matrix[1][:, zero] = 0
+    got = orthogonalize(matrix.clone(), epsilon)
+    eye = torch.eye(2).expand(2, 2, 2)
+    torch.testing.assert_close(got.transpose(-2, -1) @ got, eye, atol=1e-5, rtol=0)
+    torch.testing.assert_close(got[0], orthogonalize(matrix[0].clone(), epsilon))  # the batch's other matrix
+    if zero == [1]:
+        torch.testing.assert_close(got[1][:, 0], matrix[1][:, 0] / (matrix[1][:, 0].norm() + epsilon))
+
+
+def test_a_step_of_zero_gradients_does_not_stop_compression() -> None:
+    """A step where M is zero (the zero step of hvd.broadcast_optimizer_state, or a layer without a gradient yet) makes
+    P and Q zero; under the warm start a zero Q made P = M Q zero in every step after, sending nothing while the
+    residual grew. With the spare columns the next steps approximate M again."""
+    compressor = PowerSGD(rank=2, start_iter=0)
+    ctx = Context.local(torch.zeros(30, 20), seed=5, name="w")
+    state = compressor.init_state(torch.zeros(30, 20), ctx)
+    payload, meta = compressor.compress(torch.zeros(30, 20), state, ctx)
+    assert not compressor.decompress(payload, meta).any()
+    generator = torch.Generator().manual_seed(2)
+    low_rank = torch.randn(30, 2, generator=generator) @ torch.randn(2, 20, generator=generator)
+    for step in range(1, 4):
+        payload, meta = compressor.compress(low_rank, state, replace(ctx, step=step))
+        approximation = compressor.decompress(payload, meta)
+        assert approximation.norm() > 0.5 * low_rank.norm(), f"step {step}: {approximation.norm()}"
 
 
 def test_compresses_what_pytorch_compresses() -> None:

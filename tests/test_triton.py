@@ -590,18 +590,23 @@ def test_sparsifiers_on_the_triton_selection_decode_as_on_the_cpu(method: str,
     assert "aten._to_copy" not in count.calls, count.calls
 
 
-@pytest.mark.parametrize(("shape", "epsilon"), [((50, 1), 0.0), ((1500, 2), 0.0), ((3, 70, 2), 0.0),
-                                              ((70, 2), 1e-8), ((0, 2), 0.0)])
+@pytest.mark.parametrize(("shape", "epsilon"), [((50, 1), 0.0), ((1500, 2), 0.0), ((4, 70, 2), 0.0),
+                                              ((4, 1500, 2), 1e-8), ((2, 50, 1), 0.0), ((70, 2), 1e-8),
+                                              ((0, 2), 0.0)])
 def test_orthogonalization_equals_pytorch_gram_schmidt(shape: tuple[int, ...], epsilon: float) -> None:
     """PowerSGD's orthogonalization in one launch (n over a block of rows too, batches) gives PyTorch's Gram-Schmidt to
-    float rounding; a zero column stays zero."""
+    float rounding, a zero column replaced by its spare signs on both (the first, the second, both)."""
     from hvdcomp.methods.powersgd import gram_schmidt
 
     matrix = gaussian(math.prod(shape), seed=len(shape)).view(shape)
-    if shape[0] == 3:
-        matrix[1, :, 0] = 0  # a zero first column: the second still normalized
-        matrix[2, :, 1] = 0
+    if len(shape) == 3:
+        matrix[1, :, 0] = 0
+        matrix[-1] = 0
+        if shape[-1] == 2:
+            matrix[2, :, 1] = 0
     expected = gram_schmidt(matrix.clone(), epsilon)
+    if len(shape) == 3:
+        assert expected.abs().amax(-2).min() > 0, "a column stayed zero"
     got = gpu.orthogonalize(matrix.clone().to(DEVICE), epsilon)
     torch.testing.assert_close(got.cpu(), expected, rtol=1e-5, atol=1e-6)
 
@@ -609,13 +614,14 @@ def test_orthogonalization_equals_pytorch_gram_schmidt(shape: tuple[int, ...], e
 @pytest.mark.parametrize("rank", [1, 2])
 def test_orthogonalization_of_matrices_side_by_side_equals_each_alone(rank: int) -> None:
     """A bucket's Ps (or Qs) side by side in one buffer, of different numbers of rows (one of them over a block of
-    rows, one empty, one with a zero column), orthonormalized in one launch: each as PyTorch's Gram-Schmidt alone."""
+    rows, one empty, two with a zero column), orthonormalized in one launch: each as PyTorch's Gram-Schmidt alone."""
     from hvdcomp.methods.powersgd import gram_schmidt
 
     rows = [7, 1500, 0, 64, 3]
     flat = gaussian(sum(rows) * rank, seed=rank)
     parts = list(flat.split([n * rank for n in rows]))
     parts[3].view(64, rank)[:, 0] = 0
+    parts[0].view(7, rank)[:, rank - 1] = 0
     expected = [gram_schmidt(part.clone().view(n, rank)) for part, n in zip(parts, rows, strict=True)]
     got = gpu.orthogonalize_parts(flat.clone().to(DEVICE), rows, rank).cpu()
     for part, n, want in zip(got.split([n * rank for n in rows]), rows, expected, strict=True):

@@ -29,8 +29,9 @@ Knobs, as PyTorch's ``PowerSGDState`` names them where they exist:
   its own; Horovod's tensor fusion does the same). Default 2, as PyTorch.
 * ``error_feedback`` (``use_error_feedback``): keep E (default on; the paper needs it to converge).
 * ``warm_start``: reuse last step's Q (default on); off draws a new Q every step from the shared seed.
-* ``orthogonalization_epsilon``: added to each column's norm in Gram-Schmidt (PyTorch's default 0); with 0
-  an all-zero column (a layer no rank used) stays zero instead of becoming NaN.
+* ``orthogonalization_epsilon``: added to each column's norm in Gram-Schmidt (PyTorch's default 0). A column that
+  is zero (a layer no rank used) is replaced by fixed signs (:func:`gram_schmidt`), where PyTorch's hook makes it NaN,
+  or zero for good under the warm start.
 * ``batch_tensors_with_same_shape``: the matrices of one shape are compressed together, as one batch (PyTorch's
   option of that name): each step's products, orthogonalizations and error-feedback updates run once per shape, not
   once per layer, and each of the two allreduces carries one tensor per shape. On a GPU that cuts the launches per
@@ -85,17 +86,35 @@ def orthogonalize(matrix: torch.Tensor, epsilon: float = 0.0) -> torch.Tensor:
     return gram_schmidt(matrix, epsilon)
 
 
+def spare_columns(n: int, rank: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Gram-Schmidt's stand-ins for zero columns of matrices of ``n`` rows: column j's entry i is +1 or -1 by bit j
+    of (i x 2654435761) >> 16, a multiplicative hash (no pattern a gradient's rows could share: with all ones a
+    classifier's columns, which sum to 0 over the classes, would map it to 0 again). Float32, n x ``rank``."""
+    hashed = torch.arange(n, dtype=torch.int64, device=device).unsqueeze(1) * 2654435761
+    return 1.0 - 2.0 * ((hashed >> (16 + torch.arange(rank, device=device))) & 1).float()
+
+
 def gram_schmidt(matrix: torch.Tensor, epsilon: float = 0.0) -> torch.Tensor:
     """Gram-Schmidt on the columns of ``matrix`` (n x r or b x n x r) in place, in PyTorch operations: as PyTorch's
-    hook, with ``epsilon`` added to each column's norm (0: a zero column stays zero, where the hook's would be NaN)."""
+    hook, with ``epsilon`` added to each column's norm, but a column that is zero (once the columns before it are
+    projected out) replaced by its spare (:func:`spare_columns`), so projected, normalized. The hook leaves such a
+    column zero, or NaN with epsilon 0; zero, it would stay so: where M is zero in one step (a layer with no gradient
+    yet, or the zero step of ``hvd.broadcast_optimizer_state``) P = M Q and Q = M^T P are, and with the warm start P =
+    M Q would be zero in every step after, the residual growing and nothing sent. (Where the spare too is projected
+    out, in matrices of very few rows, the column stays zero.)"""
     rank = matrix.shape[-1]
+    spares = spare_columns(matrix.shape[-2], rank, matrix.device).to(matrix.dtype)
     for i in range(rank):
         column = matrix[..., i:i + 1]
         norm = torch.linalg.vector_norm(column, dim=-2, keepdim=True)
-        if epsilon == 0:
-            column /= torch.where(norm > 0, norm, torch.ones_like(norm))  # no sync; a zero column stays zero
-        else:
-            column /= norm + epsilon
+        spare = spares[:, i:i + 1]
+        if i:
+            done = matrix[..., :i]
+            spare = spare - done @ (done.transpose(-2, -1) @ spare)
+        spare_norm = torch.linalg.vector_norm(spare, dim=-2, keepdim=True)
+        zero = norm == 0  # (no sync: every matrix of a batch chooses on the device)
+        column.copy_(torch.where(zero, spare, column))
+        column /= torch.where(zero, torch.where(spare_norm > 0, spare_norm, 1.0), norm + epsilon)
         if i + 1 < rank:
             rest = matrix[..., i + 1:]
             rest -= torch.sum(column * rest, dim=-2, keepdim=True) * column

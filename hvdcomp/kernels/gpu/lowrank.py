@@ -7,8 +7,10 @@ One program per matrix (n x r, float32, rows contiguous; where it starts and its
 layout, made once per layout and device and kept), in three passes over its rows: the sums of squares and the
 columns' dot product, the second column's norm once the first is projected out, then the writes. Column 0 becomes
 c0 / |c0|, column 1 becomes (c1 - (c1 . q0) q0) / |c1 - (c1 . q0) q0|, with (c1 . q0) = (c1 . c0) / |c0|; each
-norm guarded as the PyTorch path guards it (epsilon added, or with epsilon 0 a zero column divided by 1, so that it
-stays zero). The sums run in another order than PyTorch's, so the results agree to float rounding, not bit for bit.
+norm guarded as the PyTorch path guards it (epsilon added). A zero column (column 1: once column 0 is projected out)
+is replaced, as on the PyTorch path, by its spare vector of signs (:func:`hvdcomp.methods.powersgd.spare_columns`),
+so projected and normalized; where column 1's spare is zero too (an extra pass finds its norm), it stays zero. The
+sums run in another order than PyTorch's, so the results agree to float rounding, not bit for bit.
 The matrices PowerSGD orthogonalizes are its factors P (n x r) and Q (m x r): small beside the gradient.
 """
 
@@ -33,6 +35,14 @@ def _guarded(norm, epsilon, ZERO_EPSILON: tl.constexpr):
     return norm + epsilon
 
 
+@triton.jit
+def _spare(rows, column: tl.constexpr):
+    """Column ``column``'s spare vector at ``rows``: +-1, bit ``column`` of (row x 2654435761) >> 16
+    (:func:`hvdcomp.methods.powersgd.spare_columns`)."""
+    bit = ((rows.to(tl.int64) * 2654435761) >> (16 + column)) & 1
+    return 1.0 - 2.0 * bit.to(tl.float32)
+
+
 @triton.jit(do_not_specialize=["count", "epsilon"])
 def _gram_schmidt_kernel(x_ptr, layout_ptr, count, epsilon, R: tl.constexpr, ZERO_EPSILON: tl.constexpr,
                          BLOCK: tl.constexpr):
@@ -42,6 +52,7 @@ def _gram_schmidt_kernel(x_ptr, layout_ptr, count, epsilon, R: tl.constexpr, ZER
     offsets = tl.arange(0, BLOCK)
     squares0 = tl.zeros([BLOCK], dtype=tl.float32)
     dots = tl.zeros([BLOCK], dtype=tl.float32)
+    spare_dots = tl.zeros([BLOCK], dtype=tl.float32)  # s0 . c1, where column 0 is zero and s0 stands in for it
     start = 0
     while start < n:  # (while, not range: Triton 3.6's interpreter fails on range(runtime value))
         rows = start + offsets
@@ -49,31 +60,59 @@ def _gram_schmidt_kernel(x_ptr, layout_ptr, count, epsilon, R: tl.constexpr, ZER
         c0 = tl.load(base + rows * R, mask=mask, other=0.0)
         squares0 += c0 * c0
         if R == 2:
-            dots += c0 * tl.load(base + rows * R + 1, mask=mask, other=0.0)
+            c1 = tl.load(base + rows * R + 1, mask=mask, other=0.0)
+            dots += c0 * c1
+            spare_dots += tl.where(mask, _spare(rows, 0), 0.0) * c1
         start += BLOCK
-    norm0 = _guarded(tl.sqrt_rn(tl.sum(squares0, axis=0)), epsilon, ZERO_EPSILON)
-    projection = tl.div_rn(tl.sum(dots, axis=0), norm0)  # c1 . q0
+    sum0 = tl.sum(squares0, axis=0)
+    spare0 = sum0 == 0  # column 0 is zero: its spare s0 / sqrt(n) instead
+    root = tl.sqrt_rn(tl.maximum(n, 1).to(tl.float32))  # |s0| (an empty matrix's: 1, so that nothing divides by 0)
+    norm0 = tl.where(spare0, root, _guarded(tl.sqrt_rn(sum0), epsilon, ZERO_EPSILON))
+    projection = tl.div_rn(tl.where(spare0, tl.sum(spare_dots, axis=0), tl.sum(dots, axis=0)), norm0)  # c1 . q0
     norm1 = 1.0
+    spare1 = False
     if R == 2:
         squares1 = tl.zeros([BLOCK], dtype=tl.float32)
+        spare_squares = tl.zeros([BLOCK], dtype=tl.float32)  # |s1 - (s1 . q0) q0|^2, where column 1 is zero then
+        spare_projections = tl.zeros([BLOCK], dtype=tl.float32)  # s1 . q0
         start = 0
         while start < n:
             rows = start + offsets
             mask = rows < n
-            c0 = tl.load(base + rows * R, mask=mask, other=0.0)
-            c1 = tl.load(base + rows * R + 1, mask=mask, other=0.0) - projection * tl.div_rn(c0, norm0)
+            q0 = tl.div_rn(tl.where(spare0, _spare(rows, 0), tl.load(base + rows * R, mask=mask, other=0.0)), norm0)
+            q0 = tl.where(mask, q0, 0.0)
+            c1 = tl.load(base + rows * R + 1, mask=mask, other=0.0) - projection * q0
             squares1 += c1 * c1
+            spare_projections += tl.where(mask, _spare(rows, 1), 0.0) * q0
             start += BLOCK
-        norm1 = _guarded(tl.sqrt_rn(tl.sum(squares1, axis=0)), epsilon, ZERO_EPSILON)
+        sum1 = tl.sum(squares1, axis=0)
+        spare1 = sum1 == 0  # column 1 is zero once column 0 is projected out: its spare s1, so projected, instead
+        spare_projection = tl.sum(spare_projections, axis=0)
+        if spare1:
+            start = 0
+            while start < n:
+                rows = start + offsets
+                mask = rows < n
+                q0 = tl.div_rn(tl.where(spare0, _spare(rows, 0), tl.load(base + rows * R, mask=mask, other=0.0)),
+                               norm0)
+                s1 = tl.where(mask, _spare(rows, 1) - spare_projection * q0, 0.0)
+                spare_squares += s1 * s1
+                start += BLOCK
+            norm1 = tl.where(tl.sum(spare_squares, axis=0) > 0, tl.sqrt_rn(tl.sum(spare_squares, axis=0)), 1.0)
+        else:
+            norm1 = _guarded(tl.sqrt_rn(sum1), epsilon, ZERO_EPSILON)
     start = 0
     while start < n:
         rows = start + offsets
         mask = rows < n
-        q0 = tl.div_rn(tl.load(base + rows * R, mask=mask, other=0.0), norm0)
-        tl.store(base + rows * R, q0, mask=mask)
-        if R == 2:
-            c1 = tl.load(base + rows * R + 1, mask=mask, other=0.0) - projection * q0
+        q0 = tl.div_rn(tl.where(spare0, _spare(rows, 0), tl.load(base + rows * R, mask=mask, other=0.0)), norm0)
+        if R == 2:  # (column 1 read before column 0 is written)
+            if spare1:
+                c1 = _spare(rows, 1) - spare_projection * q0
+            else:
+                c1 = tl.load(base + rows * R + 1, mask=mask, other=0.0) - projection * q0
             tl.store(base + rows * R + 1, tl.div_rn(c1, norm1), mask=mask)
+        tl.store(base + rows * R, q0, mask=mask)
         start += BLOCK
 
 
