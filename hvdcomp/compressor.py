@@ -315,9 +315,18 @@ def nonfinite(tensors: Sequence[torch.Tensor], mark: float = 1.0) -> torch.Tenso
     tensors, which some PyTorch versions' multi-tensor norm mishandles) one pass per tensor that allocates nothing of
     its size: its min and max, which propagate NaN and show an Inf (``isfinite(t).all()`` would write a full-size
     mask).
+
+    Tensors on several devices (a model split across GPUs, or across a GPU and the CPU) are checked per device; the
+    flags come back on the first tensor's device, in the tensors' order.
     """
     if not tensors:
         return torch.zeros(0)
+    devices = {tensor.device for tensor in tensors}
+    if len(devices) > 1:
+        first = tensors[0].device
+        flags = {device: iter(nonfinite([t for t in tensors if t.device == device], mark).to(first))
+                 for device in devices}
+        return torch.stack([next(flags[tensor.device]) for tensor in tensors])
     by_norms = all(tensor.is_cuda and tensor.numel() and tensor.dtype != torch.float64 for tensor in tensors)
     finite = _finite_by_norms(tensors) if by_norms else _finite_by_range(tensors)
     return torch.where(finite, 0.0, float(mark))

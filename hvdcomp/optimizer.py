@@ -43,6 +43,7 @@ order.
 
 from __future__ import annotations
 
+import collections
 import copy
 import hashlib
 import json
@@ -316,10 +317,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if any(not isinstance(item, tuple) or len(item) != 2 for item in named):
                 raise ValueError("named_parameters should be a sequence of (name, parameter) tuples, usually "
                                  "produced by model.named_parameters()")
-        names = [name for name, _ in named]
-        duplicates = sorted({name for name in names if names.count(name) > 1})
+        names = collections.Counter(name for name, _ in named)
+        duplicates = sorted(name for name, count in names.items() if count > 1)
         if duplicates:
             raise ValueError(f"parameter names in named_parameters must be unique; duplicates: {duplicates}")
+        # one tensor under several names (tied weights, listed once per module) is reduced once, under the last of
+        # its names in name order, as Horovod names a parameter: two reductions would write one gradient twice
+        kept = {id(p): name for name, p in sorted(named, key=lambda item: item[0])}
+        named = [(name, p) for name, p in named if kept[id(p)] == name]
         optimized = {id(p) for group in self.param_groups for p in group["params"]}
         unnamed = optimized - {id(p) for _, p in named}
         if unnamed:
@@ -595,6 +600,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def synchronize(self) -> None:
         """Waits for every gradient's reduction and writes the results into ``p.grad``."""
+        self._skip_step = False  # the last step's verdict ends here, whether or not step() came (a GradScaler's skip)
         if not self._slots:
             self._synchronized = True
             return
@@ -639,7 +645,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 self.wait(work.handle, f"hvdcomp.dense.{self._slots[index].name}")
                 if work.wire is not grad:
                     grad.copy_(work.wire)
-        results = [self._slots[index].param.grad for index in sorted(self._work)]
+        checked = [self._slots[index] for index in sorted(self._work)
+                   if self._slots[index].choice.reduction is not None]
         input_flags = self._vote_result
         now = time.monotonic()
         if self._step_started is not None:
@@ -648,7 +655,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._heard = (self._steps_done, now)  # every collective of the step completed: every rank took part
         self._steps_done += 1
         self._reset_step()
-        self._check_finite(input_flags, results)
+        self._check_finite(input_flags, checked)
         if self.tuner is not None:
             self.tuner.step_done(self)
         self._synchronized = True
@@ -660,21 +667,25 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for slot in self._slots:
             slot.delay = self.backward_passes_per_step
 
-    def _check_finite(self, input_flags: torch.Tensor | None, results: list[torch.Tensor]) -> None:
-        """One host sync per step: every rank reaches the same verdict from the vote and identical results."""
-        output_bad = nonfinite(results)
+    def _check_finite(self, input_flags: torch.Tensor | None, compressed: list[_Slot]) -> None:
+        """The compressed gradients' check, in one host sync per step: every rank reaches the same verdict from the
+        vote (each rank's inputs) and the identical results. Dense ones pass as Horovod passes them (a GradScaler's
+        overflow steps included): a NaN there harms no method state, and is the same on every rank."""
+        if not compressed:
+            return
+        output_bad = nonfinite([slot.param.grad for slot in compressed])
         flags = output_bad if input_flags is None else torch.cat([input_flags.to(output_bad.device), output_bad])
         values = flags.tolist()
         if not any(values):
             return
-        compressed = [slot for slot in self._slots if slot.choice.reduction is not None]
-        inputs, outputs = values[:len(values) - len(self._slots)], values[len(values) - len(self._slots):]
+        inputs, outputs = values[:len(values) - len(compressed)], values[len(values) - len(compressed):]
         problems = [f"{slot.name!r} on rank {int(v) - 1}" for slot, v in zip(compressed, inputs, strict=True) if v]
-        problems += [f"{slot.name!r} after reduction" for slot, v in zip(self._slots, outputs, strict=True) if v]
+        problems += [f"{slot.name!r} after reduction" for slot, v in zip(compressed, outputs, strict=True) if v]
         message = f"non-finite gradient (NaN or Inf) in {', '.join(problems)}"
         if self.config.nonfinite == "raise":
             raise FloatingPointError(f"hvdcomp: {message}. Lower the learning rate, check the data, or set "
-                                     "nonfinite: skip in the compression config to skip such steps")
+                                     "nonfinite: skip in the compression config to skip such steps (as a "
+                                     "GradScaler's overflow steps need: it then skips them too)")
         self._fresh_states()  # residuals may hold NaN now: start them afresh
         warnings.warn(f"hvdcomp: skipping this optimizer step: {message}", RuntimeWarning, stacklevel=3)
         self._skip_step = True
@@ -710,12 +721,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def step(self, closure: Any = None) -> Any:
         if self._should_synchronize:
-            if self._synchronized:
+            if self._synchronized and not self._work:  # no gradient since synchronize(): they are reduced already
                 warnings.warn("optimizer.step() called without optimizer.skip_synchronize() context after "
-                              "optimizer.synchronize(). This can cause training slowdown. You may want to "
-                              "consider using optimizer.skip_synchronize() context if you use "
-                              "optimizer.synchronize() in your code.", stacklevel=2)
-            self.synchronize()
+                              "optimizer.synchronize(): the gradients synchronize() reduced are used as they are "
+                              "(a second reduction would compress them again and keep their residuals twice). "
+                              "Call step() inside optimizer.skip_synchronize() after synchronize().", stacklevel=2)
+            else:
+                self.synchronize()
         self._synchronized = False
         if self._skip_step:
             self._skip_step = False
@@ -727,6 +739,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before "
                                  "optimizer.step() or optimizer.synchronize(). This is prohibited as it can "
                                  "cause a race condition.")
+        self._synchronized = False  # a new step: the next step() synchronizes (after a step a GradScaler skipped)
         super().zero_grad(set_to_none=set_to_none)
 
     def state_dict(self) -> dict[str, Any]:
@@ -737,7 +750,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         rank: save one file per rank to resume exactly.
         """
         state = super().state_dict()
-        state["hvdcomp"] = {slot.name: {"step": slot.step, "state": slot.state, "bucket": slot.bucket}
+        state["hvdcomp"] = {slot.name: {"step": slot.step, "state": slot.state, "bucket": slot.bucket,
+                                        "method": _method(slot.choice), "size": self.process_set.size()}
                             for slot in self._slots if slot.choice.reduction is not None}
         return state
 
@@ -748,7 +762,19 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for slot in compressed:  # checked before anything is loaded
             if slot.name not in saved:
                 raise ValueError(f"checkpoint has no hvdcomp state for parameter {slot.name!r}")
-            bucket = saved[slot.name].get("bucket", "")
+            entry = saved[slot.name]
+            method, size = entry.get("method", _method(slot.choice)), entry.get("size", self.process_set.size())
+            if method != _method(slot.choice):
+                raise ValueError(f"checkpoint's parameter {slot.name!r} was compressed by {method}, here by "
+                                 f"{_method(slot.choice)}: its method state does not carry over. Resume with the "
+                                 "checkpoint's compression config, or drop the checkpoint's 'hvdcomp' entry to start "
+                                 "the method states afresh")
+            if size != self.process_set.size():
+                raise ValueError(f"checkpoint's parameter {slot.name!r} was compressed by a job of {size} ranks, this "
+                                 f"one has {self.process_set.size()}: a rank's method state belongs to its world. "
+                                 "Resume with as many ranks, or drop the checkpoint's 'hvdcomp' entry to start the "
+                                 "method states afresh")
+            bucket = entry.get("bucket", "")
             if bucket != slot.bucket:
                 raise ValueError(f"checkpoint's parameter {slot.name!r} was compressed {_bucket_text(bucket)}, here "
                                  f"{_bucket_text(slot.bucket)}: the bucket_cap_mb of the compression config must be "
@@ -764,6 +790,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 slot.state = loaded[slot.bucket]
             else:
                 slot.state = loaded[slot.name] = _to_device(saved[slot.name]["state"], slot.param.device)
+
+
+def _method(choice: Choice) -> str:
+    """A compressed parameter's method as its checkpoint names it: the reduction, the compressor (a memory's wrapper
+    too) and the method, e.g. ``allgather:ErrorFeedback:topk``: their states differ, not their options'."""
+    compressor = choice.compressor
+    assert compressor is not None and choice.reduction is not None
+    return f"{choice.reduction.name}:{type(compressor).__name__}:{compressor.unwrapped().name}"
 
 
 def _bucket_text(bucket: str) -> str:

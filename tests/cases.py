@@ -43,10 +43,11 @@ TRAIN_CONFIGS: dict[str, object] = {
                          "min_numel": 0, "bucket_cap_mb": 1},
 }
 
-#: scenario ``resume``: the labels of TRAIN_CONFIGS resumed from a checkpoint
+#: scenario ``resume``: the labels of TRAIN_CONFIGS resumed from a checkpoint; "elsewhere": one refused by another
+#: method or another world size
 RESUME_LABELS = ("terngrad", "topk", "terngrad-two-phase", "randomk", "powersgd", "bingrad", "orq-two-phase", "qsgd",
                  "signsgd", "efsignsgd", "onebit", "threshold", "dgc", "gravac", "gravac-dgc", "topk-sketch",
-                 "topk-buckets", "powersgd-buckets")
+                 "topk-buckets", "powersgd-buckets", "elsewhere")
 #: scenario ``collectives``: each default reduction against its reference, then the two-phase reduction
 COLLECTIVE_LABELS = ("fp16", "terngrad", "terngrad-noshare", "terngrad-noclip", "topk", "topk-ef", "randomk",
                      "randomk-ef", "bingrad", "onebit", "orq", "orq-3bit", "qsgd", "qsgd-max-8bit", "efsignsgd",

@@ -286,3 +286,17 @@ def test_nonfinite_flags_each_tensor(device: str) -> None:
     assert flags.dtype == torch.float32 and flags.device.type == device
     assert flags.tolist() == expected
     assert (~_finite_by_norms(tensors)).tolist() == [bad for _, _, bad in NONFINITE_CASES]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: tensors on the CPU and a GPU at once")
+def test_nonfinite_flags_tensors_on_several_devices() -> None:
+    """A model split across the CPU and a GPU: each device's tensors checked on it, the flags in the tensors' order
+    on the first one's device (torch.stack of flags from two devices would fail every step)."""
+    from hvdcomp.compressor import nonfinite
+
+    devices = ["cuda", "cpu"] * len(NONFINITE_CASES)
+    tensors = [torch.tensor(values, dtype=dtype, device=device)
+               for (values, dtype, _), device in zip(NONFINITE_CASES * 2, devices, strict=True)]
+    flags = nonfinite(tensors, mark=2)
+    assert flags.device.type == "cuda"
+    assert flags.tolist() == [2.0 if bad else 0.0 for _, _, bad in NONFINITE_CASES * 2]
