@@ -30,12 +30,19 @@ from typing import Any
 _OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "enable_fp_fusion")
 
 
-def _describe(value: Any, constexpr: bool, specialize: bool) -> list[Any]:
-    """An argument as [its type in the kernel's signature, its value where that type is a constant]: Triton's own
-    ``mangle_type``, as its launcher types arguments (``specialize``: unless named in ``do_not_specialize``)."""
-    from triton.runtime.jit import mangle_type
+def _describe(value: Any, annotation: str, specialize: bool) -> list[Any]:
+    """An argument as [its type in the kernel's signature, its value where that type is a constant], as Triton's
+    launcher types it: the parameter's annotation where it names a type (``tl.float64``: a Python float as a double,
+    where it would be a float), else Triton's own ``mangle_type`` of the value (``specialize``: unless named in
+    ``do_not_specialize``)."""
+    from triton.runtime.jit import _normalize_ty, mangle_type
 
-    kind = "constexpr" if constexpr else mangle_type(value, specialize)
+    if "constexpr" in annotation:
+        kind = "constexpr"
+    elif annotation.startswith("tl."):
+        kind = _normalize_ty(annotation)
+    else:
+        kind = mangle_type(value, specialize)
     return [kind, getattr(value, "value", value) if kind == "constexpr" else None]
 
 
@@ -52,7 +59,7 @@ def recording(launches: set[str]) -> Iterator[None]:
         arguments.update({k: v for k, v in kwargs.items() if k not in _OPTIONS})
         parameters = inspect.signature(self.fn).parameters
         fixed = self.kwargs.get("do_not_specialize") or ()
-        described = {name: _describe(value, "constexpr" in str(parameters[name].annotation), name not in fixed)
+        described = {name: _describe(value, str(parameters[name].annotation), name not in fixed)
                      for name, value in arguments.items()}
         launches.add(json.dumps({"module": self.fn.__module__, "kernel": self.fn.__name__, "options": options,
                                  "arguments": described},

@@ -271,7 +271,7 @@ def _histogram_kernel(x_ptr, threshold_ptr, keys_ptr, index_ptr, found_ptr, coun
                 mask = mask & ((key >> (shift + 8)) == prefix)
             counts += tl.histogram((key >> shift) & 255, 256, mask=mask)
             block += tl.num_programs(0)
-        tl.atomic_add(counts_ptr + PASS * 256 + tl.arange(0, 256), counts, mask=counts > 0)
+        tl.atomic_add(counts_ptr + PASS * 256 + tl.arange(0, 256), counts.to(tl.int64), mask=counts > 0)
 
 
 @triton.jit(do_not_specialize=["n", "k", "capacity"])
@@ -421,7 +421,8 @@ def _select_blocks(x: torch.Tensor, k: int, values: torch.Tensor, indices: torch
     n = x.numel()
     blocks = triton.cdiv(n, _BLOCK)
     programs = _programs(x.device, blocks)
-    counts = torch.zeros(4, _DIGITS, dtype=torch.int32, device=x.device)  # each digit pass's counters
+    # each digit pass's counters, int64: from 2^31 entries on, more than int32 holds can share a digit
+    counts = torch.zeros(4, _DIGITS, dtype=torch.int64, device=x.device)
     limit = threshold if threshold is not None else counts  # (any pointer when there is no threshold)
     if gathered is None:
         source = (x, limit, counts, counts, counts, counts, n, k, 0)  # (any pointers for the candidates)
@@ -480,14 +481,14 @@ def _moved(partial_ptr, t, blocks, step, CHUNK: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["blocks", "step"])
-def _fit_step_kernel(partial_ptr, t_ptr, blocks, step, CHUNK: tl.constexpr):
+def _fit_step_kernel(partial_ptr, t_ptr, blocks, step: tl.float64, CHUNK: tl.constexpr):
     """One program: t[0] moved by the stage whose blocks' sums are in ``partial``, into t[1]."""
     tl.store(t_ptr + 1, _moved(partial_ptr, tl.load(t_ptr), blocks, step, CHUNK))
 
 
 @triton.jit(do_not_specialize=["n", "blocks", "step", "stage"])
-def _fit_stage_kernel(x_ptr, ts_ptr, previous_ptr, partial_ptr, n, blocks, step, stage, BLOCK: tl.constexpr,
-                      CHUNK: tl.constexpr):
+def _fit_stage_kernel(x_ptr, ts_ptr, previous_ptr, partial_ptr, n, blocks, step: tl.float64, stage,
+                      BLOCK: tl.constexpr, CHUNK: tl.constexpr):
     """Stage ``stage`` of the fit over at most CHUNK blocks: every program finds the stage's t, 0 at first, else the
     last stage's (ts[stage - 1]) moved by that stage's sums (``previous``), then sums its block's excess over it;
     program 0 keeps t in ts[stage]. Each program finds the same t: the same sums, added in the same order."""
@@ -503,7 +504,7 @@ def _fit_stage_kernel(x_ptr, ts_ptr, previous_ptr, partial_ptr, n, blocks, step,
 
 
 @triton.jit(do_not_specialize=["n", "stages", "step"])
-def _fit_one_block_kernel(x_ptr, t_ptr, n, stages, step, BLOCK: tl.constexpr):
+def _fit_one_block_kernel(x_ptr, t_ptr, n, stages, step: tl.float64, BLOCK: tl.constexpr):
     """Every stage of the fit of a tensor of one block, in one program: the sums as the stage kernels take them."""
     t = tl.zeros([], dtype=tl.float32)
     stage = 0

@@ -148,15 +148,33 @@ def _place_rows_kernel(x_ptr, found_ptr, values_ptr, rows_ptr, items, width, ROW
             start += COLS
 
 
-@triton.jit(do_not_specialize=["cells", "width"])
-def _encode_kernel(values_ptr, signs_ptr, order_ptr, starts_ptr, table_ptr, cells, width, CELLS: tl.constexpr,
-                   COLS: tl.constexpr):
+@triton.jit
+def _tile_of(col_blocks, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """A program's rows and columns, and whether they are its rows' first columns: programs run along the rows'
+    ``col_blocks`` column blocks, then to the next rows, all on grid axis 0 (axis 1, which CUDA caps at 65,535
+    programs, would cap a row at 2 M values)."""
+    pid = tl.program_id(0).to(tl.int64)
+    rows = (pid // col_blocks) * ROWS + tl.arange(0, ROWS)
+    return rows, (pid % col_blocks) * COLS + tl.arange(0, COLS), pid % col_blocks == 0
+
+
+def _programs(rows: int, row_block: int, width: int, cols: int) -> tuple[int, int]:
+    """(programs, column blocks) of a launch over :func:`_tile_of`'s tiles: at least one column block, even for
+    empty rows."""
+    col_blocks = max(1, triton.cdiv(width, cols))
+    return triton.cdiv(rows, row_block) * col_blocks, col_blocks
+
+
+@triton.jit(do_not_specialize=["cells", "width", "col_blocks"])
+def _encode_kernel(values_ptr, signs_ptr, order_ptr, starts_ptr, table_ptr, cells, width, col_blocks,
+                   CELLS: tl.constexpr, COLS: tl.constexpr):
     """Each cell's entries (``order`` from ``starts[cell]`` to ``starts[cell + 1]``, item-major entry numbers
     3 item + j) added in float64 in that order, from 0."""
     # [CELLS, 1] columns throughout: Triton 3.6 fails to compile a 1-D load in the loop broadcast to the tile
     # ("mask type matches ptr type" in its layout pass)
-    cell = (tl.program_id(0).to(tl.int64) * CELLS + tl.arange(0, CELLS))[:, None]
-    col = (tl.program_id(1) * COLS + tl.arange(0, COLS))[None, :]
+    cells_of, cols_of, _ = _tile_of(col_blocks, CELLS, COLS)
+    cell = cells_of[:, None]
+    col = cols_of[None, :]
     live = cell < cells
     tile = live & (col < width)
     start = tl.load(starts_ptr + cell, mask=live, other=0)
@@ -197,14 +215,13 @@ def _pick_kernel(where_ptr, covered_ptr, key_ptr, position_ptr, least_ptr, pick_
     tl.store(flags_ptr + tl.where(ready, least, 0), tl.full([BLOCK], 1, dtype=tl.int32), mask=ready)
 
 
-@triton.jit(do_not_specialize=["count", "width", "c3", "step"])
+@triton.jit(do_not_specialize=["count", "width", "c3", "step", "col_blocks"])
 def _read_kernel(table_ptr, order_ptr, starts_ptr, signs_ptr, position_ptr, least_ptr, pick_ptr, flags_ptr, rank_ptr,
-                 bases_ptr, values_ptr, count, width, c3, step, ROWS: tl.constexpr, COLS: tl.constexpr):
+                 bases_ptr, values_ptr, count, width, c3, step, col_blocks, ROWS: tl.constexpr, COLS: tl.constexpr):
     """The candidates picked this round: position = the round's base + the rank of their key; value = sign times
     the cell's table value minus the cell's other candidates' signed values, subtracted in order of position (all
     of them were resolved in earlier rounds). Clears the flags it read, for the next round."""
-    candidate = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    col = tl.program_id(1) * COLS + tl.arange(0, COLS)
+    candidate, col, first_columns = _tile_of(col_blocks, ROWS, COLS)
     columns = col < width
     least = tl.load(least_ptr + candidate, mask=candidate < count, other=-1)
     ready = least >= 0
@@ -238,7 +255,7 @@ def _read_kernel(table_ptr, order_ptr, starts_ptr, signs_ptr, position_ptr, leas
         t += 1
     sign = tl.load(signs_ptr + candidate * 3 + j, mask=ready, other=0).to(tl.float64)
     tl.store(values_ptr + candidate[:, None] * width + col[None, :], sign[:, None] * residual, mask=tile)
-    if tl.program_id(1) == 0:
+    if first_columns:
         base = tl.load(bases_ptr + step)
         tl.store(position_ptr + candidate, base + tl.load(rank_ptr + least, mask=ready, other=0) - 1, mask=ready)
         tl.store(flags_ptr + tl.where(ready, least, 0), tl.zeros([ROWS], dtype=tl.int32), mask=ready)
@@ -409,9 +426,9 @@ def sketch_encode(values: torch.Tensor, items: torch.Tensor, seed: int, c3: int,
     cells, signs = _hash(items, seed, c3)
     order, starts = _by_cell(cells, 3 * c3)
     rows, cols = _tile(width)
-    _encode_kernel[(triton.cdiv(3 * c3, rows), triton.cdiv(width, cols))](
-        values.contiguous(), signs, order, starts, table, 3 * c3, width, CELLS=rows, COLS=cols,
-        enable_fp_fusion=False)
+    programs, col_blocks = _programs(3 * c3, rows, width, cols)
+    _encode_kernel[(programs,)](values.contiguous(), signs, order, starts, table, 3 * c3, width, col_blocks,
+                                CELLS=rows, COLS=cols, enable_fp_fusion=False)
     return table
 
 
@@ -437,15 +454,15 @@ def sketch_peel(candidates: torch.Tensor, table: torch.Tensor, seed: int) -> tup
     bases = torch.zeros(ROUNDS + 1, dtype=torch.int64, device=device)  # resolved before each round of a batch
     table = table.contiguous()
     rows, cols = _tile(width)
+    programs, col_blocks = _programs(count, rows, width, cols)
     while True:
         for step in range(ROUNDS):
             _pick_kernel[(triton.cdiv(count, _BLOCK),)](where, covered, key, position, least, pick, flags, count,
                                                         BLOCK=_BLOCK)
             torch.cumsum(flags, 0, dtype=torch.int64, out=rank)
-            # (one column block even for empty rows: its programs assign the positions)
-            _read_kernel[(triton.cdiv(count, rows), max(1, triton.cdiv(width, cols)))](
-                table, order, starts, signs, position, least, pick, flags, rank, bases, values, count, width, c3, step,
-                ROWS=rows, COLS=cols, enable_fp_fusion=False)
+            _read_kernel[(programs,)](table, order, starts, signs, position, least, pick, flags, rank, bases, values,
+                                      count, width, c3, step, col_blocks, ROWS=rows, COLS=cols,
+                                      enable_fp_fusion=False)
             _recount_kernel[(triton.cdiv(cells, _BLOCK),)](order, starts, position, covered, key, rank, bases, cells,
                                                            c3, keys, step, BLOCK=_BLOCK)
         before, resolved = bases[-2:].tolist()  # the batch's one host sync

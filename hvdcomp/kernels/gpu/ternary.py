@@ -46,7 +46,7 @@ def _moments_kernel(x_ptr, partial_ptr, n, BLOCK: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["blocks", "n"])
-def _finish_kernel(partial_ptr, out_ptr, blocks, n, clip, MODE: tl.constexpr, BLOCK: tl.constexpr):
+def _finish_kernel(partial_ptr, out_ptr, blocks, n, clip: tl.float64, MODE: tl.constexpr, BLOCK: tl.constexpr):
     """One program: adds the partial rows in float64 in a fixed order, then writes [bound, scaler] (TernGrad:
     c * sigma, and min(max |x|, c * sigma); clip < 0 means no clipping) or [sum |x| / n] (the sign family)."""
     total = tl.zeros([BLOCK], dtype=tl.float64)
