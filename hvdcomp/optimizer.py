@@ -682,11 +682,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         problems = [f"{slot.name!r} on rank {int(v) - 1}" for slot, v in zip(compressed, inputs, strict=True) if v]
         problems += [f"{slot.name!r} after reduction" for slot, v in zip(compressed, outputs, strict=True) if v]
         message = f"non-finite gradient (NaN or Inf) in {', '.join(problems)}"
+        self._fresh_states()  # residuals may hold NaN now: start them afresh (a caller that catches the error goes on)
         if self.config.nonfinite == "raise":
             raise FloatingPointError(f"hvdcomp: {message}. Lower the learning rate, check the data, or set "
                                      "nonfinite: skip in the compression config to skip such steps (as a "
                                      "GradScaler's overflow steps need: it then skips them too)")
-        self._fresh_states()  # residuals may hold NaN now: start them afresh
         warnings.warn(f"hvdcomp: skipping this optimizer step: {message}", RuntimeWarning, stacklevel=3)
         self._skip_step = True
 

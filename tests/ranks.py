@@ -1283,22 +1283,24 @@ def scenario_glyphs() -> None:
             raise AssertionError("random-k accepted an optimizer with momentum")
 
 
-def poison(model: nn.Module, parameter: str, rank: int) -> None:
-    """Makes ``parameter``'s gradient NaN on ``rank`` only."""
+def poison(model: nn.Module, parameter: str, rank: int) -> torch.utils.hooks.RemovableHandle | None:
+    """Makes ``parameter``'s gradient NaN on ``rank`` only (the hook's handle there)."""
     if hvd.rank() == rank:
-        dict(model.named_parameters())[parameter].register_hook(lambda grad: grad * float("nan"))
+        return dict(model.named_parameters())[parameter].register_hook(lambda grad: grad * float("nan"))
+    return None
 
 
 def scenario_nonfinite_raise() -> None:
     """A NaN gradient on one rank raises on every rank, naming the parameter and the rank (of a compressed one, alone
-    or in a bucket)."""
-    for parameter, bucket_cap_mb in (("0.weight", 0), ("2.weight", 1)):  # TernGrad alone, and in a bucket
+    or in a bucket); a caller that catches the error trains on, the method states (top-k's residual) afresh."""
+    for method, parameter, bucket_cap_mb in (("terngrad", "0.weight", 0), ("terngrad", "2.weight", 1),
+                                             ("topk", "0.weight", 0)):
         model = mlp()
         optimizer = hvdcomp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
                                                  named_parameters=model.named_parameters(),
-                                                 compression={"method": "terngrad", "min_numel": 100,
+                                                 compression={"method": method, "min_numel": 100,
                                                               "bucket_cap_mb": bucket_cap_mb})
-        poison(model, parameter, rank=hvd.size() - 1)
+        handle = poison(model, parameter, rank=hvd.size() - 1)
         x, y = batches(1, seed=hvd.rank())[0]
         nn.functional.cross_entropy(model(x), y).backward()
         try:
@@ -1308,6 +1310,11 @@ def scenario_nonfinite_raise() -> None:
             print(f"nonfinite_raise: raised FloatingPointError (on every rank) rank {hvd.rank()}: {error}", flush=True)
         else:
             raise AssertionError(f"a NaN gradient in {parameter} did not raise")
+        if handle is not None:
+            handle.remove()
+        optimizer.zero_grad()
+        train(model, optimizer, batches(1, seed=hvd.rank() + 1))
+        assert torch.isfinite(flat_params(model)).all()
 
 
 def scenario_nonfinite_skip() -> None:

@@ -37,7 +37,7 @@ from hvdcomp.kernels.gpu import select
 from hvdcomp.tools.bench import record
 
 _SELECTION = {"x_ptr": "*fp32", "threshold_ptr": "*i32", "keys_ptr": "*i32", "index_ptr": "*i64", "found_ptr": "*i64",
-              "counts_ptr": "*i32", "n": "i32", "k": "i32", "capacity": "i32"}
+              "counts_ptr": "*i64", "n": "i32", "k": "i32", "capacity": "i32"}
 _BLOCKS = {"BLOCK": 4096}
 #: (kernel, its signature, its constants), as topk() launches them on 25 M entries (with a threshold too: threshold's)
 KERNELS: list[tuple[str, dict[str, str], dict[str, Any]]] = [
