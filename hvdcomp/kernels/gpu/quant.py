@@ -101,7 +101,7 @@ def _orq_levels(x, valid, count, low, high, iterations, NBINS: tl.constexpr, SEA
         weight = tl.where(lcol[None, :] == TOP, count[:, None], 0)
         mass = tl.where(lcol[None, :] == TOP, total[:, None], 0.0)
         searching = spread & (iterations > 0)
-        for j in tl.static_range(1, TOP):
+        for j in range(1, TOP):  # a loop, not unrolled: at 5 bits unrolled, ptxas took minutes and GBs
             # the first non-empty bin at or above the uniform level's
             start = _column(levels, lcol, j)
             first = (start - low) * scale
@@ -116,7 +116,7 @@ def _orq_levels(x, valid, count, low, high, iterations, NBINS: tl.constexpr, SEA
         moved = tl.max(searching.to(tl.int32))
         while (sweep < iterations) & (moved > 0):
             moved_rows = tl.zeros([ROWS], dtype=tl.int1)
-            for j in tl.static_range(1, TOP):
+            for j in range(1, TOP):
                 first = _column(index, lcol, j - 1)
                 end = _column(index, lcol, j + 1)
                 lower = _column(levels, lcol, j - 1)
