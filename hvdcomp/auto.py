@@ -340,7 +340,7 @@ class Tuner:
                                 "forward_ms": 0.0, "optimizer_ms": 0.0,
                                 "backward_ms": 1e3 * statistics.median(samples.backward),
                                 "dense_ms": step_ms(samples.intervals), "fusion": live.fusion_bytes(),
-                                "check_all_ms": profile.median_ms(  # every gradient, as synchronize() checks them
+                                "check_all_ms": profile.median_ms(  # every gradient in one call (schema.Profile)
                                     lambda: nonfinite([g for _, g in optimizer.gradients()]), REPEATS, alone,
                                     device=device),
                                 "gradients": gradients, "compressors": measured}, process_set, "max", optimizer.wait,

@@ -18,7 +18,7 @@
         method: topk
         options: {ratio: 0.001}
     seed: 0                     # base seed of the stochastic methods' draws
-    nonfinite: raise            # raise | skip: what a NaN/Inf gradient does (see DistributedOptimizer)
+    nonfinite: raise            # raise | skip: what a NaN/Inf compressed gradient does (see DistributedOptimizer)
 
 ``bucket_cap_mb`` (0: off) compresses the gradients that share a method, its options and collective, dtype and
 device in buckets, as PyTorch's DDP buckets them for its communication hooks: in reverse model order (the order

@@ -2,7 +2,10 @@
 
 A drop-in for ``hvd.DistributedOptimizer`` (Horovod 0.28, ``horovod/torch/optimizer.py``): the same
 arguments where they apply, and the same behaviour of ``synchronize()``, ``skip_synchronize()``, ``step()``,
-``zero_grad()`` and ``backward_passes_per_step``. It is built on Horovod's public async collectives only.
+``zero_grad()`` and ``backward_passes_per_step``, but one: ``step()`` right after ``synchronize()`` outside
+``skip_synchronize()``, with no backward pass between, warns and uses the gradients as reduced, where Horovod reduces
+them again (averaging averages; here it would compress them twice). It is built on Horovod's public async collectives
+only.
 
 Each step:
 
@@ -22,8 +25,9 @@ Each step:
    every reduction to completion in the order they were started (the first sent is the first decoded,
    while later payloads are still on the wire), fusing agreements asked for later in the step into further
    votes and copying the values reductions read on the host (LGC's guard) in one transfer once the collectives
-   are done, writes the averaged (or summed) result into ``p.grad``, and checks that no gradient was NaN/Inf.
-   All ranks see the same votes and the same reduced values, so they all raise (or skip) together.
+   are done, writes the averaged (or summed) result into ``p.grad``, and checks that no compressed gradient was
+   NaN/Inf (dense ones pass as Horovod passes them). All ranks see the same votes and the same reduced values, so
+   they all raise (or skip) together.
 
 Sparse gradients (``nn.Embedding(..., sparse=True)``) go as they are to methods that take them (the homomorphic
 sketch, ``accepts_sparse``); every other path densifies them first, as Horovod's ``sparse_as_dense`` does. Either
@@ -294,6 +298,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._vote: Pending | None = None
         self._vote_result: torch.Tensor | None = None
         self._synchronized = False
+        self._backward_since_synchronize = False  # a gradient hook fired since the last synchronize()
         self._skip_step = False
         self._slowest_step: float | None = None  # deadlines start from start-up's again
         self._step_started: float | None = None
@@ -322,9 +327,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if duplicates:
             raise ValueError(f"parameter names in named_parameters must be unique; duplicates: {duplicates}")
         # one tensor under several names (tied weights, listed once per module) is reduced once, under the last of
-        # its names in name order, as Horovod names a parameter: two reductions would write one gradient twice
+        # its names in name order, as Horovod names a parameter, in its first place in the model (buckets and edges
+        # follow the model's order): two reductions would send it twice and write its gradient twice
         kept = {id(p): name for name, p in sorted(named, key=lambda item: item[0])}
-        named = [(name, p) for name, p in named if kept[id(p)] == name]
+        first: dict[int, tuple[str, torch.Tensor]] = {}
+        for _, p in named:
+            first.setdefault(id(p), (kept[id(p)], p))
+        named = list(first.values())
         optimized = {id(p) for group in self.param_groups for p in group["params"]}
         unnamed = optimized - {id(p) for _, p in named}
         if unnamed:
@@ -462,6 +471,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         def hook(param: torch.Tensor) -> None:
             if index >= len(self._slots):  # one rank: nothing to reduce
                 return
+            self._backward_since_synchronize = True
             slot = self._slots[index]
             if index in self._work:
                 raise AssertionError("Gradients were computed more than backward_passes_per_step times before "
@@ -604,6 +614,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if not self._slots:
             self._synchronized = True
             return
+        self._backward_since_synchronize = False
         if self.tuner is not None:
             self.tuner.backward_done()
         for index in range(len(self._slots)):
@@ -721,12 +732,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def step(self, closure: Any = None) -> Any:
         if self._should_synchronize:
-            if self._synchronized and not self._work:  # no gradient since synchronize(): they are reduced already
+            if self._synchronized and not self._backward_since_synchronize:  # reduced already, nothing new since
                 warnings.warn("optimizer.step() called without optimizer.skip_synchronize() context after "
                               "optimizer.synchronize(): the gradients synchronize() reduced are used as they are "
                               "(a second reduction would compress them again and keep their residuals twice). "
                               "Call step() inside optimizer.skip_synchronize() after synchronize().", stacklevel=2)
             else:
+                if self._synchronized:  # a backward pass since synchronize(): reduced again, as Horovod does
+                    warnings.warn("optimizer.step() called without optimizer.skip_synchronize() context after "
+                                  "optimizer.synchronize() and another backward pass: the gradients are reduced "
+                                  "again.", stacklevel=2)
                 self.synchronize()
         self._synchronized = False
         if self._skip_step:

@@ -613,6 +613,22 @@ def stock_with_a_grad_scaler() -> None:
         assert any("skip_synchronize" in str(w.message) for w in caught), [str(w.message) for w in caught]
     assert optimizer.steps_done == len(data), f"{optimizer.steps_done} reductions in {len(data)} steps"
     assert_identical_across_ranks(model, "step() after synchronize()")
+    # a backward pass between them (at backward_passes_per_step 2 it starts no reduction): step() reduces again
+    model = mlp()
+    optimizer = hvdcomp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                             named_parameters=model.named_parameters(), compression="topk",
+                                             backward_passes_per_step=2)
+    x, y = data[0]
+    for _ in range(2):
+        nn.functional.cross_entropy(model(x), y).backward()
+    optimizer.synchronize()
+    nn.functional.cross_entropy(model(x), y).backward()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        optimizer.step()
+    assert any("reduced again" in str(w.message) for w in caught), [str(w.message) for w in caught]
+    assert optimizer.steps_done == 2, f"{optimizer.steps_done} reductions: the last backward pass was not reduced"
+    assert_identical_across_ranks(model, "a backward pass between synchronize() and step()")
 
 
 def stock_with_a_tied_weight() -> None:

@@ -21,12 +21,14 @@ def test_orthogonalize_gives_orthonormal_columns(rank: int) -> None:
     torch.testing.assert_close(q.t() @ q, torch.eye(rank, dtype=torch.float64))
 
 
+@pytest.mark.parametrize("rows", [2, 3, 40])
 @pytest.mark.parametrize("epsilon", [0.0, 1e-8])
 @pytest.mark.parametrize("zero", [[0], [1], [0, 1]])
-def test_a_zero_column_becomes_its_spare(zero: list[int], epsilon: float) -> None:
+def test_a_zero_column_becomes_its_spare(zero: list[int], epsilon: float, rows: int) -> None:
     """A zero column (a layer no rank used) becomes its spare signs, so orthonormalized: not NaN (PyTorch's hook at
-    epsilon 0), not zero (for good, under the warm start); a column that is not zero is orthonormalized as ever."""
-    matrix = torch.randn(2, 40, 2, generator=torch.Generator().manual_seed(1))
+    epsilon 0), not zero (for good, under the warm start), not parallel to the other (2 rows too); a column that is
+    not zero is orthonormalized as ever."""
+    matrix = torch.randn(2, rows, 2, generator=torch.Generator().manual_seed(1))
     matrix[1][:, zero] = 0
     got = orthogonalize(matrix.clone(), epsilon)
     eye = torch.eye(2).expand(2, 2, 2)

@@ -52,6 +52,7 @@ parameter's rank-independent seed, so every rank starts from the same Q with no 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Generator, Hashable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -86,12 +87,17 @@ def orthogonalize(matrix: torch.Tensor, epsilon: float = 0.0) -> torch.Tensor:
     return gram_schmidt(matrix, epsilon)
 
 
-def spare_columns(n: int, rank: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """Gram-Schmidt's stand-ins for zero columns of matrices of ``n`` rows: column j's entry i is +1 or -1 by bit j
-    of (i x 2654435761) >> 16, a multiplicative hash (no pattern a gradient's rows could share: with all ones a
-    classifier's columns, which sum to 0 over the classes, would map it to 0 again). Float32, n x ``rank``."""
-    hashed = torch.arange(n, dtype=torch.int64, device=device).unsqueeze(1) * 2654435761
-    return 1.0 - 2.0 * ((hashed >> (16 + torch.arange(rank, device=device))) & 1).float()
+@functools.lru_cache(maxsize=256)
+def spare_columns(n: int, rank: int, device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Gram-Schmidt's stand-ins for zero columns of matrices of ``n`` rows, n x ``rank`` (kept: do not write).
+    Column j's entry i is +1 or -1 by bit j // 2 of (i x 2654435761) >> 16, a multiplicative hash (no pattern a
+    gradient's rows could share: all ones, say, a classifier's columns would map to 0 again, as they sum to 0 over the
+    classes), its sign flipped on odd rows where j is odd: columns 0 and 1 are then never parallel (their dot product
+    is 0 or 1), whatever n from 2 rows on."""
+    rows = torch.arange(n, dtype=torch.int64, device=device).unsqueeze(1)
+    columns = torch.arange(rank, device=device)
+    bits = ((rows * 2654435761) >> (16 + columns // 2)) ^ (rows * (columns % 2))
+    return (1.0 - 2.0 * (bits & 1).float()).to(dtype)
 
 
 def gram_schmidt(matrix: torch.Tensor, epsilon: float = 0.0) -> torch.Tensor:
@@ -100,10 +106,9 @@ def gram_schmidt(matrix: torch.Tensor, epsilon: float = 0.0) -> torch.Tensor:
     projected out) replaced by its spare (:func:`spare_columns`), so projected, normalized. The hook leaves such a
     column zero, or NaN with epsilon 0; zero, it would stay so: where M is zero in one step (a layer with no gradient
     yet, or the zero step of ``hvd.broadcast_optimizer_state``) P = M Q and Q = M^T P are, and with the warm start P =
-    M Q would be zero in every step after, the residual growing and nothing sent. (Where the spare too is projected
-    out, in matrices of very few rows, the column stays zero.)"""
+    M Q would be zero in every step after, the residual growing and nothing sent."""
     rank = matrix.shape[-1]
-    spares = spare_columns(matrix.shape[-2], rank, matrix.device).to(matrix.dtype)
+    spares = spare_columns(matrix.shape[-2], rank, matrix.device, matrix.dtype)
     for i in range(rank):
         column = matrix[..., i:i + 1]
         norm = torch.linalg.vector_norm(column, dim=-2, keepdim=True)

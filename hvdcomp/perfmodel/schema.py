@@ -195,7 +195,7 @@ class Gradient:
     bytes: int
     ready_ms: float  # since the start of backward
     #: the non-finite check of this gradient alone: of the input in its backward hook, where a method can hide a NaN
-    #: (synchronize()'s check of the reduced gradients: Profile.sync_check_ms)
+    #: (synchronize()'s check of the reduced compressed gradients: at most Profile.sync_check_ms)
     check_ms: float = 0.0
 
 
@@ -245,14 +245,14 @@ class Profile:
     optimizer_ms: float
     gradients: tuple[Gradient, ...]  # in the order they become ready in backward
     compressors: Mapping[str, CompressorProfile]
-    #: synchronize()'s non-finite check of every reduced gradient, in the one call the optimizer makes (on CUDA a
-    #: few launches however many gradients; on CPU a pass per tensor); None in profiles measured before the field:
+    #: the non-finite check of every reduced gradient in one call, as synchronize() checks the compressed ones (on CUDA
+    #: a few launches however many gradients; on CPU a pass per tensor); None in profiles measured before the field:
     #: the sum of the gradients' ``check_ms``
     check_all_ms: float | None = None
 
     @property
     def sync_check_ms(self) -> float:
-        """synchronize()'s check of every reduced gradient."""
+        """The non-finite check of every reduced gradient in one call (synchronize() checks the compressed ones)."""
         return sum(g.check_ms for g in self.gradients) if self.check_all_ms is None else self.check_all_ms
 
     @property

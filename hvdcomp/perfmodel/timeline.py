@@ -335,7 +335,10 @@ def _timeline(profile: Profile, cluster: Cluster, workers: int, chosen: Mapping[
     for gradient in profile.gradients:
         if gradient.name not in chosen:
             now = max(now, thread.wait(ops[gradient.name]))
-    checks = profile.sync_check_ms * ms  # every reduced gradient, in one call once all are in
+    # synchronize()'s check of the reduced compressed gradients (dense ones pass unchecked), in one call once all are
+    # in: at most the profile's call over every gradient, or their own checks summed where fewer (a pass a tensor)
+    compressed = [gradient.check_ms for gradient in profile.gradients if gradient.name in chosen]
+    checks = min(profile.sync_check_ms, sum(compressed)) * ms if compressed else 0.0
     now += checks
     decode_total += checks
     step = now + optimizer

@@ -7,10 +7,10 @@ One program per matrix (n x r, float32, rows contiguous; where it starts and its
 layout, made once per layout and device and kept), in three passes over its rows: the sums of squares and the
 columns' dot product, the second column's norm once the first is projected out, then the writes. Column 0 becomes
 c0 / |c0|, column 1 becomes (c1 - (c1 . q0) q0) / |c1 - (c1 . q0) q0|, with (c1 . q0) = (c1 . c0) / |c0|; each
-norm guarded as the PyTorch path guards it (epsilon added). A zero column (column 1: once column 0 is projected out)
-is replaced, as on the PyTorch path, by its spare vector of signs (:func:`hvdcomp.methods.powersgd.spare_columns`),
-so projected and normalized; where column 1's spare is zero too (an extra pass finds its norm), it stays zero. The
-sums run in another order than PyTorch's, so the results agree to float rounding, not bit for bit.
+norm with epsilon added, as on the PyTorch path. A zero column (column 1: once column 0 is projected out) is
+replaced, as on the PyTorch path, by its spare vector of signs (:func:`hvdcomp.methods.powersgd.spare_columns`), so
+projected (for column 1, an extra pass finds that norm) and normalized. The sums run in another order than PyTorch's,
+so the results agree to float rounding, not bit for bit.
 The matrices PowerSGD orthogonalizes are its factors P (n x r) and Q (m x r): small beside the gradient.
 """
 
@@ -29,23 +29,17 @@ _BLOCK = 1024
 
 
 @triton.jit
-def _guarded(norm, epsilon, ZERO_EPSILON: tl.constexpr):
-    if ZERO_EPSILON:
-        return tl.where(norm > 0, norm, 1.0)
-    return norm + epsilon
-
-
-@triton.jit
 def _spare(rows, column: tl.constexpr):
-    """Column ``column``'s spare vector at ``rows``: +-1, bit ``column`` of (row x 2654435761) >> 16
-    (:func:`hvdcomp.methods.powersgd.spare_columns`)."""
-    bit = ((rows.to(tl.int64) * 2654435761) >> (16 + column)) & 1
-    return 1.0 - 2.0 * bit.to(tl.float32)
+    """Column ``column``'s spare vector at ``rows``: +-1 (:func:`hvdcomp.methods.powersgd.spare_columns`)."""
+    rows = rows.to(tl.int64)
+    bits = (rows * 2654435761) >> (16 + column // 2)
+    if column % 2 == 1:
+        bits = bits ^ rows
+    return 1.0 - 2.0 * (bits & 1).to(tl.float32)
 
 
 @triton.jit(do_not_specialize=["count", "epsilon"])
-def _gram_schmidt_kernel(x_ptr, layout_ptr, count, epsilon, R: tl.constexpr, ZERO_EPSILON: tl.constexpr,
-                         BLOCK: tl.constexpr):
+def _gram_schmidt_kernel(x_ptr, layout_ptr, count, epsilon, R: tl.constexpr, BLOCK: tl.constexpr):
     matrix = tl.program_id(0)
     base = x_ptr + tl.load(layout_ptr + matrix)  # its first element, then its rows
     n = tl.load(layout_ptr + count + matrix)
@@ -67,7 +61,7 @@ def _gram_schmidt_kernel(x_ptr, layout_ptr, count, epsilon, R: tl.constexpr, ZER
     sum0 = tl.sum(squares0, axis=0)
     spare0 = sum0 == 0  # column 0 is zero: its spare s0 / sqrt(n) instead
     root = tl.sqrt_rn(tl.maximum(n, 1).to(tl.float32))  # |s0| (an empty matrix's: 1, so that nothing divides by 0)
-    norm0 = tl.where(spare0, root, _guarded(tl.sqrt_rn(sum0), epsilon, ZERO_EPSILON))
+    norm0 = tl.where(spare0, root, tl.sqrt_rn(sum0) + epsilon)
     projection = tl.div_rn(tl.where(spare0, tl.sum(spare_dots, axis=0), tl.sum(dots, axis=0)), norm0)  # c1 . q0
     norm1 = 1.0
     spare1 = False
@@ -100,7 +94,7 @@ def _gram_schmidt_kernel(x_ptr, layout_ptr, count, epsilon, R: tl.constexpr, ZER
                 start += BLOCK
             norm1 = tl.where(tl.sum(spare_squares, axis=0) > 0, tl.sqrt_rn(tl.sum(spare_squares, axis=0)), 1.0)
         else:
-            norm1 = _guarded(tl.sqrt_rn(sum1), epsilon, ZERO_EPSILON)
+            norm1 = tl.sqrt_rn(sum1) + epsilon
     start = 0
     while start < n:
         rows = start + offsets
@@ -118,7 +112,8 @@ def _gram_schmidt_kernel(x_ptr, layout_ptr, count, epsilon, R: tl.constexpr, ZER
 
 def orthogonalize(matrix: torch.Tensor, epsilon: float = 0.0) -> torch.Tensor:
     """Orthonormalizes in place the columns of ``matrix`` (float32, contiguous, n x r or a batch b x n x r, r <= 2),
-    as Gram-Schmidt with ``epsilon`` added to each column's norm (0: a zero column stays zero); returns it."""
+    as Gram-Schmidt with ``epsilon`` added to each column's norm, a zero column replaced by its spare signs; returns
+    it."""
     if matrix.dim() not in (2, 3):
         raise ValueError(f"orthogonalize: a matrix or a batch of matrices of 1 or 2 columns, got shape "
                          f"{tuple(matrix.shape)}")
@@ -140,7 +135,7 @@ def orthogonalize_parts(flat: torch.Tensor, rows: Sequence[int], rank: int, epsi
         raise ValueError(f"orthogonalize: matrices of {sum(rows)} rows of {rank} do not cover {flat.numel()} elements")
     if flat.numel():
         _gram_schmidt_kernel[(len(rows),)](flat, _layout(flat.device, tuple(rows), rank), len(rows), float(epsilon),
-                                           R=rank, ZERO_EPSILON=epsilon == 0, BLOCK=_BLOCK, enable_fp_fusion=False)
+                                           R=rank, BLOCK=_BLOCK, enable_fp_fusion=False)
     return flat
 
 
