@@ -226,8 +226,11 @@ class CompressionConfig:
         if isinstance(compression, str):
             compression = {"method": compression}
         if not isinstance(compression, Mapping):
-            raise ValueError(f"compression must be a Compressor, a method name or a config mapping; "
-                             f"got {type(compression).__name__}")
+            got = compression.__name__ if isinstance(compression, type) else type(compression).__name__
+            hint = ""
+            if getattr(compression, "__module__", "").startswith("horovod"):  # hvd.Compression.fp16 and the like
+                hint = ' (Horovod\'s own compression classes go to hvd.DistributedOptimizer; here say "fp16" or "none")'
+            raise ValueError(f"compression must be a Compressor, a method name or a config mapping; got {got}{hint}")
         _check_keys("compression config", compression, _TOP_KEYS)
         if compression.get("method") == "auto":
             for key in _NOT_WITH_AUTO:

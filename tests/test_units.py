@@ -209,6 +209,14 @@ def test_horovod_adapter_accepts_only_stateless_summable() -> None:
             HorovodCompression(compressor)
 
 
+def test_horovods_own_compression_is_named_and_pointed_home() -> None:
+    """hvd.Compression.fp16 given to hvdcomp: the error names the class and what to say instead."""
+    import horovod.torch as hvd
+
+    with pytest.raises(ValueError, match=r'got FP16Compressor .*hvd\.DistributedOptimizer; here say "fp16"'):
+        CompressionConfig.parse(hvd.Compression.fp16)
+
+
 def test_config_choices() -> None:
     config = CompressionConfig.parse({
         "method": "terngrad", "options": {"clip": 3.0}, "min_numel": 100, "dense": ["head.*"],
