@@ -72,12 +72,14 @@ def start(request: Request, name: str, process_set: hvd.ProcessSet = hvd.global_
         groups: dict[str, list[int]] = {}
         for index, op in enumerate(request.ops):
             groups.setdefault(op, []).append(index)
-        handles = [hvd.grouped_allreduce_async_([request.tensors[i] for i in indices], name=f"{name}.{op}",
+        # Horovod reduces contiguous tensors only (a channels_last convolution's gradient is not): a copy of the others
+        tensors = [tensor if tensor.is_contiguous() else tensor.contiguous() for tensor in request.tensors]
+        handles = [hvd.grouped_allreduce_async_([tensors[i] for i in indices], name=f"{name}.{op}",
                                                 op=OPS[op], process_set=process_set)
                    for op, indices in groups.items()]
 
         def finish_allreduce(outputs: list[Any]) -> Payload:
-            result: list[torch.Tensor] = list(request.tensors)
+            result: list[torch.Tensor] = list(tensors)
             for indices, reduced in zip(groups.values(), outputs, strict=True):
                 for index, tensor in zip(indices, reduced, strict=True):
                     result[index] = tensor

@@ -497,7 +497,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if grad.is_sparse and (slot.choice.reduction is None or not slot.choice.compressor.accepts_sparse):
             grad = slot.param.grad = grad.to_dense()  # as Horovod's sparse_as_dense
         if slot.choice.reduction is None:
-            wire = grad.float() if grad.dtype == torch.bfloat16 else grad  # Horovod has no bfloat16 allreduce
+            # Horovod has no bfloat16 allreduce, and reduces contiguous tensors only (a channels_last convolution's
+            # gradient is not): a copy where either holds, written back below
+            wire = grad.to(torch.float32 if grad.dtype == torch.bfloat16 else grad.dtype,
+                           memory_format=torch.contiguous_format)
             handle = hvd.allreduce_async_(wire, name=f"hvdcomp.dense.{slot.name}", op=self.op,
                                           process_set=self.process_set)
             self._work[index] = _Dense(handle, wire)

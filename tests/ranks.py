@@ -569,6 +569,7 @@ def scenario_stock() -> None:
     if hvd.size() == 2:  # the optimizer's own semantics: 2 ranks show them (the suite's time)
         stock_with_a_grad_scaler()
         stock_with_a_tied_weight()
+        stock_with_channels_last()
 
 
 def stock_with_a_grad_scaler() -> None:
@@ -630,6 +631,30 @@ def stock_with_a_grad_scaler() -> None:
     assert any("reduced again" in str(w.message) for w in caught), [str(w.message) for w in caught]
     assert optimizer.steps_done == 2, f"{optimizer.steps_done} reductions: the last backward pass was not reduced"
     assert_identical_across_ranks(model, "a backward pass between synchronize() and step()")
+
+
+def stock_with_channels_last() -> None:
+    """A channels_last convolution, the usual layout on GPUs: its gradient is not contiguous, which Horovod's allreduce
+    refuses. hvdcomp reduces a contiguous copy, dense (as Horovod's average of it), as fp16 and compressed, and
+    writes the average back in the gradient's own layout."""
+    for compression in ("none", "fp16", {"method": "topk", "min_numel": 10}):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.Flatten(), nn.Linear(8 * 6 * 6, 10)).to(DEVICE)
+        model = model.to(memory_format=torch.channels_last)
+        optimizer = hvdcomp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                                 named_parameters=model.named_parameters(), compression=compression)
+        generator = torch.Generator().manual_seed(hvd.rank())
+        x = torch.randn(4, 3, 8, 8, generator=generator).to(DEVICE).to(memory_format=torch.channels_last)
+        nn.functional.cross_entropy(model(x), torch.randint(0, 10, (4,), generator=generator).to(DEVICE)).backward()
+        local = model[0].weight.grad.contiguous()
+        optimizer.synchronize()
+        grad = model[0].weight.grad
+        assert grad.is_contiguous(memory_format=torch.channels_last), f"{compression}: the layout changed"
+        if compression == "none":
+            assert torch.equal(grad, hvd.allreduce(local, name="channels_last.expected")), "none: not the average"
+        with optimizer.skip_synchronize():
+            optimizer.step()
+        assert_identical_across_ranks(model, f"channels_last {compression}")
 
 
 def stock_with_a_tied_weight() -> None:
