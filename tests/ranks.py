@@ -575,16 +575,17 @@ def scenario_stock() -> None:
 def stock_with_a_grad_scaler() -> None:
     """Horovod's recipe for a GradScaler, an Inf in one rank's gradient at step 1 (an overflow): compression="none"
     passes it as stock Horovod does, so the scaler skips that step on every rank and halves its scale; and step()
-    called after synchronize() outside skip_synchronize() (warned) does not reduce the gradients a second time."""
+    called after synchronize() outside skip_synchronize() (warned) does not reduce the gradients a second time, unless
+    a backward pass came between."""
     data = batches(4, seed=hvd.rank(), batch=16)
     runs = {}
     for label in ("stock", "ours"):
         model = mlp()
-        sgd = torch.optim.SGD(model.parameters(), lr=0.05)
+        plain = torch.optim.SGD(model.parameters(), lr=0.05)
         if label == "stock":
-            optimizer = hvd.DistributedOptimizer(sgd, named_parameters=model.named_parameters())
+            optimizer = hvd.DistributedOptimizer(plain, named_parameters=model.named_parameters())
         else:
-            optimizer = hvdcomp.DistributedOptimizer(sgd, named_parameters=model.named_parameters(),
+            optimizer = hvdcomp.DistributedOptimizer(plain, named_parameters=model.named_parameters(),
                                                      compression="none")
         scaler = torch.amp.GradScaler(DEVICE.type, init_scale=256.0)
         for step, (x, y) in enumerate(data):
