@@ -38,6 +38,13 @@ def _spare(rows, column: tl.constexpr):
     return 1.0 - 2.0 * (bits & 1).to(tl.float32)
 
 
+@triton.jit
+def _q0(base, rows, mask, spare0, norm0, R: tl.constexpr):
+    """The orthonormalized column 0 at ``rows``: the column, or its spare where it is zero (``spare0``), over
+    ``norm0``."""
+    return tl.div_rn(tl.where(spare0, _spare(rows, 0), tl.load(base + rows * R, mask=mask, other=0.0)), norm0)
+
+
 @triton.jit(do_not_specialize=["count", "epsilon"])
 def _gram_schmidt_kernel(x_ptr, layout_ptr, count, epsilon, R: tl.constexpr, BLOCK: tl.constexpr):
     matrix = tl.program_id(0)
@@ -73,7 +80,7 @@ def _gram_schmidt_kernel(x_ptr, layout_ptr, count, epsilon, R: tl.constexpr, BLO
         while start < n:
             rows = start + offsets
             mask = rows < n
-            q0 = tl.div_rn(tl.where(spare0, _spare(rows, 0), tl.load(base + rows * R, mask=mask, other=0.0)), norm0)
+            q0 = _q0(base, rows, mask, spare0, norm0, R)
             q0 = tl.where(mask, q0, 0.0)
             c1 = tl.load(base + rows * R + 1, mask=mask, other=0.0) - projection * q0
             squares1 += c1 * c1
@@ -87,8 +94,7 @@ def _gram_schmidt_kernel(x_ptr, layout_ptr, count, epsilon, R: tl.constexpr, BLO
             while start < n:
                 rows = start + offsets
                 mask = rows < n
-                q0 = tl.div_rn(tl.where(spare0, _spare(rows, 0), tl.load(base + rows * R, mask=mask, other=0.0)),
-                               norm0)
+                q0 = _q0(base, rows, mask, spare0, norm0, R)
                 s1 = tl.where(mask, _spare(rows, 1) - spare_projection * q0, 0.0)
                 spare_squares += s1 * s1
                 start += BLOCK
@@ -99,7 +105,7 @@ def _gram_schmidt_kernel(x_ptr, layout_ptr, count, epsilon, R: tl.constexpr, BLO
     while start < n:
         rows = start + offsets
         mask = rows < n
-        q0 = tl.div_rn(tl.where(spare0, _spare(rows, 0), tl.load(base + rows * R, mask=mask, other=0.0)), norm0)
+        q0 = _q0(base, rows, mask, spare0, norm0, R)
         if R == 2:  # (column 1 read before column 0 is written)
             if spare1:
                 c1 = _spare(rows, 1) - spare_projection * q0
