@@ -41,6 +41,18 @@ def test_fixed_threshold_sends_exactly_the_entries_above_it_up_to_the_cap() -> N
     assert sorted(indices.tolist()) == [1, 3], "the cap keeps the largest above t"
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_fixed_threshold_compares_half_gradients_in_float32(dtype: torch.dtype) -> None:
+    """t = 1 + 0.75 ulp rounds to 1 + ulp in half precision: compared there, the entry 1 + ulp would not pass."""
+    above = 1 + torch.finfo(dtype).eps
+    x = torch.tensor([above, 1.0, -above, 0.5], dtype=dtype)
+    compressor = Threshold(threshold=1 + 0.75 * torch.finfo(dtype).eps, max_density=1.0)
+    (values, indices), _ = compressor.compress(x, {}, _ctx(x))
+    assert sorted(indices.tolist()) == [0, 2]
+    (values32, indices32), _ = compressor.compress(x.float(), {}, _ctx(x.float()))
+    assert torch.equal(indices, indices32) and torch.equal(values.float(), values32)
+
+
 @pytest.mark.parametrize(("options", "message"), [
     ({"threshold": 1.0, "density": 0.1}, "not both"), ({"threshold": -1.0}, "positive"),
     ({"density": 1.5}, "density must be a number in"), ({"density": 0.1, "max_density": 0.05}, "at least density"),

@@ -188,6 +188,19 @@ def test_topk_aggregate_sums_overlapping_indices() -> None:
     assert torch.equal(compressor.aggregate([a, b], meta), torch.tensor([6.0, 3.0, 1.0, 0.0]))
 
 
+@pytest.mark.parametrize(("dtype", "big", "small"), [(torch.float16, 60000.0, 60000.0), (torch.bfloat16, 256.0, 1.0)])
+def test_topk_aggregate_sums_half_payloads_in_float32(dtype: torch.dtype, big: float, small: float) -> None:
+    """A bare top-k on a half gradient sums in float32: 60000 + 60000 overflows float16 (the average would be Inf),
+    and 256 + 1 is 256 in bfloat16."""
+    compressor = TopK(0.5)
+    x, y = torch.tensor([big, 0.0, 1.0, 0.0], dtype=dtype), torch.tensor([small, 0.5, 0.0, 0.0], dtype=dtype)
+    a, meta = compressor.compress(x, {}, Context.local(x))
+    b, _ = compressor.compress(y, {}, Context.local(y))
+    total = compressor.aggregate([a, b], meta)
+    assert total.dtype == torch.float32
+    assert torch.equal(total, torch.tensor([big + small, 0.5, 1.0, 0.0]))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
 def test_fp16(dtype: torch.dtype) -> None:
     x = torch.randn(100).to(dtype)

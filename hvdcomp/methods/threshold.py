@@ -109,12 +109,14 @@ class Threshold(Sparse):
         x = tensor.detach().reshape(-1)
         n = x.numel()
         capacity = min(n, max(1, math.ceil(self.max_density * n)))
-        t = fitted_threshold(x, self.density) if self.density is not None else self.threshold
+        # t as a float32 tensor, fitted or fixed: a half gradient is compared with it in float32 (a Python float
+        # would be rounded to half first), as the kernels compare
+        t = (fitted_threshold(x, self.density) if self.density is not None
+             else torch.full((1,), self.threshold, dtype=torch.float32, device=x.device))
         kernels = kernels_for(x.device)
         if is_triton(kernels):
             # fixed capacity, no host sync: the largest entries above t, then entries at or below t sent as zeros
-            limit = t.reshape(1) if isinstance(t, torch.Tensor) else torch.full((1,), t, device=x.device)
-            values, indices = kernels.topk(x, capacity, index_dtype(n), threshold=limit.float())
+            values, indices = kernels.topk(x, capacity, index_dtype(n), threshold=t)
             return [values, indices], (tensor.shape, n, x.dtype)
         magnitudes = x.abs()
         if x.device.type == "cpu":

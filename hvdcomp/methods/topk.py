@@ -151,8 +151,11 @@ class Sparse(Compressor):
                                                alpha=-1)
 
     def aggregate(self, payloads: list[Payload], meta: Any) -> torch.Tensor:
+        """The ranks' payloads added in rank order, in float32 at least (as every method sums): half-precision
+        values (a bare method on a half gradient) would round in the sum, or overflow before the average."""
         shape, items, dtype = meta
         width = block(shape, items)
+        dtype = torch.promote_types(dtype, torch.float32)
         total = torch.zeros(items, width, dtype=dtype, device=payloads[0][0].device)
         for values, indices in payloads:  # rank order; indices unique within a payload: deterministic
             total.index_add_(0, add_index(indices), values.to(dtype).view(-1, width))
