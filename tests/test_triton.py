@@ -403,6 +403,18 @@ def test_topk_in_one_launch_equals_the_blocks(case: str) -> None:
                 same(expected.cpu(), got, f"n {n}, k {k}, threshold {threshold}")
 
 
+def test_topk_values_keep_a_float64_gradients_bits() -> None:
+    """The keys are float32, the values the tensor's own: a float64 gradient's selected values are not rounded, in
+    one launch or across blocks, with or without a threshold."""
+    generator = torch.Generator().manual_seed(6)
+    for n in (1000, 5000):
+        x = torch.randn(n, generator=generator, dtype=torch.float64)
+        for threshold in (None, torch.tensor([0.5])):
+            x_dev, limit = on_device(x, threshold) if threshold is not None else (*on_device(x), None)
+            values, indices = (t.cpu() for t in gpu.topk(x_dev, 10, threshold=limit))
+            assert values.dtype == torch.float64 and torch.equal(values, x[indices]), (n, threshold)
+
+
 #: the gatherings tested: (the bound: the sample's or a threshold (its value), k, the plan if not topk's, the case:
 #: candidates from k to the capacity, more, fewer)
 GATHERINGS = {

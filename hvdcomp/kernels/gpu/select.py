@@ -332,10 +332,12 @@ def _one_block_kernel(x_ptr, threshold_ptr, values_ptr, indices_ptr, n, k, THRES
     """The whole selection of a tensor of at most BLOCK entries in one program: the four digit passes on its keys in
     registers, then the compaction, as the kernels above do across blocks (the same entries, in the same order)."""
     offsets = tl.arange(0, BLOCK)
-    key, x, mask = _keys(x_ptr, threshold_ptr, offsets, n, THRESHOLD)
+    key, _, mask = _keys(x_ptr, threshold_ptr, offsets, n, THRESHOLD)
     kth, rank = _kth_key(key, mask, k)
     slot, keep = _placed(key, kth, rank, 0, 0, tl.sum((key > kth).to(tl.int64)))
-    value = x if not THRESHOLD else tl.where(key > 0, x, 0.0)
+    value = tl.load(x_ptr + offsets, mask=keep, other=0.0)  # in x's dtype: the keys' float32 would round float64
+    if THRESHOLD:
+        value = tl.where(key > 0, value, 0.0)
     tl.store(values_ptr + slot, value.to(values_ptr.dtype.element_ty), mask=keep)
     tl.store(indices_ptr + slot, offsets.to(indices_ptr.dtype.element_ty), mask=keep)
 
