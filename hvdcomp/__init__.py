@@ -56,8 +56,9 @@ from hvdcomp.requests import Agree, Allgather, Allreduce, Alltoall, Broadcast, R
 if TYPE_CHECKING:
     from hvdcomp.distributed import DistributedOptimizer
 
-#: the names whose modules import Horovod, by module: imported on first use (PEP 562)
-_LAZY = {"DistributedOptimizer": "hvdcomp.distributed"}
+#: the names whose modules import Horovod, by module: imported on first use (PEP 562); ``elastic`` is the module
+#: itself (``hvdcomp.elastic.TorchState``, as ``hvd.elastic.TorchState``)
+_LAZY = {"DistributedOptimizer": "hvdcomp.distributed", "elastic": "hvdcomp.elastic"}
 
 __all__ = [
     "ACCURACY_GUARD",
@@ -107,7 +108,8 @@ def __getattr__(name: str) -> object:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     import importlib
 
-    value = getattr(importlib.import_module(_LAZY[name]), name)
+    module = importlib.import_module(_LAZY[name])
+    value = module if module.__name__ == f"{__name__}.{name}" else getattr(module, name)
     globals()[name] = value  # later lookups find it without calling here
     return value
 

@@ -243,7 +243,10 @@ class CompressionConfig:
         defaults = {key: compression[key] for key in _METHOD_KEYS if key in compression}
         default = _rule("compression config", defaults, "*", {})
         overrides = []
-        for i, entry in enumerate(compression.get("overrides") or []):
+        entries = compression.get("overrides") or []
+        if not isinstance(entries, list | tuple):
+            raise check.invalid("", "overrides", "a list of mappings, each with a 'match' pattern", entries)
+        for i, entry in enumerate(entries):
             where = f"overrides[{i}]"
             if not isinstance(entry, Mapping) or "match" not in entry:
                 raise ValueError(f"{where} must be a mapping with a 'match' pattern; got {entry!r}")
@@ -251,8 +254,8 @@ class CompressionConfig:
             overrides.append(_rule(where, {k: v for k, v in entry.items() if k != "match"}, str(entry["match"]),
                                    defaults))
         dense = compression.get("dense") or []
-        if isinstance(dense, str) or not all(isinstance(p, str) for p in dense):
-            raise ValueError(f"dense must be a list of parameter-name patterns; got {dense!r}")
+        if not isinstance(dense, list | tuple) or not all(isinstance(p, str) for p in dense):
+            raise check.invalid("", "dense", "a list of parameter-name patterns", dense)
         min_numel = check.integer("", "min_numel", compression.get("min_numel", 1024), ge=0)
         bucket_cap_mb = check.number("", "bucket_cap_mb", compression.get("bucket_cap_mb", 0), ge=0, finite=True,
                                      noun="number of MiB")

@@ -39,12 +39,20 @@ def test_train_rejects_unknown_method_with_valid_list() -> None:
     assert f"unknown compression method 'ternary'; valid: {', '.join(sorted(METHODS))}" in result.stderr
 
 
-def test_train_rejects_bad_job_file(tmp_path) -> None:
+@pytest.mark.parametrize(("text", "message"), [
+    ("epoch: 3", "unknown key 'epoch'; valid: workload, epochs"),
+    ("lr: 1e-2", "lr must be a positive number (YAML reads 1e-2 as text: write 1.0e-2); got '1e-2'"),
+    ("lr: -0.1", "lr must be a positive number; got -0.1"),
+    ("epochs: 2.5", "epochs must be a positive integer; got 2.5"),
+    ("batch_size: 0", "batch_size must be a positive integer; got 0"),
+    ("seed: x", "seed must be a non-negative integer; got 'x'"),
+])
+def test_train_rejects_bad_job_file(tmp_path, text: str, message: str) -> None:
     job = tmp_path / "job.yaml"
-    job.write_text("workload: digits\nepoch: 3\n")
+    job.write_text(f"workload: digits\n{text}\n")
     result = hvdcomp("train", "--config", str(job))
     assert result.returncode == 2
-    assert "unknown key 'epoch'; valid: workload, epochs" in result.stderr
+    assert message in result.stderr, result.stderr
 
 
 def test_train_on_one_rank_reduces_nothing(tmp_path) -> None:
@@ -52,10 +60,12 @@ def test_train_on_one_rank_reduces_nothing(tmp_path) -> None:
     get momentum 0 only where DGC runs, trains with SGD's momentum."""
     summary = tmp_path / "summary.json"
     result = hvdcomp("train", "--workload", "digits", "--compression", "dgc", "--epochs", "1", "--no-progress",
-                     "--json", str(summary))
+                     "--compare", "dense", "--json", str(summary))
     assert result.returncode == 0, result.stderr[-3000:]
-    (run,) = json.loads(summary.read_text())
+    dense, run = json.loads(summary.read_text())
     assert run["ranks"] == 1 and run["compression_ratio"] is None and run["trace"] is None, run
+    assert dense["method"] == "none" and "speedup over dense:" in result.stdout
+    assert "fewer bytes" not in result.stdout
 
 
 def test_help_lists_commands() -> None:

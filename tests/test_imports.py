@@ -90,6 +90,10 @@ def test_horovod_names_resolve_lazily() -> None:
     with pytest.raises(AttributeError, match="no attribute 'Missing'"):
         hvdcomp.Missing  # noqa: B018
     assert tuple(collectives.OPS) == requests.ALLREDUCE_OPS
+    # a fresh interpreter (here hvdcomp.elastic may be imported already, which binds it on the package)
+    done = subprocess.run([sys.executable, "-c", "import hvdcomp; print(hvdcomp.elastic.TorchState.__name__)"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.stdout.strip() == "TorchState", done.stdout + done.stderr
 
 
 WITHOUT_EXTRAS = """

@@ -352,8 +352,9 @@ def test_dockerfile_image_layout_matches_the_manifests() -> None:
     assert images == ["nvidia/cuda:${CUDA_VERSION}-devel-${UBUNTU}", "nvidia/cuda:${CUDA_VERSION}-runtime-${UBUNTU}"]
     final = steps[max(i for i, (instruction, _) in enumerate(steps) if instruction == "FROM"):]
     final_runs = " ".join(arguments for instruction, arguments in final if instruction == "RUN")
-    for package in ("openssh-server", "openmpi-bin", "python3"):
-        assert package in final_runs
+    for package in ("openssh-server", "openmpi-bin", "python3", "python3-dev", "gcc"):
+        assert re.search(rf"\s{package}\s", final_runs), package
+    assert "#include <Python.h>" in final_runs, "the image checks that Triton's launcher compiles"
     assert f"useradd -m -u {render.USER_ID}" in final_runs
     users = [arguments for instruction, arguments in final if instruction == "USER"]
     assert users and users[-1] not in ("root", "0")

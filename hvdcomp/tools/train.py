@@ -39,7 +39,7 @@ import torch
 import yaml
 from torch import nn
 
-from hvdcomp import auto
+from hvdcomp import auto, check
 from hvdcomp.config import CompressionConfig
 from hvdcomp.deadlines import DEFAULT_DEADLINE, Deadline
 from hvdcomp.distributed import DistributedOptimizer
@@ -117,6 +117,12 @@ def load_job(path: str) -> dict[str, Any]:
             raise ValueError(f"{path}: unknown key {key!r}; valid: {', '.join(JOB_KEYS)}")
     if "workload" in job and job["workload"] not in WORKLOADS:
         raise ValueError(f"{path}: unknown workload {job['workload']!r}; valid: {', '.join(WORKLOADS)}")
+    for key, least in (("epochs", 1), ("batch_size", 1), ("seed", 0)):
+        if job.get(key) is not None:
+            check.integer(path, key, job[key], ge=least)
+    if job.get("lr") is not None:  # YAML reads 1e-2 as text (its floats need a dot: 1.0e-2)
+        check.number(path, "lr", job["lr"], gt=0, finite=True, expected="a positive number" + (
+            " (YAML reads 1e-2 as text: write 1.0e-2)" if isinstance(job["lr"], str) else ""))
     return dict(job)
 
 
@@ -432,8 +438,10 @@ def main(argv: list[str] | None = None) -> int:
             if dense.time_to_target_s is not None and compressed.time_to_target_s is not None:
                 to_target = (f"{dense.time_to_target_s / compressed.time_to_target_s:.2f}x time to "
                              f"{args.target * 100:g}%; ")
+            fewer = ("" if compressed.compression_ratio is None  # one rank: nothing was sent
+                     else f"{compressed.compression_ratio:.1f}x fewer bytes; ")
             print(f"speedup over dense: {to_target}{dense.mean_step_s / compressed.mean_step_s:.2f}x step time; "
-                  f"{compressed.compression_ratio:.1f}x fewer bytes; accuracy "
+                  f"{fewer}accuracy "
                   f"{(compressed.test_accuracy - dense.test_accuracy) * 100:+.2f} points")
         report = json.dumps([asdict(s) for s in summaries])
         print(report)
