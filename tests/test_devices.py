@@ -300,3 +300,24 @@ def test_nonfinite_flags_tensors_on_several_devices() -> None:
     flags = nonfinite(tensors, mark=2)
     assert flags.device.type == "cuda"
     assert flags.tolist() == [2.0 if bad else 0.0 for _, _, bad in NONFINITE_CASES * 2]
+
+
+def test_train_gives_each_rank_a_gpu_of_its_own_under_nccl(monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """``hvdcomp train --device``: where Horovod's NCCL operations would see two ranks on one GPU, ``cuda`` is refused
+    with the reason and ``auto`` trains on the CPU; a Horovod without GPU operations lets ranks share it. (A host of 2
+    ranks and 1 GPU, its counts stood in for: a machine with one GPU could not show the refusal with real ranks.)"""
+    from hvdcomp.tools import train
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    for name, value in (("rank", 0), ("local_rank", 1), ("local_size", 2), ("nccl_built", 1)):
+        monkeypatch.setattr(train.hvd, name, lambda value=value: value)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    with pytest.raises(ValueError, match="--device cuda: 2 ranks on this host and 1 GPU, and this Horovod's NCCL"):
+        train.pick_device("cuda")
+    assert train.pick_device("auto") == torch.device("cpu")
+    assert "--device auto: 2 ranks on this host and 1 GPU" in capsys.readouterr().err
+    monkeypatch.setattr(train.hvd, "nccl_built", lambda: 0)
+    assert train.pick_device("auto") == train.pick_device("cuda") == torch.device("cuda", 0)

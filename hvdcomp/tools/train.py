@@ -135,20 +135,38 @@ def evaluate(model: nn.Module, data: Dataset) -> float:
 
 
 def pick_device(name: str) -> torch.device:
-    """``auto``: this rank's GPU (``hvd.local_rank()``) where CUDA is available, else the CPU.
+    """``auto``: this rank's GPU (``hvd.local_rank()``) where CUDA is available and each rank can have one, else
+    the CPU.
 
-    On the CPU, ranks on one host share its cores: unless OMP_NUM_THREADS says otherwise, each rank gets
-    cores / local ranks threads, since more threads than cores make every parallel kernel thrash.
+    Horovod's NCCL operations need a GPU per rank (two ranks on one GPU fail: "Duplicate GPU detected"); a Horovod
+    built without GPU operations stages CUDA tensors through host memory, so there ranks may share GPUs. On the CPU,
+    ranks on one host share its cores: unless OMP_NUM_THREADS says otherwise, each rank gets cores / local ranks
+    threads, since more threads than cores make every parallel kernel thrash.
     """
-    if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
+    why = None if name == "cpu" else _no_gpu_per_rank()
+    if why is not None and name == "cuda":
+        raise ValueError(f"--device cuda: {why}")
+    if why is not None and hvd.rank() == 0 and torch.cuda.is_available():
+        print(f"hvdcomp train: --device auto: {why}; training on the CPU", file=sys.stderr)
+    if name == "cpu" or why is not None:
         if "OMP_NUM_THREADS" not in os.environ:
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // hvd.local_size()))
         return torch.device("cpu")
-    if not torch.cuda.is_available():
-        raise ValueError("--device cuda, but torch.cuda.is_available() is False on this machine")
     device = torch.device("cuda", hvd.local_rank() % torch.cuda.device_count())
     torch.cuda.set_device(device)
     return device
+
+
+def _no_gpu_per_rank() -> str | None:
+    """Why this rank cannot train on a GPU (:func:`pick_device`), or None where it can."""
+    if not torch.cuda.is_available():
+        return "torch.cuda.is_available() is False on this machine"
+    gpus, ranks = torch.cuda.device_count(), hvd.local_size()
+    if hvd.nccl_built() and ranks > gpus:
+        return (f"{ranks} ranks on this host and {gpus} GPU{'s' if gpus > 1 else ''}, and this Horovod's NCCL "
+                "operations need a GPU per rank: start at most as many ranks as GPUs (or use a Horovod built without "
+                "GPU operations, where ranks can share one: docs/operations.md)")
+    return None
 
 
 def method_name(compression: Any) -> str:
