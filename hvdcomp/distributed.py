@@ -12,6 +12,7 @@ from typing import Any
 import horovod.torch as hvd
 import torch
 
+from hvdcomp import elastic
 from hvdcomp.auto import Tuner
 from hvdcomp.compressor import Compressor
 from hvdcomp.config import CompressionConfig
@@ -41,6 +42,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
             Horovod does).
     """
     config = CompressionConfig.parse(compression)
+    elastic.register()  # hvd.elastic.TorchState then handles it as hvdcomp's own TorchState does
     cls = type(optimizer.__class__.__name__, (_DistributedOptimizer, optimizer.__class__), {})
     wrapped = cls(optimizer.param_groups, named_parameters, config, backward_passes_per_step, op, process_set,
                   deadline)

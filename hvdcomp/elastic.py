@@ -1,22 +1,26 @@
-"""Elastic Horovod with hvdcomp: :class:`TorchState`, ``hvd.elastic.TorchState`` for an hvdcomp optimizer.
+"""Elastic Horovod with hvdcomp: Horovod's own ``hvd.elastic.TorchState`` takes an hvdcomp optimizer, and
+:class:`TorchState` is that state, checking that it is given one.
 
     optimizer = hvdcomp.DistributedOptimizer(torch.optim.SGD(...), named_parameters=model.named_parameters(),
                                              compression="terngrad")
-    state = hvdcomp.elastic.TorchState(model, optimizer, epoch=0, batch=0)
+    state = hvdcomp.elastic.TorchState(model, optimizer, epoch=0, batch=0)  # or hvd.elastic.TorchState
 
     @hvd.elastic.run
     def train(state): ...  # state.commit() now and then
 
-Three things differ from Horovod's own state, for an hvdcomp optimizer:
+Building an hvdcomp optimizer registers :class:`_OptimizerState` as Horovod's state handler for it
+(:func:`register`). Three things differ from Horovod's handler of other optimizers:
 
-* After a reset (a host lost or added) :meth:`hvdcomp.DistributedOptimizer.reset` rebuilds the plan for the new
-  world: it is registered as a reset callback.
-* The saved and restored optimizer state is the wrapped optimizer's (momentum) only: hvdcomp's per-rank state
-  (residuals, PowerSGD's Q) is rebuilt by ``reset()`` anyway, so it is neither deep-copied at each commit nor
-  restored from a world of another size.
-* The wrapped optimizer's state is created locally before the first sync. Horovod's ``broadcast_optimizer_state``
+* The saved and restored optimizer state is the wrapped optimizer's (momentum) only, from the first copy on: hvdcomp's
+  per-rank state (residuals, PowerSGD's Q) is neither deep-copied at each commit nor restored from a world of another
+  size. A restore starts it afresh (``load_state_dict`` without an ``"hvdcomp"`` entry), on every rank alike: a step
+  that failed part-way may have left it updated on some ranks only.
+* The wrapped optimizer's state is created locally before each sync. Horovod's ``broadcast_optimizer_state``
   otherwise creates it by calling ``step()`` on any optimizer that is not Horovod's own: on hvdcomp's a reduction
   that only the ranks with empty state (a rank joining the job) would run, while the others wait in the broadcast.
+  A stateless optimizer (SGD without momentum) has nothing to broadcast.
+* No reset callback is needed: the optimizer rebuilds its plan itself when a step starts in a new world
+  (:meth:`hvdcomp.DistributedOptimizer.reset`).
 """
 
 from __future__ import annotations
@@ -26,18 +30,35 @@ from typing import Any
 
 import horovod.torch as hvd
 import torch
-from horovod.torch.elastic.state import OptimizerStateHandler
+from horovod.torch.elastic import state as horovod_state
 
 from hvdcomp.optimizer import _DistributedOptimizer
 
 
-class _OptimizerState(OptimizerStateHandler):
-    """Saves and restores the wrapped optimizer's state, without hvdcomp's per-rank state."""
+class _OptimizerState(horovod_state.OptimizerStateHandler):
+    """Saves and restores the wrapped optimizer's state, without hvdcomp's per-rank state; creates it locally before a
+    sync (module docstring)."""
+
+    def __init__(self, optimizer: _DistributedOptimizer) -> None:
+        horovod_state.StateHandler.__init__(self, optimizer)
+        self.save()
 
     def save(self) -> None:
         state = self.value.state_dict()
         state.pop("hvdcomp", None)
         self._saved_optimizer_state = copy.deepcopy(state)
+
+    def sync(self) -> None:
+        _create_state(self.value)
+        if self.value.state_dict()["state"]:  # the same on every rank: the same optimizer everywhere
+            hvd.broadcast_optimizer_state(self.value, root_rank=0)
+
+
+def register() -> None:
+    """Makes :class:`_OptimizerState` Horovod's elastic state handler of hvdcomp's optimizers (once)."""
+    registry = horovod_state.get_handler_registry()
+    if registry[0][1] is not _OptimizerState:
+        horovod_state.set_handler_registry([(_DistributedOptimizer, _OptimizerState), *registry])
 
 
 class TorchState(hvd.elastic.TorchState):
@@ -48,10 +69,8 @@ class TorchState(hvd.elastic.TorchState):
         if not isinstance(optimizer, _DistributedOptimizer):
             raise TypeError(f"hvdcomp.elastic.TorchState takes an hvdcomp.DistributedOptimizer; got "
                             f"{type(optimizer).__name__} (use hvd.elastic.TorchState for Horovod's)")
-        _create_state(optimizer)
+        register()
         super().__init__(model=model, optimizer=optimizer, **kwargs)
-        self._handlers["optimizer"] = _OptimizerState(optimizer)
-        self.register_reset_callbacks([optimizer.reset])
 
 
 def _create_state(optimizer: _DistributedOptimizer) -> None:

@@ -196,8 +196,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             warnings.warn(f"hvdcomp: {name}: {risk}", AccuracyWarning, stacklevel=4)
 
     def reset(self) -> None:
-        """Elastic Horovod: rebuilds the plan for the world after a reset. Register it with the elastic state
-        (``state.register_reset_callbacks([optimizer.reset])``); ``hvdcomp train --elastic`` does.
+        """Elastic Horovod: rebuilds the plan for the world after a reset. The optimizer calls it itself when a step
+        starts in a new world (its size or this rank changed); a reset callback may call it earlier.
 
         Every parameter's method state (residuals, PowerSGD's Q, GraVAC's CF) and step counter start afresh, on
         every rank, as at the start of training: what a rank joining the job has, so the plans agree (checked with
@@ -286,6 +286,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         plan (now, or with the next step's first gradient), and returns the slots (kept only where there is more
         than one rank)."""
         size, included = self.process_set.size(), self.process_set.included()
+        self._world = (size, self.process_set.rank())  # what the plan is for (_follow_world)
         self._divisor = size if self.op == hvd.Average and included else 1
         slots = self._plan(self._named)
         active = included and size > 1
@@ -467,8 +468,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     # ------------------------------------------------------------------------------------ reduction
 
+    def _follow_world(self) -> None:
+        """Elastic Horovod: where a reset changed the world (its size, or this rank) since the plan was made, makes it
+        afresh (:meth:`reset`) before the step's first reduction. Every rank sees the new world at the same step, so
+        no reset callback is needed: ``hvd.elastic.TorchState`` works as ``hvdcomp.elastic.TorchState`` does."""
+        if self._world != (self.process_set.size(), self.process_set.rank()):
+            self.reset()
+
     def _make_hook(self, index: int) -> Callable[[torch.Tensor], None]:
         def hook(param: torch.Tensor) -> None:
+            if not self._work:  # a step's first gradient (or one accumulated before it)
+                self._follow_world()
             if index >= len(self._slots):  # one rank: nothing to reduce
                 return
             self._backward_since_synchronize = True
@@ -614,6 +624,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def synchronize(self) -> None:
         """Waits for every gradient's reduction and writes the results into ``p.grad``."""
         self._skip_step = False  # the last step's verdict ends here, whether or not step() came (a GradScaler's skip)
+        if not self._work:  # no gradient came: step() called alone (Horovod's broadcast_optimizer_state does)
+            self._follow_world()
         if not self._slots:
             self._synchronized = True
             return
@@ -801,6 +813,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         super().load_state_dict(state_dict)
         self._reset_step()
         self._synchronized = False
+        if saved is None:  # no hvdcomp entry (dropped, or an elastic restore's): the method states start afresh
+            self._fresh_states()
+            for slot in self._slots:
+                slot.step = 0
         loaded: dict[str, State] = {}
         for slot in compressed:  # name order: a bucket's first member, whose state the others share, comes first
             slot.step = int(saved[slot.name]["step"])

@@ -489,6 +489,37 @@ def scenario_resume() -> None:
                 train_and_resume(mlp, make, batches(8, seed=hvd.rank()), label)
     with case("resume", "elsewhere"):
         resumed_elsewhere()
+    with case("resume", "elastic state"):
+        elastic_state()
+
+
+def elastic_state() -> None:
+    """Horovod's elastic TorchState and hvdcomp's hold an hvdcomp optimizer alike (outside elastic mode: its
+    save, restore and sync): the saved optimizer state is the wrapped optimizer's, from the first copy on; a restore,
+    before any commit too, starts the method states afresh; a sync of a stateless optimizer takes no step. A step that
+    starts in a world other than its plan's rebuilds the plan first (the world is made to look stale here: Elastic
+    Horovod's own resets are tests/test_elastic.py's)."""
+    import hvdcomp.elastic
+    from hvdcomp.elastic import _OptimizerState
+
+    model = mlp()
+    optimizer = hvdcomp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                             named_parameters=model.named_parameters(), compression="topk")
+    first = next(slot for slot in optimizer._slots if slot.choice.reduction is not None)
+    for state in (hvd.elastic.TorchState(model, optimizer, epoch=0), hvdcomp.elastic.TorchState(model, optimizer)):
+        train(model, optimizer, batches(2, seed=hvd.rank()))
+        assert first.step == 2 and first.state["residual"].any(), (first.step, list(first.state))
+        handler = state._handlers["optimizer"]
+        assert isinstance(handler, _OptimizerState) and "hvdcomp" not in handler._saved_optimizer_state, handler
+        state.restore()
+        assert first.step == 0 and not first.state["residual"].any(), "a restore starts the method states afresh"
+        state.sync()
+        assert first.step == 0, "a stateless optimizer's sync took a step"
+    optimizer._world = (hvd.size() + 1, hvd.rank())
+    train(model, optimizer, batches(1, seed=hvd.rank()))
+    rebuilt = next(slot for slot in optimizer._slots if slot.choice.reduction is not None)
+    assert rebuilt is not first and rebuilt.step == 1 and optimizer.steps_done == 1, "the plan was not rebuilt"
+    assert_identical_across_ranks(model, "elastic state")
 
 
 def resumed_elsewhere() -> None:
