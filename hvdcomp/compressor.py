@@ -9,7 +9,7 @@ How payloads travel is a *reduction* (:mod:`hvdcomp.reductions`): by default the
   method may combine them otherwise, as signSGD's majority vote does, returning what the optimizer averages);
   ``fixed_size`` says whether a payload's size depends only on the tensor's shape (TernGrad, QSGD, sign) or
   differs per rank (top-k dropping zeros, threshold, DGC). Fixed-size payloads may also use the two-phase
-  compressed allreduce;
+  compressed allreduce, where ``recompressible`` (the owner of a chunk compresses the ranks' sum again);
 
 and a method whose communication is more than one collective (PowerSGD's two allreduces with computation
 between them) names its own reduction in ``reduction``.
@@ -134,6 +134,9 @@ class Compressor(ABC):
     summable: ClassVar[bool] = False
     #: A payload's sizes depend only on the input's shape and dtype, the same on every rank.
     fixed_size: ClassVar[bool] = True
+    #: The ranks' decoded sum compresses again as a gradient does (two-phase's owner): not where a payload cannot
+    #: carry the sum's magnitude (unscaled signSGD's bare signs).
+    recompressible: ClassVar[bool] = True
     #: The method keeps its own memory (PowerSGD, DGC): never wrapped in generic error feedback.
     own_memory: ClassVar[bool] = False
     #: Error feedback when the config leaves it unset; None: on exactly for biased methods (signSGD with

@@ -56,6 +56,7 @@ class _Wrapper(Compressor):
     unbiased = _forwarded("unbiased")
     summable = _forwarded("summable")
     fixed_size = _forwarded("fixed_size")
+    recompressible = _forwarded("recompressible")
     sparse_payload = _forwarded("sparse_payload")
     reduction = _forwarded("reduction")
     keeps_nonfinite = _forwarded("keeps_nonfinite")

@@ -54,6 +54,7 @@ class Traits(Protocol):
 
     summable: bool
     fixed_size: bool
+    recompressible: bool
     sparse_payload: bool
     reduction: str | None
 
@@ -242,10 +243,13 @@ class TwoPhaseReduction(ReductionMethod):
 
     @classmethod
     def rejects(cls, traits: Traits) -> str | None:
-        if traits.fixed_size:
-            return None
-        return (f"{traits!r} has payloads whose size differs per rank; two_phase needs fixed-size payloads: use "
-                "the allgather collective")
+        if not traits.fixed_size:
+            return (f"{traits!r} has payloads whose size differs per rank; two_phase needs fixed-size payloads: use "
+                    "the allgather collective")
+        if not traits.recompressible:
+            return (f"{traits!r} cannot compress the ranks' sum again (its payload cannot carry the sum's magnitude); "
+                    "two_phase's owners must: use the allgather collective")
+        return None
 
     @classmethod
     def phases(cls, e: Encoded, workers: int) -> list[Phase]:

@@ -263,6 +263,18 @@ def test_config_choices() -> None:
     assert mixed.choose("w", (10**6,), 2).reduction.owner_error_feedback is False
 
 
+def test_unscaled_signs_are_gathered_not_summed_by_owners() -> None:
+    """Two-phase's owner compresses the ranks' vote again: unscaled signSGD's bare signs cannot carry that sum of N
+    votes (it would arrive N times too small), so auto gathers it at any rank count and two_phase is refused; the
+    scaled vote (the default) and EF-signSGD go two-phase from 5 ranks."""
+    unscaled = {"method": "signsgd", "options": {"scaled": False}}
+    assert CompressionConfig.parse(unscaled).choose("w", (10**6,), 8).reduction.name == "allgather"
+    with pytest.raises(ValueError, match="cannot compress the ranks' sum again"):
+        CompressionConfig.parse({**unscaled, "collective": "two_phase"})
+    for method in ("signsgd", "efsignsgd"):
+        assert CompressionConfig.parse(method).choose("w", (10**6,), 8).reduction.name == "two_phase"
+
+
 @pytest.mark.parametrize("config", [{"method": "terngrad", "error_feedback": True, "collective": "two_phase"},
                                     {"method": "randomk"}, {"method": "powersgd"}, "terngrad"])
 def test_every_reduction_states_its_plan(config) -> None:

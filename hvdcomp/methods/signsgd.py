@@ -12,9 +12,10 @@ learning rate as for dense SGD lands in the right range) or unscaled (``scaled=F
 where the learning rate is the step per coordinate). Ties (an even number of ranks split evenly) give 0: the
 coordinate does not move. An exact zero votes on a fair coin drawn from the rank's seed, so zero gradients (a
 dead unit, an unused row) push no direction. No error feedback by default, as in the paper. Under
-``collective: two_phase`` each owner takes the vote of its chunk and re-sends it as signs, with its own error
-feedback: a tie (0) then goes out as the sign of the owner's residual (a coin where that is 0 too), and the
-error is made good in later steps.
+``collective: two_phase`` (scaled only) each owner takes the vote of its chunk and re-sends it as signs, with its
+own error feedback: a tie (0) then goes out as the sign of the owner's residual (a coin where that is 0 too), and
+the error is made good in later steps. Unscaled signs cannot carry the vote's sum over N ranks (the owner would
+send it N times too small), so ``scaled=False`` is gathered.
 
 ``efsignsgd``, Algorithm 1 of Karimireddy et al.: with p = g + e (e the residual), send
 Delta = (||p||_1 / d) sign(p) and keep e <- p - Delta; the ranks' Deltas are averaged.
@@ -125,6 +126,11 @@ class SignSGD(EFSignSGD):
                 f"unstable {MEASURED}: 92.9%, 65.4%, 77.5% test accuracy after epochs 1, 2, 3, dense 97.7%. Use "
                 "momentum: 0.9 (the default: Signum, level with dense there; its parameters then need momentum 0 in "
                 "the optimizer)")
+
+    @property
+    def recompressible(self) -> bool:  # type: ignore[override]
+        """Scaled only: bare signs cannot carry a sum of N ranks' votes (two-phase would send it N times too small)."""
+        return self.scaled
 
     def scale_kernel(self, kernels: Any, x: torch.Tensor) -> torch.Tensor:
         return super().scale_kernel(kernels, x) if self.scaled else x.new_ones(1, 1)

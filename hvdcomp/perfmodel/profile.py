@@ -335,7 +335,8 @@ def measure_compressor(method: str | Mapping[str, Any], named: list[tuple[str, t
         entry[name] = measure_encoded(compressor, grad, repeats, ranks)
         ctx = Context.local(grad)
         summary = {"summable": compressor.summable, "fixed_size": compressor.fixed_size,
-                   "sparse_payload": compressor.sparse_payload, "checks_input": not compressor.keeps_nonfinite,
+                   "recompressible": compressor.recompressible, "sparse_payload": compressor.sparse_payload,
+                   "checks_input": not compressor.keeps_nonfinite,
                    "shared_before_encode": compressor.agree(grad, compressor.init_state(grad, ctx), ctx) is not None,
                    **({"reduction": compressor.reduction} if compressor.reduction else {}),
                    "options": compressor.settings()}

@@ -229,6 +229,8 @@ class CompressorProfile:
     checks_input: bool | None = None
     #: payloads of (values, unique indices), which the sketch collective can sum (Compressor.sparse_payload)
     sparse_payload: bool = False
+    #: the ranks' sum compresses again (Compressor.recompressible: two-phase's owners)
+    recompressible: bool = True
 
     def __post_init__(self) -> None:
         if self.checks_input is None:  # profiles measured before the field: the rule of that time
@@ -302,7 +304,8 @@ def parse_profile(data: Any, where: str) -> Profile:
         compressors[str(method)] = CompressorProfile(str(method), entry.boolean("summable"),
                                                      entry.boolean("fixed_size"),
                                                      entry.boolean("shared_before_encode"), encoded, reduction,
-                                                     checks_input, entry.boolean("sparse_payload", default=False))
+                                                     checks_input, entry.boolean("sparse_payload", default=False),
+                                                     entry.boolean("recompressible", default=True))
         for key in STEP_TOTALS:  # for people, derived from the per-gradient costs: checked, not used by the model
             entry.number(key, default=0.0)
         entry.informational("options", "collective")
