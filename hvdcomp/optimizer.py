@@ -289,6 +289,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._world = (size, self.process_set.rank())  # what the plan is for (_follow_world)
         self._divisor = size if self.op == hvd.Average and included else 1
         slots = self._plan(self._named)
+        # the votes' names: another optimizer's (one backward pass may feed two) are in flight at the same time, and
+        # Horovod refuses a name twice; its parameters' names tell it apart, the same on every rank
+        names = "\n".join(sorted(slot.name for slot in slots)).encode()
+        self._vote_name = f"hvdcomp.vote.{hashlib.blake2b(names, digest_size=3).hexdigest()}"
         active = included and size > 1
         self._slots = slots if active else []
         self._batches = self._batch_members()
@@ -605,7 +609,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         fingerprint = torch.full((1,), float(int.from_bytes(digest, "little")), device=device)  # exact in float32
         agreements = [Agree(torch.cat([w.flag.to(device) for w in works]), "max"), Agree(fingerprint, "max", host=True),
                       Agree(fingerprint, "min", host=True), *(w.agree for w in works if w.agree is not None)]
-        self._vote = start_vote(agreements, "hvdcomp.vote", self.process_set)
+        self._vote = start_vote(agreements, self._vote_name, self.process_set)
         self._bytes_sent += self._vote.nbytes
 
     def _finish_vote(self) -> None:
@@ -655,7 +659,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             waiting = [w for w in self._compressed_work() if w.agree is not None]
             if waiting:
                 rounds += 1
-                vote = start_vote([w.agree for w in waiting], f"hvdcomp.vote.{rounds}", self.process_set)
+                vote = start_vote([w.agree for w in waiting], f"{self._vote_name}.{rounds}", self.process_set)
                 self._bytes_sent += vote.nbytes
                 for work, value in zip(waiting, self._wait_for(vote), strict=True):
                     self._advance(work, value)

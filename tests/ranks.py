@@ -601,6 +601,41 @@ def scenario_stock() -> None:
         stock_with_a_grad_scaler()
         stock_with_a_tied_weight()
         stock_with_channels_last()
+        stock_with_two_optimizers()
+
+
+def stock_with_two_optimizers() -> None:
+    """Two hvdcomp optimizers fed by one backward pass (a body and a head, each its own method): their votes are in
+    flight together under names of their own (one name twice fails in Horovod), and each part trains as it would
+    under one optimizer with that part's method."""
+    data = batches(3, seed=hvd.rank())
+    body_config, head_config = {"method": "topk"}, {"method": "threshold"}
+    results = []
+    for split in (False, True):
+        model = mlp()
+        named = list(model.named_parameters())
+        body, head = named[:4], named[4:]
+        if split:
+            optimizers = [hvdcomp.DistributedOptimizer(torch.optim.SGD([p for _, p in part], lr=0.05),
+                                                       named_parameters=part, compression=config)
+                          for part, config in ((body, {**body_config, "min_numel": 100}),
+                                               (head, {**head_config, "min_numel": 100}))]
+        else:
+            optimizers = [hvdcomp.DistributedOptimizer(
+                torch.optim.SGD(model.parameters(), lr=0.05), named_parameters=named,
+                compression={**body_config, "min_numel": 100,
+                             "overrides": [{"match": name, **head_config} for name, _ in head]})]
+        for x, y in data:
+            for optimizer in optimizers:
+                optimizer.zero_grad()
+            loss = nn.functional.cross_entropy(model(x), y)
+            if hvd.rank() == 1:  # rank 0 starts both votes before rank 1 starts its first: both in flight
+                loss.register_hook(lambda grad: time.sleep(0.2) or grad)
+            loss.backward()
+            for optimizer in optimizers:
+                optimizer.step()
+        results.append(flat_params(model))
+    assert torch.equal(results[0], results[1]), "two optimizers train otherwise than one with both methods"
 
 
 def stock_with_a_grad_scaler() -> None:
