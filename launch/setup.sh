@@ -5,13 +5,14 @@
 #   c. Horovod 0.28.1 built once from its PyPI source release and cached as a wheel outside the checkout,
 #   d. hvdcomp itself (editable, with the extras the demo and the tests need),
 #   e. the optional kernel pre-build hook, then `horovodrun --check-build`.
-# A second run skips b-d while .venv/.hvdcomp-setup matches pyproject.toml, this script and HVDCOMP_HOROVOD_GPU_OPS.
+# A second run skips b-d while .venv/.hvdcomp-setup matches pyproject.toml, this script, HVDCOMP_HOROVOD_GPU_OPS,
+# HVDCOMP_EXTRAS and the nvcc found (a CUDA toolkit installed since is built for).
 #
 # Environment:
 #   HVDCOMP_CACHE  where the Horovod source release, built wheels and build logs are kept
 #                  (default: ${XDG_CACHE_HOME:-$HOME/.cache}/hvdcomp)
-#   HVDCOMP_HOROVOD_GPU_OPS  Horovod's GPU operations. auto (the default): NCCL's where torch has CUDA, nvcc is on
-#                  the PATH and an NCCL is found, else none. none: none even there. Horovod then stages CUDA tensors
+#   HVDCOMP_HOROVOD_GPU_OPS  Horovod's GPU operations. auto (the default): NCCL's where torch has CUDA, nvcc is found
+#                  (on the PATH, else in $HOROVOD_CUDA_HOME or /usr/local/cuda) and an NCCL is found, else none. none: none even there. Horovod then stages CUDA tensors
 #                  through host memory (its CudaOnCPU operations, over MPI or Gloo), so that several ranks can share
 #                  one GPU: NCCL refuses two ranks on one GPU ("Duplicate GPU detected"); its collectives need a GPU
 #                  per rank. That build is cached as a wheel of its own (key ...-staged-sm<archs>-..., beside the NCCL
@@ -146,6 +147,14 @@ find_nccl() {
     fi
 }
 
+# The CUDA compiler: on the PATH, else in $HOROVOD_CUDA_HOME or /usr/local/cuda (where NVIDIA's installer puts it,
+# off the PATH); nothing where there is none.
+find_nvcc() {
+    command -v nvcc && return
+    local nvcc=${HOROVOD_CUDA_HOME:-/usr/local/cuda}/bin/nvcc
+    [[ ! -x $nvcc ]] || echo "$nvcc"
+}
+
 # c. Horovod: install the cached wheel for this python/torch/MPI/NCCL combination, building it first if needed.
 install_horovod() {
     log "installing Horovod's Python dependencies (cloudpickle, psutil, pyyaml, packaging, cffi)"
@@ -155,7 +164,10 @@ install_horovod() {
     torch_info=$("$PY" -c 'import torch; print(torch.__version__, torch.version.cuda or "")')
     read -r torch_version torch_cuda <<<"$torch_info"
     # NCCL ops only make sense with a CUDA torch, nvcc and an NCCL to link (and unless HVDCOMP_HOROVOD_GPU_OPS=none).
-    if [[ -n $torch_cuda && $GPU_OPS == auto ]] && command -v nvcc >/dev/null; then
+    local nvcc
+    nvcc=$(find_nvcc)
+    [[ -z $nvcc ]] || PATH="${nvcc%/*}:$PATH"  # for Horovod's build, which looks on the PATH
+    if [[ -n $torch_cuda && $GPU_OPS == auto && -n $nvcc ]]; then
         nccl=$(find_nccl)
         [[ -z $nccl ]] || gpu_ops=nccl
     fi
@@ -298,7 +310,7 @@ build_horovod() {
 # d. hvdcomp and its remaining dependencies; the constraints keep pip off torch and Horovod.
 # With the machine's own torch (argument true), pip must not resolve torch: an image's torch may pin CUDA wheels that
 # differ from those installed beside it, and offline pip cannot re-resolve them. hvdcomp's other requirements are
-# then installed by name and hvdcomp itself with --no-deps.
+# then installed by name, but for the test extra's Triton (that torch brings its own), and hvdcomp with --no-deps.
 install_hvdcomp() {
     local system_site=$1 extras=${HVDCOMP_EXTRAS-all,test}
     log "installing hvdcomp in editable mode with its extras [$extras]"
@@ -321,7 +333,7 @@ while True:
     if named <= extras:
         break
     extras |= named
-print("\n".join(r for r in chosen if re.match(r"(torch|horovod|hvdcomp)\b", r) is None))')
+print("\n".join(r for r in chosen if re.match(r"(torch|horovod|hvdcomp|triton)\b", r) is None))')
     mapfile -t requirements <<<"$requirements"
     "${PIP[@]}" install -q -c "$CONSTRAINTS" "${requirements[@]}"
 }
@@ -333,8 +345,8 @@ main() {
     local system_site=false
     system_torch_has_cuda && system_site=true
     local stamp_hash
-    stamp_hash=$(cat pyproject.toml launch/setup.sh <(echo "system-site-packages=$system_site gpu-ops=$GPU_OPS") |
-        sha256sum | cut -d ' ' -f 1)
+    stamp_hash=$(cat pyproject.toml launch/setup.sh <(echo "system-site-packages=$system_site gpu-ops=$GPU_OPS" \
+        "extras=${HVDCOMP_EXTRAS-all,test} nvcc=$(find_nvcc)") | sha256sum | cut -d ' ' -f 1)
 
     if [[ -f $STAMP && $(<"$STAMP") == "$stamp_hash" ]] &&
         "$PY" -c 'import horovod.torch, hvdcomp' >/dev/null 2>&1; then

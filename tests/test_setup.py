@@ -30,9 +30,10 @@ esac
 """
 
 
-def install_horovod(tmp_path: Path, mode: str | None, torch: str, nvcc: bool) -> tuple[str, str, set[str]]:
-    """Sources set-up and calls install_horovod with stubs; returns its output, the venv's name and the build's
-    HOROVOD_* variables (empty where the wheel came from the cache)."""
+def install_horovod(tmp_path: Path, mode: str | None, torch: str, nvcc: str) -> tuple[str, str, set[str]]:
+    """Sources set-up and calls install_horovod with stubs, nvcc on the PATH (``nvcc`` "path"), in HOROVOD_CUDA_HOME
+    ("home") or nowhere (""); returns its output, the venv's name and the build's HOROVOD_* variables (empty where the
+    wheel came from the cache)."""
     bin_dir, venv, cache = tmp_path / "bin", tmp_path / "venv", tmp_path / "cache"
     for folder in (bin_dir, venv / "bin", cache / "sdist", tmp_path / "nccl" / "include", tmp_path / "nccl" / "lib"):
         folder.mkdir(parents=True, exist_ok=True)
@@ -42,8 +43,10 @@ def install_horovod(tmp_path: Path, mode: str | None, torch: str, nvcc: bool) ->
     (tmp_path / "nccl" / "lib" / "libnccl.so.2").touch()
     stubs = {venv / "bin" / "python": PYTHON, bin_dir / "mpirun": "#!/bin/sh\necho 'mpirun (Open MPI) 4.1.6'\n",
              bin_dir / "nvidia-smi": "#!/bin/sh\necho 9.0\n"}
+    cuda_home = tmp_path / "cuda"
     if nvcc:
-        stubs[bin_dir / "nvcc"] = "#!/bin/sh\nexit 0\n"
+        (cuda_home / "bin").mkdir(parents=True, exist_ok=True)
+        stubs[(bin_dir if nvcc == "path" else cuda_home / "bin") / "nvcc"] = "#!/bin/sh\nexit 0\n"
     for path, text in stubs.items():
         path.write_text(text)
         path.chmod(0o755)
@@ -51,7 +54,8 @@ def install_horovod(tmp_path: Path, mode: str | None, torch: str, nvcc: bool) ->
     log.unlink(missing_ok=True)
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path), "HVDCOMP_CACHE": str(cache),
            "HVDCOMP_VENV": str(venv), "FAKE_TORCH": torch, "FAKE_NCCL": str(tmp_path / "nccl"), "FAKE_LOG": str(log),
-           "HOROVOD_GPU_OPERATIONS": "NCCL"}  # asked for by the environment: the key, not this, decides
+           "HOROVOD_GPU_OPERATIONS": "NCCL",  # asked for by the environment: the key, not this, decides
+           "HOROVOD_CUDA_HOME": str(cuda_home)}  # (not this machine's /usr/local/cuda)
     if mode is not None:
         env["HVDCOMP_HOROVOD_GPU_OPS"] = mode
     result = subprocess.run(["bash", "-c", f'source {REPO / "launch" / "setup.sh"} && echo "venv=$VENV_NAME" && '
@@ -63,13 +67,14 @@ def install_horovod(tmp_path: Path, mode: str | None, torch: str, nvcc: bool) ->
 
 @pytest.mark.skipif(not SDIST.exists(), reason=f"no Horovod source release in the cache ({SDIST}): run set-up")
 @pytest.mark.parametrize(("mode", "torch", "nvcc", "ops"), [
-    ("none", "2.11.0+cu130 13.0", True, "staged-sm90"),  # asked: no NCCL even with nvcc and an NCCL
-    (None, "2.11.0+cu130 13.0", True, "nccl-sm90"),  # the default: NCCL where it can
-    ("auto", "2.11.0+cu130 13.0", False, "staged-sm90"),  # no nvcc on the PATH: staged, as before
-    ("none", "2.13.0+cpu ", True, "cpu"),  # a CPU torch: the CPU build, whatever is asked
-    (None, "2.13.0+cpu ", False, "cpu"),
+    ("none", "2.11.0+cu130 13.0", "path", "staged-sm90"),  # asked: no NCCL even with nvcc and an NCCL
+    (None, "2.11.0+cu130 13.0", "path", "nccl-sm90"),  # the default: NCCL where it can
+    (None, "2.11.0+cu130 13.0", "home", "nccl-sm90"),  # nvcc off the PATH, in the CUDA home: found
+    ("auto", "2.11.0+cu130 13.0", "", "staged-sm90"),  # no nvcc: staged, as before
+    ("none", "2.13.0+cpu ", "path", "cpu"),  # a CPU torch: the CPU build, whatever is asked
+    (None, "2.13.0+cpu ", "", "cpu"),
 ])
-def test_horovod_build_and_cache_key(tmp_path: Path, mode: str | None, torch: str, nvcc: bool, ops: str) -> None:
+def test_horovod_build_and_cache_key(tmp_path: Path, mode: str | None, torch: str, nvcc: str, ops: str) -> None:
     output, _, built = install_horovod(tmp_path, mode, torch, nvcc)
     keys = [path.name for path in (tmp_path / "cache" / "wheels").iterdir() if path.is_dir()]
     assert len(keys) == 1 and re.fullmatch(rf"horovod0\.28\.1-py3\.12-torch\S+-ompi4\.1\.6-{ops}-\w+", keys[0]), keys
