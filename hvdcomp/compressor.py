@@ -179,6 +179,12 @@ class Compressor(ABC):
         """Whether this method compresses a tensor of ``shape``; other tensors go Horovod's dense way."""
         return True
 
+    def fixed_size_on(self, device: torch.device) -> bool:
+        """Whether payloads made on ``device`` have the same sizes on every rank: where ``fixed_size``, or where a
+        method sends a fixed count there (the sparsifiers on CUDA's path). Their gathering then needs no sizes, and
+        no host read of them."""
+        return self.fixed_size
+
     def steady_from(self) -> int:
         """The step from which the method runs as in its steady state (:data:`STEADY_STEP`, what profiles measure):
         0, or the end of its warm-up (PowerSGD's ``start_iter``, DGC's sparsity stages, LGC's first two stages).

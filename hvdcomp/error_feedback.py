@@ -78,6 +78,9 @@ class _Wrapper(Compressor):
     def why_dense(self, shape: torch.Size) -> str:
         return self.inner.why_dense(shape)
 
+    def fixed_size_on(self, device: torch.device) -> bool:
+        return self.inner.fixed_size_on(device)
+
     def steady_from(self) -> int:
         return self.inner.steady_from()
 

@@ -213,7 +213,7 @@ class AllgatherReduction(ReductionMethod):
     def reduce(self, tensor: torch.Tensor, state: State, ctx: Context) -> Reduction:
         agreed = yield from self._agreed(tensor, state, ctx)
         payload, meta = self.compressor.compress(tensor, state, ctx, agreed)
-        payloads = yield Allgather(payload, self.compressor.fixed_size)
+        payloads = yield Allgather(payload, self.compressor.fixed_size_on(tensor.device))
         return self.compressor.aggregate(payloads, meta)
 
 

@@ -602,6 +602,29 @@ def test_sparsifiers_on_the_triton_selection_decode_as_on_the_cpu(method: str,
     assert "aten._to_copy" not in count.calls, count.calls
 
 
+@pytest.mark.parametrize("method", ["topk", "threshold", "dgc"])
+def test_sparsifiers_are_gathered_without_sizes_on_cudas_path(method: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CUDA's path a sparsifier's payloads hold the same count on every rank (the selection's k, or threshold's
+    capacity), so the allgather gathers no sizes, which finishing would read on the host; the CPU path leaves out
+    the zeros and gathers its sizes."""
+    from hvdcomp import reductions
+    from hvdcomp.requests import Agree, Allgather
+
+    options = {"topk": {"ratio": 0.05}, "threshold": {"density": 0.05}, "dgc": {"density": 0.05}}[method]
+    for cuda_path in (False, True):
+        with monkeypatch.context() as patched:
+            if cuda_path and not CUDA:
+                patched.setenv("HVDCOMP_KERNELS", "triton")
+            (x,) = on_device(gaussian(3 * 700, 0)) if cuda_path else [gaussian(3 * 700, 0)]
+            reduction = reductions.make("allgather", make_compressor(method, options))
+            ctx = Context("w", 0, 3, x.device, 1, 2)
+            steps = reduction.reduce(x, reduction.init_state(x, ctx), ctx)
+            request = next(steps)
+            while isinstance(request, Agree):
+                request = steps.send(request.values)
+            assert isinstance(request, Allgather) and request.fixed_size == cuda_path, (cuda_path, request)
+
+
 @pytest.mark.parametrize(("shape", "epsilon"), [((50, 1), 0.0), ((1500, 2), 0.0), ((4, 70, 2), 0.0),
                                               ((4, 1500, 2), 1e-8), ((2, 50, 1), 0.0), ((70, 2), 1e-8),
                                               ((0, 2), 0.0)])

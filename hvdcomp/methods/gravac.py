@@ -332,5 +332,5 @@ class GraVACReduction(ReductionMethod):
         if compressor.summable:
             summed = yield Allreduce(payload)
             return compressor.decompress(summed, meta).reshape(tensor.shape)
-        payloads = yield Allgather(payload, compressor.fixed_size)
+        payloads = yield Allgather(payload, compressor.fixed_size_on(tensor.device))
         return compressor.aggregate(payloads, meta).reshape(tensor.shape)

@@ -140,6 +140,10 @@ class Sparse(Compressor):
     fixed_size = False
     sparse_payload = True
 
+    def fixed_size_on(self, device: torch.device) -> bool:
+        """On CUDA's path every rank sends its k (or capacity) entries, zeros too (:func:`without_zeros`)."""
+        return cuda_path(device)
+
     def decompress(self, payload: Payload, meta: Any) -> torch.Tensor:
         return self.aggregate([payload], meta)
 
