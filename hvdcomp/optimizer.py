@@ -247,7 +247,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     @property
     def step_skipped(self) -> bool:
-        """The step just synchronized had a non-finite gradient and will be skipped (``nonfinite: skip``)."""
+        """The step just synchronized had a non-finite gradient: it is skipped (``nonfinite: skip``), or raised."""
         return self._skip_step
 
     @property
@@ -685,9 +685,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._heard = (self._steps_done, now)  # every collective of the step completed: every rank took part
         self._steps_done += 1
         self._reset_step()
-        self._check_finite(input_flags, checked)
-        if self.tuner is not None:
-            self.tuner.step_done(self)
+        try:
+            self._check_finite(input_flags, checked)
+        finally:  # a raised step too: the tuner leaves it untimed (step_skipped), as a skipped one
+            if self.tuner is not None:
+                self.tuner.step_done(self)
         self._synchronized = True
 
     def _reset_step(self) -> None:
@@ -713,12 +715,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         problems += [f"{slot.name!r} after reduction" for slot, v in zip(compressed, outputs, strict=True) if v]
         message = f"non-finite gradient (NaN or Inf) in {', '.join(problems)}"
         self._fresh_states()  # residuals may hold NaN now: start them afresh (a caller that catches the error goes on)
+        self._skip_step = True
         if self.config.nonfinite == "raise":
             raise FloatingPointError(f"hvdcomp: {message}. Lower the learning rate, check the data, or set "
                                      "nonfinite: skip in the compression config to skip such steps (as a "
                                      "GradScaler's overflow steps need: it then skips them too)")
         warnings.warn(f"hvdcomp: skipping this optimizer step: {message}", RuntimeWarning, stacklevel=3)
-        self._skip_step = True
 
     def method_states(self) -> dict[str, State]:
         """This rank's per-parameter method state (residuals, PowerSGD's Q, GraVAC's CF and last decision), by

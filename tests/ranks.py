@@ -1416,6 +1416,7 @@ def scenario_nonfinite_raise() -> None:
             optimizer.step()
         except FloatingPointError as error:
             assert repr(parameter) in str(error) and f"on rank {hvd.size() - 1}" in str(error), error
+            assert optimizer.step_skipped, "a raised step is not skipped (auto's tuner would time it)"
             print(f"nonfinite_raise: raised FloatingPointError (on every rank) rank {hvd.rank()}: {error}", flush=True)
         else:
             raise AssertionError(f"a NaN gradient in {parameter} did not raise")
