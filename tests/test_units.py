@@ -308,6 +308,9 @@ def test_memory_policy_is_the_same_for_names_configs_and_objects() -> None:
      "unknown option 'owner' for the two_phase collective; valid: owner_error_feedback"),
     ({"method": "topk", "collective_options": {"owner_error_feedback": False}},
      "unknown option 'owner_error_feedback' for the allgather collective; valid: \\(none\\)"),
+    ({"method": "terngrad", "collective_options": {"owner_error_feedback": "no"}},
+     "two_phase: owner_error_feedback must be true or false; got 'no'"),  # under auto: two-phase from 5 ranks
+    ({"method": "sketch", "collective_options": {"dtype": "float16"}}, "sketch: dtype must be one of float32, float64"),
     ({"method": "topk", "min_numel": -1}, "min_numel must be a non-negative integer"),
     ({"method": "topk", "bucket_cap_mb": -1}, "bucket_cap_mb must be a non-negative finite number of MiB; got -1"),
     ({"method": "topk", "bucket_cap_mb": "25MB"}, "bucket_cap_mb must be a non-negative finite number of MiB"),
