@@ -180,19 +180,45 @@ def _host_addresses() -> list[str]:
 
 def answering(peers: dict[int, tuple[list[str], int]], timeout_s: float = 2.0) -> tuple[list[int], list[int]]:
     """The ranks of ``peers`` (rank -> beacon) whose beacon answers a TCP connect within ``timeout_s`` at one of its
-    addresses, and those that do not."""
-    yes, no = [], []
-    for rank, (addresses, port) in sorted(peers.items()):
-        for address in addresses:
-            try:
-                socket.create_connection((address, port), timeout=timeout_s).close()
-            except OSError:
-                continue
-            yes.append(rank)
-            break
-        else:
-            no.append(rank)
-    return yes, no
+    addresses, and those that do not.
+
+    Every address of every peer is tried at once (non-blocking connects, one wait of at most ``timeout_s`` for all):
+    a lost host's ranks, whose connects go unanswered, cost one timeout together, not one each, which a failed wait's
+    message (and Elastic Horovod's recovery after it) would wait for. A peer's loopback address is tried only where it
+    advertises no other: on another host it would reach this one.
+    """
+    selector = selectors.DefaultSelector()
+    yes: set[int] = set()
+    try:
+        for rank, (addresses, port) in peers.items():
+            for address in [a for a in addresses if not a.startswith("127.")] or addresses:
+                probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                probe.setblocking(False)
+                status = probe.connect_ex((address, port))
+                if status in (0, errno.EINPROGRESS):
+                    selector.register(probe, selectors.EVENT_WRITE, rank)
+                else:
+                    probe.close()
+        end = time.monotonic() + timeout_s
+        while selector.get_map() and (left := end - time.monotonic()) > 0:
+            for key, _ in selector.select(left):
+                if key.data in yes:  # (its rank answered at another address in this round)
+                    continue
+                probe = key.fileobj
+                assert isinstance(probe, socket.socket)
+                if probe.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0:
+                    yes.add(key.data)  # its rank's other probes are not waited for
+                    done = [k for k in selector.get_map().values() if k.data == key.data]
+                else:
+                    done = [key]
+                for finished in done:
+                    selector.unregister(finished.fileobj)
+                    finished.fileobj.close()  # type: ignore[union-attr]
+    finally:
+        for key in list(selector.get_map().values()):
+            key.fileobj.close()  # type: ignore[union-attr]
+        selector.close()
+    return sorted(yes), sorted(set(peers) - yes)
 
 
 #: how often a rank polls an unfinished collective while more ranks share its host than it has cores

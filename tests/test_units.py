@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import socket
 import struct
+import time
 from pathlib import Path
 
 import pytest
@@ -443,6 +445,33 @@ def test_a_beacon_listens_only_on_the_addresses_it_advertises() -> None:
         closed.bind(("127.0.0.1", 0))
         closed_port = closed.getsockname()[1]
     assert answering({1: (addresses, port), 2: (["127.0.0.1"], closed_port)}, timeout_s=1) == ([1], [2])
+
+
+def test_silent_ranks_cost_one_probe_timeout_together() -> None:
+    """Peers whose beacon leaves a connect unanswered (here: a listener whose queue is full) cost one timeout together,
+    not one each; a peer's loopback address is tried only where it advertises no other (on another host it would
+    reach this one: here a listener on loopback alone does not answer for a peer that also advertises this host's
+    network address)."""
+    with contextlib.ExitStack() as stack:
+        full = stack.enter_context(socket.socket())
+        full.bind(("127.0.0.1", 0))
+        full.listen(0)
+        for _ in range(3):
+            queued = stack.enter_context(socket.socket())
+            queued.setblocking(False)
+            queued.connect_ex(full.getsockname())
+        time.sleep(0.1)
+        _, beacon = Beacon.address()
+        silent = {rank: (["127.0.0.1"], full.getsockname()[1]) for rank in (1, 2, 3)}
+        start = time.monotonic()
+        assert answering({**silent, 4: (["127.0.0.1"], beacon)}, timeout_s=1) == ([4], [1, 2, 3])
+        assert time.monotonic() - start < 2, "each silent rank waited for in turn"
+        network = [address for address in Beacon.address()[0] if not address.startswith("127.")]
+        if network:
+            loopback_only = stack.enter_context(socket.socket())
+            loopback_only.bind(("127.0.0.1", 0))
+            loopback_only.listen(8)
+            assert answering({5: ([network[0], "127.0.0.1"], loopback_only.getsockname()[1])}, timeout_s=1) == ([], [5])
 
 
 def test_buckets_close_at_the_cap_per_method_and_dtype() -> None:
