@@ -25,7 +25,10 @@ and chooses while it trains, by one rule:
    its methods' warm-ups), and times about MEASURE_S of steps (MIN_STEPS to MAX_STEPS, by the plan's step as last
    measured, dense's in the first round: a prediction can be far off), the slowest rank's trimmed mean
    (:func:`step_ms`). A round's measurements share its drift (the links, the machine), so each plan is
-   compared with dense in the same round.
+   compared with dense in the same round. A raced plan skips non-finite steps whatever the job's ``nonfinite``
+   policy (a plan auto tries must not end the job) and is left out of the race (``_drop``): at once under
+   ``raise``, after MAX_STEPS + 1 such steps in one measurement under ``skip`` (a GradScaler's occasional overflow
+   steps); the kept plan runs under the job's policy.
 4. **Keep the fastest that beat dense clearly** (:func:`kept_plan`): a plan beat dense clearly if it was faster than
    dense in more rounds than a plan that runs like dense would be with probability above 1/8 (a sign test,
    :func:`clear_win`: 3 of 3, 7 of 8, 8 of 10); of those, the one with the lowest median ratio to dense over the
@@ -52,6 +55,7 @@ import math
 import random
 import statistics
 import time
+import warnings
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -201,6 +205,7 @@ class Tuner:
         self.rounds = 0  # rounds begun
         self.started = 0.0  # when the race began (perf_counter)
         self.settle = SETTLE_STEPS
+        self._skipped = 0  # non-finite steps of the plan being measured
         self.report: dict[str, Any] = {"phase": "measuring dense", "label": "dense", "plan": [], "tried": []}
         self._clock: _Clock | None = None
         self._origin: Any = None  # the previous step's end, as the clock marks it (while measuring dense)
@@ -230,6 +235,10 @@ class Tuner:
         now = time.perf_counter()
         if optimizer.step_skipped:  # a non-finite step (nonfinite: skip) is not measured, nor measured on
             self._marks, self._backward_mark, self._origin, self._last_end = {}, None, None, now
+            if self.phase == "race" and self.report["label"] != "dense":
+                self._skipped += 1
+                if self.base.nonfinite == "raise" or self._skipped > MAX_STEPS:
+                    self._drop(optimizer, f"{self._skipped} of its steps had non-finite gradients")
             return
         self.steps += 1
         if self.phase == "warmup":
@@ -367,15 +376,15 @@ class Tuner:
                 self.rounds += 1
                 self.queue = race_order([t["label"] for t in tried], self.rounds)
         if self.queue:
-            self.phase, self.steps, self.samples = "race", 0, _Samples()
-            self._apply(optimizer, self.queue.pop(0))
+            self.phase, self.steps, self.samples, self._skipped = "race", 0, _Samples(), 0
+            self._apply(optimizer, self.queue.pop(0), racing=True)
             self.settle = SETTLE_STEPS + optimizer.warmup_left()
             return
         kept = "dense" if len(tried) <= 1 else kept_plan(tried)
         for trial, verdict in zip(tried, judge(tried) if len(tried) > 1 else [{}], strict=True):
             trial.update(verdict, kept=trial["label"] == kept)
-        if kept != self.report["label"]:
-            self._apply(optimizer, kept)
+        if kept != "dense" or self.report["label"] != "dense":  # a kept plan anew: the job's nonfinite policy now
+            self._apply(optimizer, kept, racing=False)
         self.phase = self.report["phase"] = "settled"
 
     def _finish_measurement(self, optimizer: Any) -> None:
@@ -388,8 +397,18 @@ class Tuner:
         self.report["race_s"] = round(spent, 3)
         self._next_measurement(optimizer)
 
-    def _apply(self, optimizer: Any, label: str) -> None:
-        """Applies the ranked plan ``label`` (dense: the base configuration) at this step boundary."""
+    def _drop(self, optimizer: Any, why: str) -> None:
+        """Leaves the plan being measured out of the race for good (every rank in the same step: the non-finite
+        verdict is agreed), then goes on with the next."""
+        label = self.report["label"]
+        self.report["tried"] = [trial for trial in self.report["tried"] if trial["label"] != label]
+        self.report.setdefault("dropped", {})[label] = why
+        warnings.warn(f"hvdcomp auto: plan {label} left out of the race: {why}", RuntimeWarning, stacklevel=2)
+        self._next_measurement(optimizer)
+
+    def _apply(self, optimizer: Any, label: str, racing: bool) -> None:
+        """Applies the ranked plan ``label`` (dense: the base configuration) at this step boundary, to be measured in
+        the race (``racing``) or kept."""
         self.report.update(phase="racing", label=label)
         if label == "dense":
             self.report["plan"] = []
@@ -406,9 +425,12 @@ class Tuner:
                               "options": dict(methods[choice.method]),
                               "collective": choice.collective if selectable else "auto"})
         self.report["plan"] = [asdict(c) for c in plan.choices]
+        # a raced plan skips a non-finite step, whatever the job's policy, and is left out (_drop): a plan auto tries
+        # (fp16's float16 sum can overflow where dense's does not) must not end the job; the kept plan has the policy
+        nonfinite = "skip" if racing else self.base.nonfinite
         optimizer.apply_config(CompressionConfig.parse({
             "method": "none", "min_numel": self.base.min_numel, "bucket_cap_mb": self.base.bucket_cap_mb,
-            "dense": list(self.base.dense), "seed": self.base.seed, "nonfinite": self.base.nonfinite,
+            "dense": list(self.base.dense), "seed": self.base.seed, "nonfinite": nonfinite,
             "overrides": overrides}))
 
 

@@ -271,10 +271,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         in the same step: every parameter is planned afresh, its method state too, its step counter set to the
         steps trained so far (they count towards a method's warm-up: PowerSGD's ``start_iter``, DGC's stages, as
         from a job's first step), and the plans are checked across ranks now."""
-        kept = self._steps_done, self._slowest_step, self._heard
+        kept = self._steps_done, self._slowest_step, self._heard, self._skip_step  # (this step's verdict stands)
         self.config = config
         self._build_world(check_now=False)
-        self._steps_done, self._slowest_step, self._heard = kept
+        self._steps_done, self._slowest_step, self._heard, self._skip_step = kept
         for slot in self._slots:
             slot.step = self._steps_done
         if not self._plan_checked:

@@ -1173,7 +1173,7 @@ class Scalar(Compressor):
     element; useless for training, and cheaper than any real method. In a job (more than one rank) its encoding
     sleeps ``sleep_s``, which measuring it alone does not show: a plan with it then measures slower than predicted;
     with ``stall_steps``, once a step, at the first that many steps it encodes at in this process (a passing
-    disturbance)."""
+    disturbance). With ``overflows``, in a job it sends Inf (as fp16's float16 sum overflows where dense's does not)."""
 
     name = "scalar_test"
     summable = True
@@ -1181,8 +1181,8 @@ class Scalar(Compressor):
     keeps_nonfinite = True  # a NaN's mean is NaN
     stalled: ClassVar[set[int]] = set()  # the steps its encodings slept at, in this process (across plans)
 
-    def __init__(self, sleep_s: float = 0.0, stall_steps: int = 0) -> None:
-        self.sleep_s, self.stall_steps = sleep_s, stall_steps
+    def __init__(self, sleep_s: float = 0.0, stall_steps: int = 0, overflows: bool = False) -> None:
+        self.sleep_s, self.stall_steps, self.overflows = sleep_s, stall_steps, overflows
 
     def compress(self, tensor: torch.Tensor, state: State, ctx: Context,
                  agreed: torch.Tensor | None = None) -> tuple[Payload, object]:
@@ -1192,6 +1192,8 @@ class Scalar(Compressor):
             elif ctx.step not in Scalar.stalled and len(Scalar.stalled) < self.stall_steps:
                 Scalar.stalled.add(ctx.step)
                 time.sleep(self.sleep_s)
+        if ctx.size > 1 and self.overflows:
+            return [torch.full((1,), math.inf, device=tensor.device)], tensor.shape
         return [tensor.mean().reshape(1)], tensor.shape
 
     def decompress(self, payload: Payload, meta: object) -> torch.Tensor:
@@ -1199,7 +1201,7 @@ class Scalar(Compressor):
 
 
 def auto_run(candidates: dict | None, width: int = 1024, retune: bool = False,
-             deadline: hvdcomp.Deadline = DEFAULT_DEADLINE,
+             deadline: hvdcomp.Deadline = DEFAULT_DEADLINE, nonfinite: str = "raise",
              **settings: Any) -> tuple[dict, torch.optim.Optimizer, nn.Module]:
     """``compression: auto`` choosing among ``candidates`` (None: its defaults) for a model with one large weight
     (``width`` x ``width``, and the bias), batch 1, so that its dense step is mostly communication: trained until auto
@@ -1208,7 +1210,8 @@ def auto_run(candidates: dict | None, width: int = 1024, retune: bool = False,
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10)).to(DEVICE)
     options = {"plans": 2, "budget_s": 0, **settings}
-    config = {"method": "auto", "options": options if candidates is None else {**options, "candidates": candidates}}
+    config = {"method": "auto", "options": options if candidates is None else {**options, "candidates": candidates},
+              "nonfinite": nonfinite}
     optimizer = hvdcomp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
                                              named_parameters=model.named_parameters(), compression=config,
                                              deadline=deadline)
@@ -1295,6 +1298,17 @@ def scenario_auto_local() -> None:
     assert "states no costs the timeline can price" in report["excluded"]["probe"], report
     assert_same_plan(report, optimizer, "local")
     assert_identical_across_ranks(model, "auto.local")
+    for nonfinite in ("raise", "skip"):  # a raced plan with non-finite steps: left out, not raised, not waited on
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            report, optimizer, model = auto_run({"scalar_test": {"overflows": True}}, width=64, nonfinite=nonfinite)
+        assert report["phase"] == "settled" and report["label"] == "dense", report
+        assert report["dropped"] and [t["label"] for t in report["tried"]] == ["dense"], report
+        skipped = sum("skipping this optimizer step" in str(w.message) for w in caught)
+        assert skipped == len(report["dropped"]) * (1 if nonfinite == "raise" else hvdcomp.auto.MAX_STEPS + 1), skipped
+        assert optimizer.config.nonfinite == nonfinite, optimizer.config.nonfinite
+        assert torch.isfinite(flat_params(model)).all(), "a non-finite step was taken"
+        assert_identical_across_ranks(model, f"auto.{nonfinite}")
 
 
 def scenario_digits() -> None:

@@ -118,7 +118,7 @@ def _race(monkeypatch: pytest.MonkeyPatch, measured: dict[str, list[float]], bud
     optimizer = _Optimizer(base)
     clock = {"s": 0.0}
 
-    def apply(self: auto.Tuner, opt: _Optimizer, label: str) -> None:
+    def apply(self: auto.Tuner, opt: _Optimizer, label: str, racing: bool) -> None:
         opt.applied.append(label)
         self.report.update(phase="racing", label=label)
 
