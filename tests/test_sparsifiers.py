@@ -256,3 +256,24 @@ def test_train_sets_epoch_counted_options_where_not_given() -> None:
         "dense_steps": 5, "train_steps": 44}
     assert with_epochs({"method": "gravac", "options": {"interval_epochs": 0.5}}, 22)["options"] == {"interval": 11}
     assert with_epochs({"method": "dgc", "options": [1]}, 22) == {"method": "dgc", "options": [1]}, "left to the config"
+
+
+def test_train_gives_sgds_momentum_by_world_to_parameters_whose_method_applies_its_own() -> None:
+    """hvdcomp train's SGD: the parameters DGC compresses (it applies momentum itself) have momentum 0 where ranks
+    reduce, and SGD's 0.9 on one rank, which reduces nothing; an elastic reset sets it for the new world (a job
+    started on one rank and grown would fail the optimizer's momentum check, and one shrunk to one rank would train
+    without momentum)."""
+    from torch import nn
+
+    from hvdcomp.tools.train import follow_world, sgd
+
+    model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 2))  # DGC compresses the 4,096-element weight only
+
+    def momenta(optimizer: torch.optim.Optimizer) -> dict[int, float]:
+        return {len(group["params"]): group["momentum"] for group in optimizer.param_groups}
+
+    alone, together = sgd(model, "dgc", 0.1, 1), sgd(model, "dgc", 0.1, 4)
+    assert momenta(alone) == {1: 0.9, 3: 0.9} and momenta(together) == {1: 0.0, 3: 0.9}
+    follow_world(alone, 2)
+    follow_world(together, 1)
+    assert momenta(alone) == {1: 0.0, 3: 0.9} and momenta(together) == {1: 0.9, 3: 0.9}

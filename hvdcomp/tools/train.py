@@ -267,7 +267,8 @@ def run(workload_name: str, compression: Any, epochs: int | None, batch_size: in
 
     if elastic:
         state = TorchState(model, optimizer, epoch=0, batch=0)
-        state.register_reset_callbacks([lambda: last_step.update(after_reset=True)])
+        state.register_reset_callbacks([lambda: last_step.update(after_reset=True),
+                                        lambda: follow_world(optimizer, hvd.size())])
         hvd.elastic.run(train_epochs)(state)
     else:
         train_epochs(SimpleNamespace(epoch=0, batch=0))
@@ -346,15 +347,26 @@ def with_epochs(compression: Any, steps_per_epoch: int) -> Any:
 
 def sgd(model: nn.Module, compression: Any, lr: float, size: int) -> torch.optim.SGD:
     """SGD with momentum 0.9, except for the parameters whose method applies momentum itself (momentum correction,
-    with its own 0.9: DGC, and top-k, threshold, random-k and the sign family at their defaults): they get momentum
-    0, in a group of their own (on one rank nothing is reduced, so nothing applies momentum but SGD)."""
+    with its own 0.9: DGC, and top-k, threshold, random-k and the sign family at their defaults): they are in a group
+    of their own (``applies_momentum``), with momentum 0 in a world of ``size`` ranks (:func:`follow_world`)."""
     config = CompressionConfig.parse(compression)
     groups: dict[bool, list[nn.Parameter]] = {False: [], True: []}
     for name, param in model.named_parameters():
-        compressor = config.choose(name, param.shape, size).compressor
-        groups[size > 1 and compressor is not None and compressor.applies_momentum].append(param)
-    return torch.optim.SGD([{"params": params, "momentum": 0.0 if own else 0.9}
-                            for own, params in groups.items() if params], lr=lr)
+        compressor = config.choose(name, param.shape, max(size, 2)).compressor
+        groups[compressor is not None and compressor.applies_momentum].append(param)
+    optimizer = torch.optim.SGD([{"params": params, "momentum": 0.9, "applies_momentum": own}
+                                 for own, params in groups.items() if params], lr=lr)
+    follow_world(optimizer, size)
+    return optimizer
+
+
+def follow_world(optimizer: torch.optim.Optimizer, size: int) -> None:
+    """The momentum of :func:`sgd`'s groups in a world of ``size`` ranks: 0 where the method applies it, 0.9 on one
+    rank, which reduces nothing (nothing applies momentum there but SGD). An elastic reset calls it for the new
+    world, before the optimizer rebuilds its plan (which checks it)."""
+    for group in optimizer.param_groups:
+        if group.get("applies_momentum"):
+            group["momentum"] = 0.0 if size > 1 else 0.9
 
 
 def record_decisions(optimizer: Any, step: int, step_time: float, trace: list[dict[str, Any]]) -> None:
