@@ -5,5 +5,6 @@
 # Options before the action: --name NAME (default hvdc). See `hvdcomp cluster --help` and hvdcomp/tools/cluster.py.
 set -euo pipefail
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-export PATH="$REPO_ROOT/.venv/bin:$PATH:/usr/sbin:/sbin"
-exec "$REPO_ROOT/.venv/bin/hvdcomp" cluster "$@"
+source "$REPO_ROOT/launch/venv.sh"
+export PATH="$VENV/bin:$PATH:/usr/sbin:/sbin"
+exec "$VENV/bin/hvdcomp" cluster "$@"

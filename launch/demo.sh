@@ -10,14 +10,17 @@
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+REPO_ROOT=$PWD
+source launch/venv.sh
 bash launch/setup.sh
 export PATH="$PATH:/usr/sbin:/sbin"  # ip and tc, for the emulated cluster
-train=("$PWD/.venv/bin/hvdcomp" train --workload digits --target 0.95 --no-progress)
+hvdcomp=$VENV/bin/hvdcomp
+train=("$hvdcomp" train --workload digits --target 0.95 --no-progress)
 name=${DEMO_CLUSTER:-hvdcdemo}
-if why=$(.venv/bin/hvdcomp cluster --name "$name" up --hosts 2 --rate 100mbit 2>&1); then
-    trap '.venv/bin/hvdcomp cluster --name "$name" down || true' EXIT
+if why=$("$hvdcomp" cluster --name "$name" up --hosts 2 --rate 100mbit 2>&1); then
+    trap '"$hvdcomp" cluster --name "$name" down || true' EXIT
     echo "hvdcomp demo: 2 emulated hosts (network namespaces), each linked at 100 Mbit/s"
-    launch=(.venv/bin/hvdcomp cluster --name "$name" run --)
+    launch=("$hvdcomp" cluster --name "$name" run --)
 else
     echo "hvdcomp demo: no emulated cluster here (${why##*error: }); 2 ranks on this machine instead, over shared"
     echo "memory, where compression does not pay (docs/cluster.md): see the 100 Mbit/s figures there"

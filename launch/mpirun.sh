@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Run Open MPI's mpirun with the flags this machine needs; all arguments are passed through.
 #   launch/mpirun.sh -np 4 CMD [ARGS...]
-# The ranks get .venv/bin first on PATH, and PATH, PYTHONPATH and LD_LIBRARY_PATH exported (where set).
+# The ranks get the set-up's virtual environment's bin first on PATH (.venv/bin: launch/venv.sh), and PATH,
+# PYTHONPATH and LD_LIBRARY_PATH exported (where set).
 set -euo pipefail
 
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-export PATH="$REPO_ROOT/.venv/bin:$PATH"
+source "$REPO_ROOT/launch/venv.sh"
+export PATH="$VENV/bin:$PATH"
 
 flags=(
     # More ranks than cores are fine (tests start 4 ranks on 2 cores).

@@ -37,15 +37,11 @@ readonly REPO_ROOT
 cd "$REPO_ROOT"
 
 readonly GPU_OPS=${HVDCOMP_HOROVOD_GPU_OPS:-auto}
-case $GPU_OPS in
-auto) VENV=${HVDCOMP_VENV:-.venv} ;;
-none) VENV=${HVDCOMP_VENV:-.venv-staged} ;;
-*)
+if [[ $GPU_OPS != auto && $GPU_OPS != none ]]; then
     echo "[setup] ERROR: HVDCOMP_HOROVOD_GPU_OPS=$GPU_OPS: valid values are auto and none" >&2
     exit 1
-    ;;
-esac
-[[ $VENV == /* ]] || VENV="$REPO_ROOT/$VENV"
+fi
+source "$REPO_ROOT/launch/venv.sh"
 readonly VENV
 readonly VENV_NAME=${VENV#"$REPO_ROOT"/}  # for the messages
 readonly PY="$VENV/bin/python"
