@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 
 import pytest
@@ -39,20 +40,29 @@ def test_train_rejects_unknown_method_with_valid_list() -> None:
     assert f"unknown compression method 'ternary'; valid: {', '.join(sorted(METHODS))}" in result.stderr
 
 
+def test_train_rejects_bad_job_file(tmp_path) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text("workload: digits\nepoch: 3\n")
+    result = hvdcomp("train", "--config", str(job))
+    assert result.returncode == 2
+    assert "unknown key 'epoch'; valid: workload, epochs" in result.stderr
+
+
 @pytest.mark.parametrize(("text", "message"), [
-    ("epoch: 3", "unknown key 'epoch'; valid: workload, epochs"),
     ("lr: 1e-2", "lr must be a positive number (YAML reads 1e-2 as text: write 1.0e-2); got '1e-2'"),
     ("lr: -0.1", "lr must be a positive number; got -0.1"),
     ("epochs: 2.5", "epochs must be a positive integer; got 2.5"),
     ("batch_size: 0", "batch_size must be a positive integer; got 0"),
     ("seed: x", "seed must be a non-negative integer; got 'x'"),
 ])
-def test_train_rejects_bad_job_file(tmp_path, text: str, message: str) -> None:
+def test_job_file_values_are_checked(tmp_path, text: str, message: str) -> None:
+    """What `hvdcomp train --config` refuses before any rank starts (as the key above, with status 2)."""
+    from hvdcomp.tools.train import load_job
+
     job = tmp_path / "job.yaml"
     job.write_text(f"workload: digits\n{text}\n")
-    result = hvdcomp("train", "--config", str(job))
-    assert result.returncode == 2
-    assert message in result.stderr, result.stderr
+    with pytest.raises(ValueError, match=re.escape(message)):
+        load_job(str(job))
 
 
 def test_train_on_one_rank_reduces_nothing(tmp_path) -> None:
