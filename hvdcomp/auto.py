@@ -306,8 +306,7 @@ class Tuner:
         device = named[0][1].device
         gradients = []
         for name, grad in named:
-            wire_size = 4 if grad.dtype == torch.bfloat16 else grad.element_size()  # bfloat16 travels as float32
-            gradients.append({"name": name, "numel": grad.numel(), "bytes": grad.numel() * wire_size,
+            gradients.append({"name": name, "numel": grad.numel(), "bytes": profile.dense_bytes(grad),
                               "ready_ms": 1e3 * statistics.median(samples.ready.get(name) or samples.backward),
                               "check_ms": profile.median_ms(lambda g=grad: nonfinite([g]), REPEATS, alone,
                                                             device=device)})

@@ -688,3 +688,31 @@ def test_choose_plans_on_scripted_costs() -> None:
     assert timeline.priced(profile.compressors["onebit"], example, 2) is None
     # LGC's reduction prices its payload's parts (the leader's indices, the values): with none it cannot
     assert "lgc reduction's costs (ReductionMethod.phases) failed" in timeline.priced(LGC(), example, 2)
+
+
+def test_profile_of_a_bfloat16_model_counts_its_gradients_as_they_travel() -> None:
+    """A model in bfloat16 (its gradients too): dense they travel as float32 (Horovod has no bfloat16 allreduce,
+    the optimizer converts them), 4 bytes an element, as auto's live profile counts them."""
+    import torch
+    from torch import nn
+
+    from hvdcomp.perfmodel.profile import profile
+
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4)).to(torch.bfloat16)
+    document = profile(model, (torch.randn(8, 32, dtype=torch.bfloat16), torch.randint(0, 4, (8,))),
+                       methods=["fp16"], repeats=1)
+    assert {g["name"]: g["bytes"] for g in document["gradients"]} == {
+        name: 4 * p.numel() for name, p in model.named_parameters()}
+
+
+def test_recommendation_is_a_plan_hvdcomp_runs() -> None:
+    """Hierarchical allreduce and a parameter server are priced for comparison only: the fastest of those is not
+    recommended, and dense is judged as it runs (flat allreduce)."""
+    def option(method: str, collective: str, step_ms: float) -> predict.Option:
+        step = timeline.StepTime(method, collective, 8, step_ms / 1e3, 0, 0, 0, 0, 0, 0, 0, 0)
+        return predict.Option(step, 1.0, 1.0, collective == "allreduce")
+
+    options = [option("none", "allreduce", 100), option("none", "hierarchical", 30),
+               option("randomk", "allreduce", 60), option("randomk", "hierarchical", 20),
+               option("topk", "parameter_server", 10)]
+    assert predict.recommend(options, 8).startswith("at 8 workers: randomk over allreduce, 60.0 ms/step, 1.67x dense")

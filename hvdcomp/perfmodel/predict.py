@@ -139,8 +139,10 @@ def break_even(cluster: Cluster, profile: Profile, method: str, workers: int) ->
 
 
 def recommend(prediction_options: list[Option], workers: int) -> str:
-    """The fastest option hvdcomp can run (a parameter server is priced only for comparison)."""
-    at = [o for o in prediction_options if o.step.workers == workers and o.step.collective != "parameter_server"]
+    """The fastest option hvdcomp runs, against dense as it runs (flat allreduce): a parameter server and hierarchical
+    allreduce are priced only for comparison (timeline.MODEL_ONLY)."""
+    at = [o for o in prediction_options
+          if o.step.workers == workers and o.step.collective not in timeline.MODEL_ONLY]
     dense = min((o for o in at if o.step.method == "none"), key=lambda o: o.step.step_s)
     best = min(at, key=lambda o: o.step.step_s)
     if best.step.method == "none" or dense.step.step_s / best.step.step_s < MARGIN:

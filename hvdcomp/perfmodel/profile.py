@@ -144,6 +144,12 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def dense_bytes(tensor: torch.Tensor) -> int:
+    """The bytes the optimizer's dense allreduce sends of ``tensor``: bfloat16 travels as float32 (Horovod has no
+    bfloat16 allreduce)."""
+    return tensor.numel() * (4 if tensor.dtype == torch.bfloat16 else tensor.element_size())
+
+
 def median_ms(fn: Callable[[], Any], repeats: int, ranks: Ranks, before: Callable[[], Any] | None = None,
               device: torch.device = CPU) -> float:
     """The slowest rank's median milliseconds of ``fn`` over ``repeats`` calls, each one after ``before`` (untimed),
@@ -267,7 +273,7 @@ def measure_steps(model: nn.Module, batch: Batch, loss_fn: LossFn, repeats: int,
     if unused and ranks.rank == 0:
         print(f"hvdcomp profile: parameters without a gradient in every step are left out (as if frozen): "
               f"{', '.join(unused)}", file=sys.stderr)
-    gradients = [{"name": name, "numel": p.numel(), "bytes": p.numel() * p.element_size(),
+    gradients = [{"name": name, "numel": p.numel(), "bytes": dense_bytes(p),
                   "ready_ms": round(ranks.slowest(statistics.median(step[name] for step in timed) * 1e3), 4),
                   "check_ms": round(median_ms(lambda p=p: nonfinite([p.grad._values() if p.grad.is_sparse else p.grad]),
                                                repeats, ranks, device=device), 4)}
