@@ -242,3 +242,17 @@ def test_only_cuda_tensors_take_the_triton_kernels(monkeypatch: pytest.MonkeyPat
     ``HVDCOMP_KERNELS=triton``)."""
     monkeypatch.delenv("HVDCOMP_KERNELS", raising=False)
     assert sketch._triton_kernels(torch.device("cpu")) is None
+
+
+def test_the_performance_model_prices_the_filter_collective_the_reduction_runs() -> None:
+    """The filter is gathered packed below FILTER_ALLGATHER_MAX_RANKS ranks and summed as float16 flags from there
+    (filter_collective: auto): the model's first phase is that collective, of those bytes."""
+    from hvdcomp.perfmodel.schema import Encoded
+
+    e = Encoded(wire_bytes=8000, shared_ms=0.0, encode_ms=1.0, decode_ms=1.0, decode_extra_payload_ms=0.5)
+    for workers in (2, sketch.FILTER_ALLGATHER_MAX_RANKS - 1, sketch.FILTER_ALLGATHER_MAX_RANKS, 1024):
+        first = SketchReduction.phases(e, workers)[0]
+        gathered = SketchReduction(Sketch())._filter_collective(workers) == "allgather"
+        union_items = workers * e.wire_bytes / 8
+        assert (first.collective, first.nbytes) == (("allgather", union_items * 10 / 8) if gathered
+                                                    else ("allreduce", union_items * 10 * 2)), workers

@@ -487,12 +487,16 @@ class SketchReduction(ReductionMethod):
         return dense.index_add_(0, items.long(), values.float().view(-1, dense.shape[1]))
 
     # Costs for the performance model, from a payload of 4-byte values and 4-byte indices measured on one rank:
-    # disjoint supports (the union is N payloads, the model's upper bound), a filter of about 10 bits per item.
+    # disjoint supports (the union is N payloads, the model's upper bound), a filter of about 10 bits per item,
+    # gathered packed or, from FILTER_ALLGATHER_MAX_RANKS ranks (filter_collective: auto), summed as float16 flags.
 
     @classmethod
     def phases(cls, e: Encoded, workers: int) -> list[Phase]:
         union = workers * e.wire_bytes / 8
-        return [Phase("allgather", union * 10 / 8), Phase("allreduce", 4 * (PEELING_THRESHOLD * 1.1 * union + 24))]
+        bits = union * 10
+        gathered = workers < FILTER_ALLGATHER_MAX_RANKS
+        return [Phase("allgather", bits / 8) if gathered else Phase("allreduce", bits * 2),
+                Phase("allreduce", 4 * (PEELING_THRESHOLD * 1.1 * union + 24))]
 
     @classmethod
     def decode_ms(cls, e: Encoded, workers: int) -> float:
