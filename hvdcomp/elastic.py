@@ -19,8 +19,9 @@ Building an hvdcomp optimizer registers :class:`_OptimizerState` as Horovod's st
   otherwise creates it by calling ``step()`` on any optimizer that is not Horovod's own: on hvdcomp's a reduction
   that only the ranks with empty state (a rank joining the job) would run, while the others wait in the broadcast.
   A stateless optimizer (SGD without momentum) has nothing to broadcast.
-* No reset callback is needed: the optimizer rebuilds its plan itself when a step starts in a new world
-  (:meth:`hvdcomp.DistributedOptimizer.reset`).
+* No reset callback is needed: a sync (after every reset but one that only removed hosts) rebuilds the optimizer's
+  plan (:meth:`hvdcomp.DistributedOptimizer.reset`) on every rank, a rank that joined too; after a reset that only
+  removed hosts, the optimizer rebuilds it itself, its next step starting in a world of another size.
 """
 
 from __future__ import annotations
@@ -49,8 +50,9 @@ class _OptimizerState(horovod_state.OptimizerStateHandler):
         self._saved_optimizer_state = copy.deepcopy(state)
 
     def sync(self) -> None:
+        self.value.reset()  # a new world, also where its size and this rank stayed (a host replaced): every rank
         _create_state(self.value)
-        if self.value.state_dict()["state"]:  # the same on every rank: the same optimizer everywhere
+        if self.value.state_dict()["state"]:  # then the same parameters have state on every rank
             hvd.broadcast_optimizer_state(self.value, root_rank=0)
 
 
@@ -74,16 +76,22 @@ class TorchState(hvd.elastic.TorchState):
 
 
 def _create_state(optimizer: _DistributedOptimizer) -> None:
-    """The wrapped optimizer's state (SGD's momentum buffers, Adam's moments) from one local step of zeros: no
-    reduction, and the parameters stay as they are (a zero gradient moves nothing without weight decay)."""
-    if optimizer.state_dict()["state"]:
-        return
+    """The wrapped optimizer's state (SGD's momentum buffers, Adam's moments) of the parameters that have none (all
+    of them on a rank joining the job; a parameter that never had a gradient, or whose group's momentum was just
+    turned on), from one local step of zeros on those alone: no reduction, and the parameters stay as they are (a
+    zero gradient moves nothing without weight decay). Every rank then holds state for the same parameters, which
+    Horovod's broadcast of it needs (it names the tensors by their count)."""
     params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
-    saved = [p.detach().clone() for p in params]
+    missing = {p for p in params if not optimizer.state.get(p)}
+    if not missing:
+        return
+    grads = [p.grad for p in params]
+    saved = [p.detach().clone() for p in params if p in missing]
     for p in params:
-        p.grad = torch.zeros_like(p)
+        p.grad = torch.zeros_like(p) if p in missing else None  # (a step skips a parameter without a gradient)
     super(_DistributedOptimizer, optimizer).step()  # the wrapped optimizer's own step: no synchronize()
     with torch.no_grad():
-        for p, value in zip(params, saved, strict=True):
+        for p, value in zip([p for p in params if p in missing], saved, strict=True):
             p.copy_(value)  # weight decay would have moved them
-            p.grad = None
+    for p, grad in zip(params, grads, strict=True):
+        p.grad = grad

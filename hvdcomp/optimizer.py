@@ -196,8 +196,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             warnings.warn(f"hvdcomp: {name}: {risk}", AccuracyWarning, stacklevel=4)
 
     def reset(self) -> None:
-        """Elastic Horovod: rebuilds the plan for the world after a reset. The optimizer calls it itself when a step
-        starts in a new world (its size or this rank changed); a reset callback may call it earlier.
+        """Elastic Horovod: rebuilds the plan for the world after a reset. The elastic state's sync calls it
+        (:mod:`hvdcomp.elastic`), and the optimizer itself where a step starts in a world of another size or rank.
 
         Every parameter's method state (residuals, PowerSGD's Q, GraVAC's CF) and step counter start afresh, on
         every rank, as at the start of training: what a rank joining the job has, so the plans agree (checked with
@@ -474,8 +474,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _follow_world(self) -> None:
         """Elastic Horovod: where a reset changed the world (its size, or this rank) since the plan was made, makes it
-        afresh (:meth:`reset`) before the step's first reduction. Every rank sees the new world at the same step, so
-        no reset callback is needed: ``hvd.elastic.TorchState`` works as ``hvdcomp.elastic.TorchState`` does."""
+        afresh (:meth:`reset`) before the step's first reduction: after a reset that only removed hosts, which the
+        elastic state's sync (:mod:`hvdcomp.elastic`, which resets after every other) does not follow. Every rank
+        sees the smaller world at the same step."""
         if self._world != (self.process_set.size(), self.process_set.rank()):
             self.reset()
 

@@ -496,30 +496,48 @@ def scenario_resume() -> None:
 def elastic_state() -> None:
     """Horovod's elastic TorchState and hvdcomp's hold an hvdcomp optimizer alike (outside elastic mode: its
     save, restore and sync): the saved optimizer state is the wrapped optimizer's, from the first copy on; a restore,
-    before any commit too, starts the method states afresh; a sync of a stateless optimizer takes no step. A step that
-    starts in a world other than its plan's rebuilds the plan first (the world is made to look stale here: Elastic
-    Horovod's own resets are tests/test_elastic.py's)."""
+    before any commit too, starts the method states afresh; a sync (after a reset that kept the world's size and this
+    rank too: a host replaced) rebuilds the plan, and takes no step for a stateless optimizer; with momentum, it
+    gives every rank rank 0's buffers also where a rank lacked one. A step that starts in a world other than its
+    plan's rebuilds the plan first (the world is made to look stale here: Elastic Horovod's own resets are
+    tests/test_elastic.py's)."""
     import hvdcomp.elastic
     from hvdcomp.elastic import _OptimizerState
+
+    def compressed(optimizer: torch.optim.Optimizer) -> Any:
+        return next(slot for slot in optimizer._slots if slot.choice.reduction is not None)
 
     model = mlp()
     optimizer = hvdcomp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
                                              named_parameters=model.named_parameters(), compression="topk")
-    first = next(slot for slot in optimizer._slots if slot.choice.reduction is not None)
     for state in (hvd.elastic.TorchState(model, optimizer, epoch=0), hvdcomp.elastic.TorchState(model, optimizer)):
         train(model, optimizer, batches(2, seed=hvd.rank()))
+        first = compressed(optimizer)
         assert first.step == 2 and first.state["residual"].any(), (first.step, list(first.state))
         handler = state._handlers["optimizer"]
         assert isinstance(handler, _OptimizerState) and "hvdcomp" not in handler._saved_optimizer_state, handler
         state.restore()
         assert first.step == 0 and not first.state["residual"].any(), "a restore starts the method states afresh"
         state.sync()
-        assert first.step == 0, "a stateless optimizer's sync took a step"
+        synced = compressed(optimizer)
+        assert synced is not first, "a sync did not rebuild the plan"
+        assert synced.step == 0, "a stateless optimizer's sync took a step"
     optimizer._world = (hvd.size() + 1, hvd.rank())
     train(model, optimizer, batches(1, seed=hvd.rank()))
-    rebuilt = next(slot for slot in optimizer._slots if slot.choice.reduction is not None)
-    assert rebuilt is not first and rebuilt.step == 1 and optimizer.steps_done == 1, "the plan was not rebuilt"
+    rebuilt = compressed(optimizer)
+    assert rebuilt is not synced and rebuilt.step == 1 and optimizer.steps_done == 1, "the plan was not rebuilt"
     assert_identical_across_ranks(model, "elastic state")
+    model = mlp()
+    optimizer = hvdcomp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                                             named_parameters=model.named_parameters(), compression="terngrad")
+    state = hvd.elastic.TorchState(model, optimizer)
+    train(model, optimizer, batches(1, seed=hvd.rank()))
+    if hvd.rank() == 1:
+        optimizer.state.pop(model[2].weight)  # one rank without this parameter's buffer: Horovod's broadcast hangs
+    state.sync()
+    buffers = torch.cat([optimizer.state[p]["momentum_buffer"].reshape(-1) for p in model.parameters()])
+    gathered = hvd.allgather(buffers.unsqueeze(0), name="elastic.buffers")
+    assert all(torch.equal(gathered[0], row) for row in gathered), "the ranks' momentum buffers differ after a sync"
 
 
 def resumed_elsewhere() -> None:

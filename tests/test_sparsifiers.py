@@ -274,6 +274,11 @@ def test_train_gives_sgds_momentum_by_world_to_parameters_whose_method_applies_i
 
     alone, together = sgd(model, "dgc", 0.1, 1), sgd(model, "dgc", 0.1, 4)
     assert momenta(alone) == {1: 0.9, 3: 0.9} and momenta(together) == {1: 0.0, 3: 0.9}
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    alone.step()
     follow_world(alone, 2)
     follow_world(together, 1)
     assert momenta(alone) == {1: 0.0, 3: 0.9} and momenta(together) == {1: 0.9, 3: 0.9}
+    # the group turned to 0 keeps no momentum buffer (a rank joining the job has none for it)
+    assert set(alone.state) == {p for name, p in model.named_parameters() if name != "0.weight"}

@@ -363,10 +363,15 @@ def sgd(model: nn.Module, compression: Any, lr: float, size: int) -> torch.optim
 def follow_world(optimizer: torch.optim.Optimizer, size: int) -> None:
     """The momentum of :func:`sgd`'s groups in a world of ``size`` ranks: 0 where the method applies it, 0.9 on one
     rank, which reduces nothing (nothing applies momentum there but SGD). An elastic reset calls it for the new
-    world, before the optimizer rebuilds its plan (which checks it)."""
+    world, before the optimizer rebuilds its plan (which checks it). Where a group's momentum changes, its parameters'
+    momentum buffers go: a rank joining the job has none for a group at 0 (the elastic state's sync then creates
+    what each rank lacks, and broadcasts rank 0's)."""
     for group in optimizer.param_groups:
-        if group.get("applies_momentum"):
-            group["momentum"] = 0.0 if size > 1 else 0.9
+        momentum = 0.0 if size > 1 else 0.9
+        if group.get("applies_momentum") and group["momentum"] != momentum:
+            group["momentum"] = momentum
+            for p in group["params"]:
+                optimizer.state.pop(p, None)
 
 
 def record_decisions(optimizer: Any, step: int, step_time: float, trace: list[dict[str, Any]]) -> None:
