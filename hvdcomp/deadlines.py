@@ -98,9 +98,13 @@ class _Watchdog:
             what, context, deadline_s, since = waiting
             waited = time.monotonic() - since
             if waited > deadline_s:
-                rank = hvd.rank() if hvd.is_initialized() else "?"
+                try:  # whatever the message meets, the job ends
+                    rank = hvd.rank() if hvd.is_initialized() else "?"
+                    where = context()
+                except Exception as error:
+                    rank, where = "?", f"(where the job stood could not be told: {error!r}) "
                 print(f"hvdcomp: rank {rank} on {socket.gethostname()} waited {waited:.1f} s for collective {what!r} "
-                      f"{context()}(deadline {deadline_s:.1f} s). A rank or its link is lost or stalled; ending the "
+                      f"{where}(deadline {deadline_s:.1f} s). A rank or its link is lost or stalled; ending the "
                       "job", file=sys.stderr, flush=True)
                 os._exit(1)
 
@@ -158,7 +162,11 @@ def _serve(servers: list[socket.socket]) -> None:
         selector.register(server, selectors.EVENT_READ, server)
     while True:
         for key, _ in selector.select():
-            connection, _ = key.data.accept()
+            try:
+                connection, _ = key.data.accept()
+            except OSError:  # (no file descriptor left, for now: the connection waits in the queue)
+                time.sleep(0.01)
+                continue
             connection.close()
 
 
@@ -178,27 +186,59 @@ def _host_addresses() -> list[str]:
     return sorted(dict.fromkeys(found), key=lambda address: address.startswith("127."))  # each once
 
 
+#: probes in flight at once (:func:`answering`): a large job's peers must not exhaust the open-file limit
+PROBES_AT_ONCE = 256
+
+
 def answering(peers: dict[int, tuple[list[str], int]], timeout_s: float = 2.0) -> tuple[list[int], list[int]]:
     """The ranks of ``peers`` (rank -> beacon) whose beacon answers a TCP connect within ``timeout_s`` at one of its
     addresses, and those that do not.
 
-    Every address of every peer is tried at once (non-blocking connects, one wait of at most ``timeout_s`` for all):
-    a lost host's ranks, whose connects go unanswered, cost one timeout together, not one each, which a failed wait's
-    message (and Elastic Horovod's recovery after it) would wait for. A peer's loopback address is tried only where it
-    advertises no other: on another host it would reach this one.
+    The addresses are tried PROBES_AT_ONCE at a time (non-blocking connects, one wait of at most ``timeout_s`` for
+    each batch): a lost host's ranks, whose connects go unanswered, cost one timeout together, not one each, which a
+    failed wait's message (and Elastic Horovod's recovery after it) would wait for. A peer's loopback address is
+    tried only where it advertises no other: on another host it would reach this one. A probe that finds no file
+    descriptor left (the open-file limit, in a large job) is tried again once the others' are closed; one that cannot
+    start otherwise (no route), or with none to be had at all, was not answered.
     """
-    selector = selectors.DefaultSelector()
+    probes = [(rank, address, port) for rank, (addresses, port) in sorted(peers.items())
+              for address in [a for a in addresses if not a.startswith("127.")] or addresses]
     yes: set[int] = set()
+    while probes:
+        answered, left = _answered(probes[:PROBES_AT_ONCE], timeout_s)
+        if len(left) == len(probes[:PROBES_AT_ONCE]):  # no descriptor to start any: the rest go unanswered
+            break
+        yes |= answered
+        probes = [probe for probe in left + probes[PROBES_AT_ONCE:] if probe[0] not in yes]
+    return sorted(yes), sorted(set(peers) - yes)
+
+
+def _answered(probes: list[tuple[int, str, int]], timeout_s: float) -> tuple[set[int], list[tuple[int, str, int]]]:
+    """The ranks of ``probes`` ((rank, address, port) each) one of whose connects succeeds within ``timeout_s``, and
+    the probes not started for want of a file descriptor (the open-file limit)."""
     try:
-        for rank, (addresses, port) in peers.items():
-            for address in [a for a in addresses if not a.startswith("127.")] or addresses:
+        selector = selectors.DefaultSelector()
+    except OSError:
+        return set(), list(probes)
+    yes: set[int] = set()
+    unstarted: list[tuple[int, str, int]] = []
+    try:
+        for rank, address, port in probes:
+            try:
                 probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            except OSError as error:
+                if error.errno in (errno.EMFILE, errno.ENFILE):
+                    unstarted.append((rank, address, port))
+                continue
+            try:
                 probe.setblocking(False)
                 status = probe.connect_ex((address, port))
-                if status in (0, errno.EINPROGRESS):
-                    selector.register(probe, selectors.EVENT_WRITE, rank)
-                else:
-                    probe.close()
+            except OSError:
+                status = -1
+            if status in (0, errno.EINPROGRESS):
+                selector.register(probe, selectors.EVENT_WRITE, rank)
+            else:
+                probe.close()
         end = time.monotonic() + timeout_s
         while selector.get_map() and (left := end - time.monotonic()) > 0:
             for key, _ in selector.select(left):
@@ -218,7 +258,7 @@ def answering(peers: dict[int, tuple[list[str], int]], timeout_s: float = 2.0) -
         for key in list(selector.get_map().values()):
             key.fileobj.close()  # type: ignore[union-attr]
         selector.close()
-    return sorted(yes), sorted(set(peers) - yes)
+    return yes, unstarted
 
 
 #: how often a rank polls an unfinished collective while more ranks share its host than it has cores
