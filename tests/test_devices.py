@@ -304,20 +304,40 @@ def test_nonfinite_flags_tensors_on_several_devices() -> None:
 
 def test_train_gives_each_rank_a_gpu_of_its_own_under_nccl(monkeypatch: pytest.MonkeyPatch,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
-    """``hvdcomp train --device``: where Horovod's NCCL operations would see two ranks on one GPU, ``cuda`` is refused
-    with the reason and ``auto`` trains on the CPU; a Horovod without GPU operations lets ranks share it. (A host of 2
-    ranks and 1 GPU, its counts stood in for: a machine with one GPU could not show the refusal with real ranks.)"""
+    """``hvdcomp train --device``: where Horovod's NCCL operations would see two ranks on one GPU (the ranks' GPU
+    UUIDs gathered), ``cuda`` is refused with the reason and ``auto`` trains on the CPU, on every rank; ranks that each
+    see only their own GPU (device_count 1, CUDA_VISIBLE_DEVICES per rank) train on it, and a Horovod without GPU
+    operations lets ranks share one. (Two ranks and their GPUs stood in for: one machine with one GPU could not show
+    these with real ranks.)"""
+    from types import SimpleNamespace
+
     from hvdcomp.tools import train
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.delenv("HOROVOD_ELASTIC", raising=False)
     for name, value in (("rank", 0), ("local_rank", 1), ("local_size", 2), ("nccl_built", 1)):
         monkeypatch.setattr(train.hvd, name, lambda value=value: value)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
-    with pytest.raises(ValueError, match="--device cuda: 2 ranks on this host and 1 GPU, and this Horovod's NCCL"):
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: SimpleNamespace(uuid="GPU-a"))
+    others: dict[str, str | None] = {}
+
+    def allgather_object(mine: tuple[str, str], name: str) -> list[tuple[str, str | None]]:
+        assert mine[1] == "GPU-a" and name == "hvdcomp.train.gpus", (mine, name)
+        return [mine, (mine[0], others["gpu"])]
+
+    monkeypatch.setattr(train.hvd, "allgather_object", allgather_object)
+    others["gpu"] = "GPU-a"  # both ranks on one GPU
+    with pytest.raises(ValueError, match="--device cuda: 2 ranks on 1 GPUs, and this Horovod's NCCL operations"):
         train.pick_device("cuda")
     assert train.pick_device("auto") == torch.device("cpu")
-    assert "--device auto: 2 ranks on this host and 1 GPU" in capsys.readouterr().err
-    monkeypatch.setattr(train.hvd, "nccl_built", lambda: 0)
+    assert "--device auto: 2 ranks on 1 GPUs" in capsys.readouterr().err
+    others["gpu"] = None  # the other rank has no CUDA: every rank trains on the CPU
+    assert train.pick_device("auto") == torch.device("cpu")
+    assert "torch.cuda.is_available() is False on rank 1" in capsys.readouterr().err
+    others["gpu"] = "GPU-b"  # each rank sees its own GPU alone
+    assert train.pick_device("auto") == train.pick_device("cuda") == torch.device("cuda", 0)
+    others["gpu"] = "GPU-a"
+    monkeypatch.setattr(train.hvd, "nccl_built", lambda: 0)  # staged through host memory: ranks may share one
     assert train.pick_device("auto") == train.pick_device("cuda") == torch.device("cuda", 0)

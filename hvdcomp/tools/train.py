@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import statistics
 import sys
 import time
@@ -135,18 +136,19 @@ def evaluate(model: nn.Module, data: Dataset) -> float:
 
 
 def pick_device(name: str) -> torch.device:
-    """``auto``: this rank's GPU (``hvd.local_rank()``) where CUDA is available and each rank can have one, else
-    the CPU.
+    """``auto``: this rank's GPU (``hvd.local_rank()``, of those it sees) where every rank can have one, else the
+    CPU, on every rank alike.
 
-    Horovod's NCCL operations need a GPU per rank (two ranks on one GPU fail: "Duplicate GPU detected"); a Horovod
-    built without GPU operations stages CUDA tensors through host memory, so there ranks may share GPUs. On the CPU,
-    ranks on one host share its cores: unless OMP_NUM_THREADS says otherwise, each rank gets cores / local ranks
-    threads, since more threads than cores make every parallel kernel thrash.
+    Horovod's NCCL operations need a GPU per rank (two ranks on one GPU fail: "Duplicate GPU detected"): the ranks
+    compare their GPUs' UUIDs (a rank may see only its own GPU: CUDA_VISIBLE_DEVICES per rank, Slurm's
+    --gpus-per-task). A Horovod built without GPU operations stages CUDA tensors through host memory, so there ranks
+    may share GPUs. On the CPU, ranks on one host share its cores: unless OMP_NUM_THREADS says otherwise, each rank
+    gets cores / local ranks threads, since more threads than cores make every parallel kernel thrash.
     """
     why = None if name == "cpu" else _no_gpu_per_rank()
     if why is not None and name == "cuda":
         raise ValueError(f"--device cuda: {why}")
-    if why is not None and hvd.rank() == 0 and torch.cuda.is_available():
+    if why is not None and hvd.rank() == 0:
         print(f"hvdcomp train: --device auto: {why}; training on the CPU", file=sys.stderr)
     if name == "cpu" or why is not None:
         if "OMP_NUM_THREADS" not in os.environ:
@@ -158,14 +160,23 @@ def pick_device(name: str) -> torch.device:
 
 
 def _no_gpu_per_rank() -> str | None:
-    """Why this rank cannot train on a GPU (:func:`pick_device`), or None where it can."""
-    if not torch.cuda.is_available():
-        return "torch.cuda.is_available() is False on this machine"
-    gpus, ranks = torch.cuda.device_count(), hvd.local_size()
-    if hvd.nccl_built() and ranks > gpus:
-        return (f"{ranks} ranks on this host and {gpus} GPU{'s' if gpus > 1 else ''}, and this Horovod's NCCL "
-                "operations need a GPU per rank: start at most as many ranks as GPUs (or use a Horovod built without "
-                "GPU operations, where ranks can share one: docs/operations.md)")
+    """Why the ranks cannot train on GPUs (:func:`pick_device`), or None where they can: under NCCL the same answer
+    on every rank (one allgather of each rank's host and GPU, outside Elastic Horovod, where a rank that joins later
+    would wait in it alone)."""
+    gpu = None
+    if torch.cuda.is_available():
+        gpu = str(torch.cuda.get_device_properties(hvd.local_rank() % torch.cuda.device_count()).uuid)
+    if not hvd.nccl_built() or os.environ.get("HOROVOD_ELASTIC") == "1":
+        return None if gpu is not None else "torch.cuda.is_available() is False on this machine"
+    every = hvd.allgather_object((socket.gethostname(), gpu), name="hvdcomp.train.gpus")
+    lacking = [rank for rank, (_, other) in enumerate(every) if other is None]
+    if lacking:
+        return f"torch.cuda.is_available() is False on rank{'s' if len(lacking) > 1 else ''} " + ", ".join(
+            map(str, lacking))
+    if len(set(every)) < len(every):
+        return (f"{len(every)} ranks on {len(set(every))} GPUs, and this Horovod's NCCL operations need a GPU per "
+                "rank: start at most as many ranks on a host as it has GPUs (or use a Horovod built without GPU "
+                "operations, where ranks can share one: docs/operations.md)")
     return None
 
 
