@@ -255,6 +255,10 @@ class Sketch(Sparse):
     accepts_sparse = True
     reduction = "sketch"
 
+    def fixed_size_on(self, device: torch.device) -> bool:
+        """Each rank sends the rows it has: sizes differ per rank on every device."""
+        return False
+
     @staticmethod
     def items(shape: torch.Size) -> int:
         """Rows for tensors of 2 or more dimensions, entries for 1-D ones."""
@@ -446,7 +450,8 @@ class SketchReduction(ReductionMethod):
                 result = torch.zeros(n, block(shape, n), dtype=torch.float32, device=table.device)
                 results[i] = result.index_copy_(0, found, decoded.float()).view(shape)
             if fallback:  # gather the payloads, add them in rank order (top-k's exact path)
-                gathered = yield Allgather([part for i in fallback for part in compressed[i][0]], fixed_size=False)
+                parts = [part for i in fallback for part in compressed[i][0]]
+                gathered = yield Allgather(parts, fixed_size=self.compressor.fixed_size_on(parts[0].device))
                 for j, i in enumerate(fallback):
                     payloads = [payload[2 * j:2 * j + 2] for payload in gathered]
                     results[i] = self.compressor.aggregate(payloads, compressed[i][1]).float()
