@@ -198,10 +198,7 @@ def _rule(where: str, entry: Mapping[str, Any], match: str, defaults: Mapping[st
     # (against the default method), and each reduction is given only those it takes
     if "collective_options" in entry:
         reductions.check_options(compressor, rule.collective_options, collective)
-    # each reduction the rule may use, at any rank count, checks the values it takes
-    chosen = (reductions.automatic(compressor) if collective == "auto"
-              else (reductions.choose(compressor, collective, 2),))
-    for name in chosen:
+    for name in reductions.resolved(compressor, collective):  # each checks the values it takes
         reductions.make(name, compressor, rule.collective_options)
     return rule
 

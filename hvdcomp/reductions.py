@@ -347,10 +347,14 @@ def automatic(traits: Traits) -> tuple[str, ...]:
     return tuple(dict.fromkeys([options[0], *(name for name in options if name == "two_phase")]))
 
 
+def resolved(traits: Traits, requested: str) -> tuple[str, ...]:
+    """The reductions ``requested`` (``auto`` or a selectable reduction's name) may resolve to at some rank count."""
+    return automatic(traits) if requested == "auto" else (choose(traits, requested, 2),)
+
+
 def check_options(traits: Traits, options: Mapping[str, Any], requested: str = "auto") -> None:
-    """Raises if an option is taken by none of the reductions ``requested`` may resolve to (``auto``: any
-    :func:`automatic` gives, whichever the rank count picks)."""
-    names = automatic(traits) if requested == "auto" else (choose(traits, requested, 2),)
+    """Raises if an option is taken by none of the reductions ``requested`` may resolve to (:func:`resolved`)."""
+    names = resolved(traits, requested)
     valid = sorted({key for name in names for key in _options(name)})
     for key in options:
         if key not in valid:
