@@ -716,3 +716,19 @@ def test_recommendation_is_a_plan_hvdcomp_runs() -> None:
                option("randomk", "allreduce", 60), option("randomk", "hierarchical", 20),
                option("topk", "parameter_server", 10)]
     assert predict.recommend(options, 8).startswith("at 8 workers: randomk over allreduce, 60.0 ms/step, 1.67x dense")
+
+
+def test_multi_node_collectives_cross_each_tier_as_they_run() -> None:
+    """On 2 nodes of 8 ranks: a collective the probe measured across the nodes is priced by that measurement, not
+    held to the intra-node tier's host ping-pong; without one, a ring's bottleneck is the slower tier, and an
+    alltoall sends 8 ranks' off-node shares through each node's NICs (8 x 8 / 16 of a rank's bytes, not 15 / 16)."""
+    intra = schema.Tier(1.0, 120.0)
+    measured = schema.Tier(5.0, 100.0, {"allreduce": schema.Measured(10.0, 2800.0)})
+    probed = schema.Cluster("probed", False, 8, intra, measured)
+    link = timeline.Network(probed, 16).link("allreduce")
+    assert (link.alpha, link.beta) == pytest.approx((10e-6, 8 / 2800e9))
+    nominal = timeline.Network(schema.Cluster("nominal", True, 8, intra, schema.Tier(5.0, 100.0)), 16)
+    ring = nominal.link("allgather")
+    assert ring.beta == pytest.approx(8 / 100e9)  # the slower of 120 and 100 Gbit/s
+    n = 64e6
+    assert nominal.time("alltoall", n) == pytest.approx(15 * 5e-6 + 8 * 8 / 16 * n * 8 / 100e9)

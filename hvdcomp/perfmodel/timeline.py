@@ -65,11 +65,13 @@ class Network:
                              f"workers ({cluster.ranks_per_node} ranks per node)")
 
     def link(self, collective: str | None) -> costs.Link:
-        """The flat collective's bottleneck: the slower tier it crosses (a ring crosses both)."""
+        """The flat collective's bottleneck: the slower tier it crosses (a ring crosses both), or, where the probe
+        measured ``collective`` across nodes, that measurement (its ranks spanned both tiers: the intra-node tier's
+        figure is then a host-memory ping-pong, not what the collective ran on)."""
         intra, inter = self.cluster.intra_node, self.cluster.inter_node
         if self.nodes == 1:
             return (intra or inter).link(collective)
-        if self.local == 1:
+        if self.local == 1 or collective in inter.measured:
             return inter.link(collective)
         a, b = intra.link(collective), inter.link(collective)
         return costs.Link(max(a.alpha, b.alpha), max(a.beta, b.beta))
@@ -85,7 +87,15 @@ class Network:
         if plan == "allgather":
             return costs.ring_allgather(nbytes, p, self.link("allgather"))
         if plan == "alltoall":
-            return costs.alltoall(nbytes, p, self.link("alltoall"))
+            inter = self.cluster.inter_node
+            if self.nodes == 1 or self.local == 1 or "alltoall" in inter.measured:
+                return costs.alltoall(nbytes, p, self.link("alltoall"))
+            # a node's g ranks each send (p - g) / p of their bytes off the node, through its NICs together (a ring
+            # sends one rank's share across each node boundary, an alltoall g of them)
+            inside = costs.alltoall(nbytes, p, self.cluster.intra_node.link("alltoall"))
+            link = inter.link("alltoall")
+            across = (p - 1) * link.alpha + self.local * (p - self.local) / p * nbytes * link.beta
+            return max(inside, across)
         if plan == "parameter_server":
             # one server's link, at the point-to-point speed Horovod's allgather reached on it
             server = self.cluster.inter_node if self.nodes > 1 else self.cluster.intra_node
