@@ -212,6 +212,8 @@ PROFILE = {"kind": "profile", "model": "m", "batch_size": 4, "device": "cpu", "f
     (lambda d: d["compressors"]["topk"].update(step_encode_ms="slow"),
      "compressors.topk.step_encode_ms must be a non-negative finite number; got 'slow'"),
     (lambda d: d["compressors"]["topk"].update(step_encode=0.1), "unknown field compressors.topk.step_encode; valid:"),
+    (lambda d: d["gradients"].append(dict(d["gradients"][0])), "gradients name w more than once"),
+    (lambda d: d["gradients"][0].update(ready_ms=50), r"gradients ready after backward ends \(2 ms\): w"),
 ])
 def test_profile_errors_name_the_field(tmp_path: Path, edit, message: str) -> None:
     data = json.loads(json.dumps(PROFILE))
@@ -703,6 +705,13 @@ def test_profile_of_a_bfloat16_model_counts_its_gradients_as_they_travel() -> No
                        methods=["fp16"], repeats=1)
     assert {g["name"]: g["bytes"] for g in document["gradients"]} == {
         name: 4 * p.numel() for name, p in model.named_parameters()}
+
+
+def test_predict_names_an_unknown_reduction(tmp_path: Path) -> None:
+    data = json.loads(json.dumps(PROFILE))
+    data["compressors"]["topk"]["reduction"] = "powersdg"
+    with pytest.raises(ValueError, match=r"compressors\.topk\.reduction 'powersdg' is not a reduction; valid: "):
+        predict.predict(cluster_of(1), _load(tmp_path, data, "profile"), [2])
 
 
 def test_recommendation_is_a_plan_hvdcomp_runs() -> None:

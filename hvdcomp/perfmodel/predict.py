@@ -157,6 +157,10 @@ def predict(cluster: Cluster, profile: Profile, workers: list[int]) -> Predictio
     """Every method and collective at every worker count, break-even bandwidths and a recommendation."""
     if not workers or any(w < 1 for w in workers):
         raise ValueError(f"workers must be positive integers; got {workers}")
+    for method, compressor in profile.compressors.items():
+        if compressor.reduction is not None and compressor.reduction not in reductions.REDUCTIONS:
+            raise ValueError(f"profile: compressors.{method}.reduction {compressor.reduction!r} is not a reduction; "
+                             f"valid: {', '.join(sorted(reductions.REDUCTIONS))}")
     workers = sorted(set(workers))
     base = profile.batch_size / timeline.simulate(profile, cluster, "none", 1).step_s
     options = [o for w in workers for o in _options(cluster, profile, w, base)]

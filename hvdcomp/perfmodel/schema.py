@@ -6,6 +6,7 @@ profile (``hvdcomp profile``), loaded into frozen dataclasses. Units are in the 
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -283,6 +284,9 @@ def parse_profile(data: Any, where: str) -> Profile:
                                   item.number("ready_ms"), item.number("check_ms", default=0.0)))
         item.done()
     names = {g.name for g in gradients}
+    if len(names) < len(gradients):
+        twice = sorted(name for name, count in Counter(g.name for g in gradients).items() if count > 1)
+        raise ValueError(f"{where}: gradients name {', '.join(twice)} more than once; each gradient is listed once")
     compressors = {}
     section = top.mapping("compressors")
     for method in section.data:
@@ -311,8 +315,13 @@ def parse_profile(data: Any, where: str) -> Profile:
         entry.informational("options", "collective")
         entry.done()
     section.done()
+    backward_ms = top.number("backward_ms")
+    late = [g.name for g in gradients if g.ready_ms > backward_ms]
+    if late:
+        raise ValueError(f"{where}: gradients ready after backward ends ({backward_ms:g} ms): {', '.join(late)}; "
+                         "ready_ms counts from backward's start")
     profile = Profile(top.string("model"), top.integer("batch_size", 1), top.string("device"),
-                      top.number("forward_ms"), top.number("backward_ms"), top.number("optimizer_ms"),
+                      top.number("forward_ms"), backward_ms, top.number("optimizer_ms"),
                       tuple(sorted(gradients, key=lambda g: g.ready_ms)), compressors,
                       top.number("check_all_ms") if "check_all_ms" in top.data else None)
     top.informational("source", "measured", "autocast")
