@@ -7,6 +7,7 @@ GPU machine.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -325,19 +326,27 @@ def test_train_gives_each_rank_a_gpu_of_its_own_under_nccl(monkeypatch: pytest.M
 
     def allgather_object(mine: tuple[str, str], name: str) -> list[tuple[str, str | None]]:
         assert mine[1] == "GPU-a" and name == "hvdcomp.train.gpus", (mine, name)
+        assert "HOROVOD_ELASTIC" not in os.environ, "a collective outside the elastic function"
         return [mine, (mine[0], others["gpu"])]
 
     monkeypatch.setattr(train.hvd, "allgather_object", allgather_object)
     others["gpu"] = "GPU-a"  # both ranks on one GPU
-    with pytest.raises(ValueError, match="--device cuda: 2 ranks on 1 GPUs, and this Horovod's NCCL operations"):
+    with pytest.raises(ValueError, match="--device cuda: 2 ranks on 1 GPU, and this Horovod's NCCL operations"):
         train.pick_device("cuda")
     assert train.pick_device("auto") == torch.device("cpu")
-    assert "--device auto: 2 ranks on 1 GPUs" in capsys.readouterr().err
+    assert "--device auto: 2 ranks on 1 GPU," in capsys.readouterr().err
     others["gpu"] = None  # the other rank has no CUDA: every rank trains on the CPU
     assert train.pick_device("auto") == torch.device("cpu")
     assert "torch.cuda.is_available() is False on rank 1" in capsys.readouterr().err
     others["gpu"] = "GPU-b"  # each rank sees its own GPU alone
     assert train.pick_device("auto") == train.pick_device("cuda") == torch.device("cuda", 0)
+    with monkeypatch.context() as elastic:  # each rank counts alone: 2 ranks, 1 GPU seen, unless it is its own
+        elastic.setenv("HOROVOD_ELASTIC", "1")
+        elastic.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+        assert train.pick_device("auto") == torch.device("cpu")
+        elastic.setenv("CUDA_VISIBLE_DEVICES", "3")
+        assert train.pick_device("auto") == torch.device("cuda", 0)
+    capsys.readouterr()
     others["gpu"] = "GPU-a"
     monkeypatch.setattr(train.hvd, "nccl_built", lambda: 0)  # staged through host memory: ranks may share one
     assert train.pick_device("auto") == train.pick_device("cuda") == torch.device("cuda", 0)

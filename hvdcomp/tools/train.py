@@ -137,13 +137,15 @@ def evaluate(model: nn.Module, data: Dataset) -> float:
 
 def pick_device(name: str) -> torch.device:
     """``auto``: this rank's GPU (``hvd.local_rank()``, of those it sees) where every rank can have one, else the
-    CPU, on every rank alike.
+    CPU.
 
     Horovod's NCCL operations need a GPU per rank (two ranks on one GPU fail: "Duplicate GPU detected"): the ranks
     compare their GPUs' UUIDs (a rank may see only its own GPU: CUDA_VISIBLE_DEVICES per rank, Slurm's
-    --gpus-per-task). A Horovod built without GPU operations stages CUDA tensors through host memory, so there ranks
-    may share GPUs. On the CPU, ranks on one host share its cores: unless OMP_NUM_THREADS says otherwise, each rank
-    gets cores / local ranks threads, since more threads than cores make every parallel kernel thrash.
+    --gpus-per-task), and decide alike. Under Elastic Horovod, where a rank joining later could not take part, each
+    rank counts: more ranks on its host than GPUs it sees, unless CUDA_VISIBLE_DEVICES gives it one of its own. A
+    Horovod built without GPU operations stages CUDA tensors through host memory, so there ranks may share GPUs. On the
+    CPU, ranks on one host share its cores: unless OMP_NUM_THREADS says otherwise, each rank gets cores / local ranks
+    threads, since more threads than cores make every parallel kernel thrash.
     """
     why = None if name == "cpu" else _no_gpu_per_rank()
     if why is not None and name == "cuda":
@@ -166,18 +168,30 @@ def _no_gpu_per_rank() -> str | None:
     gpu = None
     if torch.cuda.is_available():
         gpu = str(torch.cuda.get_device_properties(hvd.local_rank() % torch.cuda.device_count()).uuid)
-    if not hvd.nccl_built() or os.environ.get("HOROVOD_ELASTIC") == "1":
-        return None if gpu is not None else "torch.cuda.is_available() is False on this machine"
+    if gpu is None and (not hvd.nccl_built() or os.environ.get("HOROVOD_ELASTIC") == "1"):
+        return "torch.cuda.is_available() is False on this machine"
+    if not hvd.nccl_built():
+        return None
+    if os.environ.get("HOROVOD_ELASTIC") == "1":
+        gpus, ranks = torch.cuda.device_count(), hvd.local_size()
+        own = len([d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]) == 1
+        if ranks > gpus and not own:
+            return _shared(ranks, gpus)
+        return None
     every = hvd.allgather_object((socket.gethostname(), gpu), name="hvdcomp.train.gpus")
     lacking = [rank for rank, (_, other) in enumerate(every) if other is None]
     if lacking:
         return f"torch.cuda.is_available() is False on rank{'s' if len(lacking) > 1 else ''} " + ", ".join(
             map(str, lacking))
     if len(set(every)) < len(every):
-        return (f"{len(every)} ranks on {len(set(every))} GPUs, and this Horovod's NCCL operations need a GPU per "
-                "rank: start at most as many ranks on a host as it has GPUs (or use a Horovod built without GPU "
-                "operations, where ranks can share one: docs/operations.md)")
+        return _shared(len(every), len(set(every)))
     return None
+
+
+def _shared(ranks: int, gpus: int) -> str:
+    return (f"{ranks} ranks on {gpus} GPU{'s' if gpus > 1 else ''}, and this Horovod's NCCL operations need a GPU per "
+            "rank: start at most as many ranks on a host as it has GPUs (or use a Horovod built without GPU "
+            "operations, where ranks can share one: docs/operations.md)")
 
 
 def method_name(compression: Any) -> str:
