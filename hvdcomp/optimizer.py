@@ -69,6 +69,7 @@ from hvdcomp.collectives import Pending, start, start_vote
 from hvdcomp.compressor import AccuracyWarning, Compressor, Context, State, derive_seed, nonfinite
 from hvdcomp.config import Choice, CompressionConfig, edges
 from hvdcomp.deadlines import DEFAULT_DEADLINE, Beacon, Deadline, answering, share_host, synchronize
+from hvdcomp.kernels import kernels_name
 from hvdcomp.requests import Agree, Read, Reduction, to_host
 
 log = logging.getLogger(__name__)
@@ -117,7 +118,9 @@ class _Slot:
     def join(self, bucket: str) -> None:
         """Puts this parameter in the bucket named ``bucket`` ("": alone), which its plan shows."""
         self.bucket = bucket
+        compressed = self.choice.compressor is not None  # (its kernels: a path of their own, the same on every rank)
         self.fixed = [self.name, list(self.param.shape), self.param.device.type, self.choice.describe(),
+                      *([f"kernels {kernels_name(self.param.device)}"] if compressed else []),
                       *([f"bucket {bucket}"] if bucket else [])]
         self.fixed_text = json.dumps(self.fixed)  # rendered once: only the method's part changes
 

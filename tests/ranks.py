@@ -1546,6 +1546,17 @@ def scenario_mismatch() -> None:
         print(f"mismatch: raised ValueError (on every rank) rank {hvd.rank()}: {error}", flush=True)
     else:
         raise AssertionError("ranks with different compressors were not detected")
+    if hvd.rank() == 1:  # one rank without the fused kernels: top-k's payloads could differ
+        os.environ["HVDCOMP_KERNELS"] = "0"
+    try:
+        hvdcomp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                     named_parameters=model.named_parameters(), compression="topk")
+    except ValueError as error:
+        assert "configured differently" in str(error) and "kernels" in str(error), error
+    else:
+        raise AssertionError("ranks on different kernels were not detected")
+    finally:
+        os.environ.pop("HVDCOMP_KERNELS", None)
     try:
         hvdcomp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
                                      named_parameters=model.named_parameters(),

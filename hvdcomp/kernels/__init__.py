@@ -113,6 +113,14 @@ def is_triton(kernels: ModuleType | None) -> bool:
     return kernels is not None and kernels.__name__ == __name__ + ".gpu"
 
 
+def kernels_name(device: torch.device) -> str:
+    """Which fused kernels tensors on ``device`` take (:func:`kernels_for`): ``triton``, ``cpu`` (the C++ extension)
+    or ``torch`` (none: the PyTorch path). Their payloads may differ (top-k sends its zeros on CUDA's path), so every
+    rank's plan says which."""
+    kernels = kernels_for(device)
+    return "torch" if kernels is None else "triton" if is_triton(kernels) else "cpu"
+
+
 def kernels_for(device: torch.device) -> ModuleType | None:
     """The fused kernels for tensors on ``device``: the C++ extension on CPU, the Triton kernels on CUDA, None where
     neither applies (each method then runs its PyTorch path).
