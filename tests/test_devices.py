@@ -350,3 +350,7 @@ def test_train_gives_each_rank_a_gpu_of_its_own_under_nccl(monkeypatch: pytest.M
     others["gpu"] = "GPU-a"
     monkeypatch.setattr(train.hvd, "nccl_built", lambda: 0)  # staged through host memory: ranks may share one
     assert train.pick_device("auto") == train.pick_device("cuda") == torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a machine without CUDA: the CPU, unsaid
+    assert train.pick_device("auto") == torch.device("cpu") and not capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"--device cuda: torch\.cuda\.is_available\(\) is False on this machine"):
+        train.pick_device("cuda")

@@ -150,7 +150,7 @@ def pick_device(name: str) -> torch.device:
     why = None if name == "cpu" else _no_gpu_per_rank()
     if why is not None and name == "cuda":
         raise ValueError(f"--device cuda: {why}")
-    if why is not None and hvd.rank() == 0:
+    if why not in (None, NO_CUDA) and hvd.rank() == 0:  # (a machine without CUDA trains on the CPU unsaid)
         print(f"hvdcomp train: --device auto: {why}; training on the CPU", file=sys.stderr)
     if name == "cpu" or why is not None:
         if "OMP_NUM_THREADS" not in os.environ:
@@ -161,6 +161,10 @@ def pick_device(name: str) -> torch.device:
     return device
 
 
+#: pick_device's reason where this machine has no CUDA
+NO_CUDA = "torch.cuda.is_available() is False on this machine"
+
+
 def _no_gpu_per_rank() -> str | None:
     """Why the ranks cannot train on GPUs (:func:`pick_device`), or None where they can: under NCCL the same answer
     on every rank (one allgather of each rank's host and GPU, outside Elastic Horovod, where a rank that joins later
@@ -169,7 +173,7 @@ def _no_gpu_per_rank() -> str | None:
     if torch.cuda.is_available():
         gpu = str(torch.cuda.get_device_properties(hvd.local_rank() % torch.cuda.device_count()).uuid)
     if gpu is None and (not hvd.nccl_built() or os.environ.get("HOROVOD_ELASTIC") == "1"):
-        return "torch.cuda.is_available() is False on this machine"
+        return NO_CUDA
     if not hvd.nccl_built():
         return None
     if os.environ.get("HOROVOD_ELASTIC") == "1":
