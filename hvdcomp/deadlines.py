@@ -205,8 +205,9 @@ def answering(peers: dict[int, tuple[list[str], int]], timeout_s: float = 2.0) -
               for address in [a for a in addresses if not a.startswith("127.")] or addresses]
     yes: set[int] = set()
     while probes:
-        answered, left = _answered(probes[:PROBES_AT_ONCE], timeout_s)
-        if len(left) == len(probes[:PROBES_AT_ONCE]):  # no descriptor to start any: the rest go unanswered
+        batch = probes[:PROBES_AT_ONCE]
+        answered, left = _answered(batch, timeout_s)
+        if len(left) == len(batch):  # no descriptor to start any: the rest go unanswered
             break
         yes |= answered
         probes = [probe for probe in left + probes[PROBES_AT_ONCE:] if probe[0] not in yes]

@@ -172,16 +172,14 @@ def _no_gpu_per_rank() -> str | None:
     gpu = None
     if torch.cuda.is_available():
         gpu = str(torch.cuda.get_device_properties(hvd.local_rank() % torch.cuda.device_count()).uuid)
-    if gpu is None and (not hvd.nccl_built() or os.environ.get("HOROVOD_ELASTIC") == "1"):
-        return NO_CUDA
     if not hvd.nccl_built():
-        return None
+        return None if gpu is not None else NO_CUDA
     if os.environ.get("HOROVOD_ELASTIC") == "1":
+        if gpu is None:
+            return NO_CUDA
         gpus, ranks = torch.cuda.device_count(), hvd.local_size()
         own = len([d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]) == 1
-        if ranks > gpus and not own:
-            return _shared(ranks, gpus)
-        return None
+        return _shared(ranks, gpus) if ranks > gpus and not own else None
     every = hvd.allgather_object((socket.gethostname(), gpu), name="hvdcomp.train.gpus")
     lacking = [rank for rank, (_, other) in enumerate(every) if other is None]
     if lacking:
@@ -395,8 +393,8 @@ def follow_world(optimizer: torch.optim.Optimizer, size: int) -> None:
     world, before the optimizer rebuilds its plan (which checks it). Where a group's momentum changes, its parameters'
     momentum buffers go: a rank joining the job has none for a group at 0 (the elastic state's sync then creates
     what each rank lacks, and broadcasts rank 0's)."""
+    momentum = 0.0 if size > 1 else 0.9
     for group in optimizer.param_groups:
-        momentum = 0.0 if size > 1 else 0.9
         if group.get("applies_momentum") and group["momentum"] != momentum:
             group["momentum"] = momentum
             for p in group["params"]:
