@@ -168,7 +168,7 @@ def test_config_map_carries_the_compression_config_for_hvdcomp_train(tmp_path: P
 
     docs = documents(rendered("gpu-multinode"))
     path = tmp_path / render.CONFIG_KEY
-    path.write_text(docs[("ConfigMap", "hvdcomp-config")]["data"][render.CONFIG_KEY])
+    path.write_text(docs[("ConfigMap", "hvdcomp-compression")]["data"][render.CONFIG_KEY])
     job = load_job(str(path))  # what `hvdcomp train --config` reads
     assert job == {"compression": {"method": "terngrad", "options": {"clip": 2.5}}}
     CompressionConfig.parse(job["compression"])
@@ -182,12 +182,39 @@ def test_mpirun_launcher_exports_the_environment() -> None:
     argv = render.launcher_command(job)
     assert argv[:3] == ["mpirun", "-np", "12"]
     exported = {argv[i + 1] for i, word in enumerate(argv) if word == "-x"}
-    assert {"PATH", "NCCL_DEBUG", "NCCL_SOCKET_IFNAME", "PYTHONUNBUFFERED"} <= exported
+    # sshd starts the ranks with its own environment: the driver's libraries are found through the launcher's
+    assert {"PATH", "LD_LIBRARY_PATH", "NCCL_DEBUG", "NCCL_SOCKET_IFNAME", "PYTHONUNBUFFERED"} <= exported
+    cpu = render.launcher_command(render.Job.parse({"name": "j", "image": "i", "gpus_per_node": 0,
+                                                    "launcher": "mpirun"}))
+    assert "PATH" in cpu and "LD_LIBRARY_PATH" not in cpu  # (mpirun warns of one it cannot find)
+
+
+def test_no_object_takes_a_name_the_operator_creates(tmp_path: Path) -> None:
+    """The operator creates ``<job>-config`` (its hostfile), ``<job>-ssh``, the Service ``<job>`` and the Job
+    ``<job>-launcher``, and stops a job whose names another object took: render's ConfigMap keeps clear of them, and
+    validate names one that does not."""
+    for overlay in OVERLAYS:
+        docs = documents(rendered(overlay))
+        job = next(name for kind, name in docs if kind == "MPIJob")
+        taken = {(kind, form.format(job=job)) for kind, form in render.OPERATOR_OBJECTS.items()}
+        assert not set(docs) & taken, (overlay, set(docs) & taken)
+    good = tmp_path / "good.yaml"
+    good.write_text(rendered("cpu-smoke"))
+    assert validate.validate_files([str(good)], VERSION) == []
+    clash = tmp_path / "clash.yaml"
+    clash.write_text(rendered("cpu-smoke").replace("name: hvdcomp-compression", "name: hvdcomp-config"))
+    problems = validate.validate_files([str(clash)], VERSION)
+    assert [(p.where, p.path) for p in problems] == [(f"{clash}: ConfigMap/hvdcomp-config", "metadata.name")], problems
+    assert "the operator creates the ConfigMap 'hvdcomp-config' for MPIJob 'hvdcomp'" in str(problems[0])
+    other = tmp_path / "other-namespace.yaml"  # the same name in another namespace takes nothing of the job's
+    other.write_text(clash.read_text().replace("namespace: default", "namespace: team", 1))
+    assert not any(p.path == "metadata.name" for p in validate.validate_files([str(other)], VERSION))
 
 
 @pytest.mark.parametrize(("description", "message"), [
     ({"image": "i"}, "name: missing"),
     ({"name": "Bad_Name", "image": "i"}, "name: 'Bad_Name' is not a DNS-1035 label"),
+    ({"name": "j" * 54, "image": "i", "nodes": 12}, "has 64 characters; the operator refuses"),
     ({"name": "j", "image": "i", "gpus": 8}, "gpus: unknown key; fix: use one of name, namespace"),
     ({"name": "j", "image": "i", "nodes": 0}, "nodes: must be an integer >= 1"),
     ({"name": "j", "image": "i", "gpus_per_node": 8, "slots_per_worker": 4}, "slots_per_worker: 4 ranks per worker"),
@@ -407,6 +434,9 @@ def test_dry_run_prepares_what_the_operator_would(launcher: str, tmp_path: Path)
     assert (launch.program, launch.np, hosts, launch.controller) == (launcher, 2, 2, "mpi")
     assert Path(launch.hostfile).read_text() == ("hvdcomp-worker-0.hvdcomp.default.svc slots=1\n"
                                                  "hvdcomp-worker-1.hvdcomp.default.svc slots=1\n")
+    # Elastic Horovod's discovery script, as the operator writes it: one host a line, no slots (horovodrun --slots)
+    assert (Path(launch.hostfile).parent / "discover_hosts.sh").read_text() == (
+        "#!/bin/sh\necho hvdcomp-worker-0.hvdcomp.default.svc\necho hvdcomp-worker-1.hvdcomp.default.svc\n")
     config = Path(launch.command[launch.command.index("--config") + 1])
     assert config.is_relative_to(tmp_path) and yaml.safe_load(config.read_text())["compression"] == job.compression
     assert launch.command[:2] == ["hvdcomp", "train"] and launch.command[-1] == "--no-progress"
@@ -426,5 +456,5 @@ def test_dry_run_refuses_what_it_cannot_emulate(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="-np 3 but 2 hosts x 1 slots"):
         dryrun.prepare(docs, tmp_path / "b")
     docs = list(yaml.safe_load_all(rendered("cpu-smoke")))
-    with pytest.raises(ValueError, match="mounts the ConfigMap 'hvdcomp-config' at /etc/hvdcomp, but the file has no"):
+    with pytest.raises(ValueError, match="mounts the ConfigMap 'hvdcomp-compression' at /etc/hvdcomp, but the file has"):
         dryrun.prepare(docs[1:], tmp_path / "c")

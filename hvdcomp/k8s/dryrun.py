@@ -70,7 +70,7 @@ def operator_hostfile(job: Mapping[str, Any]) -> tuple[str, str]:
     if spec.get("runLauncherAsWorker"):
         hosts.insert(0, f"{name}-launcher.{name}.{namespace}.svc")
     hostfile = "".join(f"{host} slots={slots}\n" for host in hosts)
-    discover = "#!/bin/sh\n" + "".join(f"echo {host}:{slots}\n" for host in hosts)
+    discover = "#!/bin/sh\n" + "".join(f"echo {host}\n" for host in hosts)  # no slots: horovodrun --slots
     return hostfile, discover
 
 

@@ -23,7 +23,8 @@ The job description (every key optional except ``name`` and ``image``)::
     run_policy: {clean_pod_policy: Running, backoff_limit: 0, ttl_seconds_after_finished: 3600,
                  active_deadline_seconds: null}
 
-The compression config travels in a ConfigMap (``<name>-config``, key ``job.yaml``, in the format of
+The compression config travels in a ConfigMap (``<name>-compression``; ``<name>-config`` is the operator's own, with
+the hostfile), key ``job.yaml``, in the format of
 ``hvdcomp train --config``) mounted at ``/etc/hvdcomp`` in every pod; the script gets ``--config
 /etc/hvdcomp/job.yaml`` before its own arguments. The launcher runs ``horovodrun -np N --hostfile
 /etc/mpi/hostfile`` (or ``mpirun -np N``, whose default hostfile the operator sets) with N = nodes x slots;
@@ -57,6 +58,10 @@ SSH_PORT = 2222
 HOSTFILE = "/etc/mpi/hostfile"
 CONFIG_DIR = "/etc/hvdcomp"
 CONFIG_KEY = "job.yaml"
+#: The objects the operator creates for an MPIJob named ``{job}`` (pkg/controller/mpi_job_controller.go): one of
+#: these names taken by another object stops the job before any pod starts ("already exists and is not managed by
+#: MPIJob"). Pods are ``{job}-launcher-*`` and ``{job}-worker-<i>``.
+OPERATOR_OBJECTS = {"ConfigMap": "{job}-config", "Secret": "{job}-ssh", "Service": "{job}", "Job": "{job}-launcher"}
 #: The one knob for the network interface; NCCL's and Open MPI's settings refer to it as $(...).
 INTERFACE_VAR = "HVDCOMP_NETWORK_INTERFACE"
 GPU = "nvidia.com/gpu"
@@ -150,6 +155,10 @@ class Job:
                         "write e.g. registry.example.com/hvdcomp:0.1.0 (built from k8s/Dockerfile)")
         namespace = _dns1035("namespace", given.get("namespace", "default"))
         nodes = _int("nodes", given.get("nodes", 1), 1)
+        if len(last := f"{name}-worker-{nodes - 1}") > 63:
+            raise _fail("name", f"the last worker pod's name {last!r} has {len(last)} characters; the operator "
+                        "refuses names of pods over 63", f"use a name of at most {63 - len(last) + len(name)} "
+                        "characters")
         gpus = _int("gpus_per_node", given.get("gpus_per_node", 8), 0)
         slots = _int("slots_per_worker", given.get("slots_per_worker", gpus or 1), 1)
         if gpus and slots != gpus:
@@ -214,7 +223,9 @@ class Job:
 
 
 def config_map_name(job: Job) -> str:
-    return f"{job.name}-config"
+    """The compression config's ConfigMap: not ``<name>-config``, which the operator creates for its hostfile and
+    refuses to share (:data:`OPERATOR_OBJECTS`)."""
+    return f"{job.name}-compression"
 
 
 def _env(job: Job) -> list[dict[str, str]]:
@@ -236,7 +247,11 @@ def launcher_command(job: Job) -> list[str]:
         return ["horovodrun", "-np", str(job.np), "--hostfile", HOSTFILE, *interface, *script]
     # mpirun takes the operator's default hostfile (OMPI_MCA_orte_default_hostfile); -x exports to the ranks.
     exported = [name for var in _env(job) if (name := var["name"]) != INTERFACE_VAR and not name.startswith("OMPI_")]
-    flags = [flag for name in ("PATH", *exported) for flag in ("-x", name)]
+    # ranks start under sshd, with its environment: PATH, and on GPU nodes LD_LIBRARY_PATH (where the node's NVIDIA
+    # driver is found: the CUDA image's /usr/local/nvidia/lib64 on some clouds), come from the launcher, as the
+    # operator's Horovod example passes them
+    paths = ("PATH", "LD_LIBRARY_PATH") if job.gpus_per_node else ("PATH",)
+    flags = [flag for name in (*paths, *exported) for flag in ("-x", name)]
     return ["mpirun", "-np", str(job.np), "--bind-to", "none", "--map-by", "slot", *flags, *script]
 
 

@@ -29,7 +29,7 @@ from typing import Any
 import yaml
 
 from hvdcomp import extras
-from hvdcomp.k8s.render import CLEAN_POD_POLICIES, GPU, LAUNCHERS
+from hvdcomp.k8s.render import CLEAN_POD_POLICIES, GPU, LAUNCHERS, OPERATOR_OBJECTS
 
 with extras.required("k8s", "hvdcomp k8s validate and dry-run"):
     import jsonschema
@@ -324,9 +324,35 @@ def document_problems(document: Any, where: str, version: str) -> list[Problem]:
     return problems
 
 
+def _name(document: Any) -> tuple[str, str, str] | None:
+    """(kind, namespace, name) of a Kubernetes object; None where any is missing."""
+    metadata = document.get("metadata") if isinstance(document, Mapping) else None
+    if not isinstance(metadata, Mapping) or not isinstance(metadata.get("name"), str):
+        return None
+    return str(document.get("kind")), str(metadata.get("namespace", "default")), metadata["name"]
+
+
+def clash_problems(documents: list[tuple[str, Any]]) -> Iterator[Problem]:
+    """Objects named as the operator names what it creates for an MPIJob of the same namespace (its hostfile's
+    ConfigMap ``<job>-config``, its ssh Secret, Service and launcher Job): the operator refuses to adopt them, and the
+    job stops before any pod starts. ``documents``: (where, document) of every file checked."""
+    jobs = sorted(named[1:] for _, document in documents if (named := _name(document)) and named[0] == "MPIJob")
+    for where, document in documents:
+        named = _name(document)
+        if named is None or named[0] not in OPERATOR_OBJECTS:
+            continue
+        kind, namespace, name = named
+        for job_namespace, job in jobs:
+            if namespace == job_namespace and name == OPERATOR_OBJECTS[kind].format(job=job):
+                yield Problem(where, "metadata.name", f"the operator creates the {kind} {name!r} for MPIJob {job!r} "
+                              "and refuses one it did not create: the job would stop before any pod starts",
+                              f"rename it (hvdcomp k8s render names its ConfigMap '{job}-compression')")
+
+
 def validate_files(paths: list[str], version: str) -> list[Problem]:
-    """Problems in every document of every file."""
+    """Problems in every document of every file, and objects that take the names of those the operator creates."""
     problems: list[Problem] = []
+    checked: list[tuple[str, Any]] = []
     for path in paths:
         with open(path) as stream:
             try:
@@ -340,4 +366,5 @@ def validate_files(paths: list[str], version: str) -> list[Problem]:
             name = document.get("metadata", {}).get("name", "?") if isinstance(document, Mapping) else "?"
             kind = document.get("kind", "?") if isinstance(document, Mapping) else "?"
             problems += document_problems(document, f"{path}: {kind}/{name}", version)
-    return problems
+            checked.append((f"{path}: {kind}/{name}", document))
+    return problems + list(clash_problems(checked))
