@@ -456,5 +456,5 @@ def test_dry_run_refuses_what_it_cannot_emulate(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="-np 3 but 2 hosts x 1 slots"):
         dryrun.prepare(docs, tmp_path / "b")
     docs = list(yaml.safe_load_all(rendered("cpu-smoke")))
-    with pytest.raises(ValueError, match="mounts the ConfigMap 'hvdcomp-compression' at /etc/hvdcomp, but the file has"):
+    with pytest.raises(ValueError, match="mounts the ConfigMap 'hvdcomp-compression' at /etc/hvdcomp, but the"):
         dryrun.prepare(docs[1:], tmp_path / "c")
