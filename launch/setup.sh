@@ -303,14 +303,22 @@ build_horovod() {
     log "Horovod built in $((SECONDS - start)) s, cached in $CACHE/wheels/$key"
 }
 
+# Whether the venv's torch requires a Triton of its own (a CUDA build: PyPI's Linux wheels pin the one they were built
+# with), which the test extra's pin (for Triton's interpreter beside a CPU torch) must neither replace nor contradict.
+torch_brings_triton() {
+    "$PY" -c 'import importlib.metadata as m, re, sys
+sys.exit(0 if any(re.match(r"triton\b", r) for r in m.requires("torch") or []) else 1)'
+}
+
 # d. hvdcomp and its remaining dependencies; the constraints keep pip off torch and Horovod.
 # With the machine's own torch (argument true), pip must not resolve torch: an image's torch may pin CUDA wheels that
 # differ from those installed beside it, and offline pip cannot re-resolve them. hvdcomp's other requirements are
-# then installed by name, but for the test extra's Triton (that torch brings its own), and hvdcomp with --no-deps.
+# then installed by name, but for the test extra's Triton (that torch brings its own), and hvdcomp with --no-deps;
+# so too beside a torch that requires its own Triton.
 install_hvdcomp() {
     local system_site=$1 extras=${HVDCOMP_EXTRAS-all,test}
     log "installing hvdcomp in editable mode with its extras [$extras]"
-    if [[ $system_site == false ]]; then
+    if [[ $system_site == false ]] && ! torch_brings_triton; then
         "${PIP[@]}" install -q -c "$CONSTRAINTS" --no-build-isolation -e ".[$extras]"
         return
     fi

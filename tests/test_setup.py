@@ -102,3 +102,33 @@ def test_unknown_gpu_ops_are_refused() -> None:
     result = subprocess.run(["bash", str(REPO / "launch" / "setup.sh")], capture_output=True, text=True, timeout=60,
                             env=env)
     assert result.returncode == 1 and "valid values are auto and none" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("torch_requires_triton", [False, True])
+def test_a_torch_with_its_own_triton_keeps_it(tmp_path: Path, torch_requires_triton: bool) -> None:
+    """Beside a CPU torch the test extra's Triton (its interpreter) is installed with hvdcomp's extras in one pip
+    call; beside a torch that requires a Triton of its own (PyPI's CUDA wheels pin theirs), the extra's pin would
+    contradict it (pip: no resolution), so hvdcomp's requirements are installed by name without Triton."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    log = tmp_path / "pip.log"
+    stub = f"""#!/bin/bash
+case "$*" in
+*'m.requires("torch")'*) exit {0 if torch_requires_triton else 1} ;;
+*"importlib.metadata, os, re"*) printf 'pyyaml>=6\\nnumpy\\n' ;;
+*"-m pip"*) echo "$*" >>"{log}" ;;
+esac
+"""
+    (venv / "bin" / "python").write_text(stub)
+    (venv / "bin" / "python").chmod(0o755)
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "HVDCOMP_VENV": str(venv)}
+    result = subprocess.run(["bash", "-c", f'source {REPO / "launch" / "setup.sh"} && install_hvdcomp false'],
+                            env=env, capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert result.returncode == 0, result.stdout + result.stderr
+    calls = log.read_text().splitlines()
+    if torch_requires_triton:
+        assert [c for c in calls if "-e ." in c] == [c for c in calls if c.endswith("--no-build-isolation -e .")], calls
+        assert any(c.endswith("pyyaml>=6 numpy") for c in calls) and not any("triton" in c or "[" in c
+                                                                              for c in calls), calls
+    else:
+        assert len(calls) == 1 and calls[0].endswith("-e .[all,test]"), calls
