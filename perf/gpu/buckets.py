@@ -188,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"buckets {row['buckets_ms']:.2f} ms {row['buckets_spread_ms']} "
                   f"({row['buckets_over_per_tensor']:.3f}x; {time.perf_counter() - started:.0f} s)", flush=True)
             out.write(json.dumps(row) + "\n")
+            out.flush()  # each method's row kept where the stage's time limit ends the rest
     return 0
 
 

@@ -8,8 +8,10 @@
 # runs on the lower half (its timings are the GPU's own, by CUDA events; the host only issues the launches). Once
 # both are done, perf/gpu/gpu_multirank.sh finds the build made and runs the scenarios in the time left.
 # OUT_DIR receives kernels-summary.txt, multirank-summary.txt and results.tgz (every file of both stages, the
-# build's log staged-setup.log, and settings.txt: the limits it ran under): three files, as a lent machine
-# sends back at most eight. Its own output goes to the terminal: keep it with the results.
+# build's log staged-setup.log, and settings.txt: the limits it ran under; written once the kernel stage is done,
+# and again at the end): three files, as a lent machine sends back at most eight. Its own output goes to the
+# terminal: keep it with the results. The machine has no network: without the wheelhouse (.whl, carried with the
+# checkout; perf/gpu/gpu_wheelhouse.sh makes it) the build cannot run, so the kernel stage gets the whole deadline.
 set -uo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -21,8 +23,9 @@ cd "$repo"
 # build made; now skipped: SETUP_DONE) and checks 75 s and its tests 105 s, the kernel tests past 140 s, and the rest
 # of the kernel stage about 150 s (7 methods' bench);
 # on an H200 the kernel tests past 170 s (8 workers each time, 4 of 160 tests left). At these defaults the multi-rank
-# stage has 195 s, and the kernel stage's bench and profile what its tests and stage 2 leave of 380 s (little):
-# BENCH_METHODS (fewer methods) or STAGE_TIMEOUT_TESTS choose.
+# stage has 195 s; the kernel stage runs the bench and the profile first (the issues' targets), its tests in what
+# they leave of 380 s, and its diagnostics (stage 4) in what the tests leave, each stage skipped, and named in its
+# summary, where the time is spent: BENCH_METHODS (fewer methods) or STAGE_TIMEOUT_* choose.
 DEADLINE_S=${DEADLINE_S:-590}
 KERNELS_S=${KERNELS_S:-380}  # the kernel stage's share of DEADLINE_S; the multi-rank stage has the rest
 # the kernel stage's limits (perf/gpu/gpu_kernels.sh), shorter than its own defaults to fit the share; the bench
@@ -34,8 +37,14 @@ export STAGE_TIMEOUT_TESTS=${STAGE_TIMEOUT_TESTS:-230} STAGE_TIMEOUT_BUCKETS=${S
 work=$(mktemp -d)
 say() { echo "gpu_stages: $*"; }
 
-if [[ -d .whl ]]; then
+wheelhouse=yes
+if compgen -G ".whl/horovod-*.tar.gz" >/dev/null; then
     export PIP_NO_INDEX=1 PIP_FIND_LINKS="$PWD/.whl"  # offline: the wheelhouse (perf/gpu/gpu_wheelhouse.sh)
+else
+    wheelhouse=no
+    KERNELS_S=$DEADLINE_S
+    say "no wheelhouse (.whl/horovod-*.tar.gz; perf/gpu/gpu_wheelhouse.sh, then carry .whl): no staged build and no" \
+        "multi-rank stage; the kernel stage has the whole ${DEADLINE_S} s"
 fi
 cores=$(nproc)
 half=$((cores / 2))
@@ -43,18 +52,27 @@ build_cpus="$half-$((cores - 1))"
 kernel_cpus="0-$((half - 1))"
 ((half >= 1)) || { build_cpus=0; kernel_cpus=0; }
 
-say "staged Horovod build on CPUs $build_cpus, kernel stage on CPUs $kernel_cpus"
-HVDCOMP_HOROVOD_GPU_OPS=none HVDCOMP_VENV=.venv-staged HVDCOMP_EXTRAS='' \
-    taskset -c "$build_cpus" nice -n 19 timeout -k 10 "$((DEADLINE_S - 120))" bash launch/setup.sh \
-    >"$work/staged-setup.log" 2>&1 &
-build=$!
+if [[ $wheelhouse == yes ]]; then
+    say "staged Horovod build on CPUs $build_cpus, kernel stage on CPUs $kernel_cpus"
+    HVDCOMP_HOROVOD_GPU_OPS=none HVDCOMP_VENV=.venv-staged HVDCOMP_EXTRAS='' \
+        taskset -c "$build_cpus" nice -n 19 timeout -k 10 "$((DEADLINE_S - 120))" bash launch/setup.sh \
+        >"$work/staged-setup.log" 2>&1 &
+    build=$!
+else
+    kernel_cpus="0-$((cores - 1))"
+fi
 
 BUDGET_S=$KERNELS_S taskset -c "$kernel_cpus" perf/gpu/gpu_kernels.sh "$work/kernels"
 kernels=$?
 cp "$work/kernels/summary.txt" "$out/kernels-summary.txt" 2>/dev/null ||
     echo "the kernel stage wrote no summary (exit status $kernels)" >"$out/kernels-summary.txt"
+tar -czf "$out/results.tgz" -C "$work" .  # kept where the call is cut off before the end
 
-if wait "$build"; then
+if [[ $wheelhouse == no ]]; then
+    multirank=1
+    mkdir -p "$work/multirank"
+    echo "not run: no wheelhouse (.whl) for the staged Horovod build" >"$work/multirank/summary.txt"
+elif wait "$build"; then
     say "the kernel stage and the staged build done at ${SECONDS} s (the build's own time: staged-setup.log)"
     left=$((DEADLINE_S - SECONDS - 15))  # 15 s for the archive
     HVDCOMP_VENV=.venv-staged SETUP_DONE="staged-setup.log" BUDGET_S=$left perf/gpu/gpu_multirank.sh "$work/multirank"
