@@ -127,3 +127,15 @@ def test_edges_are_the_first_and_last_layers() -> None:
     names = ["conv1.weight", "conv1.bias", "layer1.0.conv.weight", "fc.weight", "fc.bias"]
     assert edges(names) == {"conv1.weight", "conv1.bias", "fc.weight", "fc.bias"}
     assert edges(["w"]) == {"w"} and edges([]) == set()
+
+
+def test_the_leaders_indices_are_wide_enough_for_the_tensor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The leader's top-k indices take top-k's index type for the tensor's size (int64 from 2^31 elements, where
+    int32 would wrap to negative indices), stood in for here by a small tensor."""
+    from hvdcomp.methods import lgc
+
+    p = torch.randn(4096)
+    assert LGC().select(p, 64)[0].dtype == torch.int32
+    monkeypatch.setattr(lgc, "index_dtype", lambda numel: torch.int64 if numel == p.numel() else torch.int32)
+    indices = LGC().select(p, 64)[0]
+    assert indices.dtype == torch.int64 and torch.equal(indices, p.abs().topk(64).indices.sort().values)

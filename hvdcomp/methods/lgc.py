@@ -64,11 +64,11 @@ relative error, 0.9), ``dense_edges`` (true: the model's first and last layers s
 A tensor whose k is under 4 x 2^downsample is kept dense (with a log line), as is a model's first or last layer.
 
 Costs: stage 3 sends per rank, ring, an allreduce of k code_channels / 2^downsample floats plus the leader's
-broadcast of k int32 indices; ps, 8 k' bytes of innovation plus the leader's broadcast of the indices and code; both,
-the guard's 256 bytes. The guard decides on the host from its two sums (a :class:`~hvdcomp.requests.Read`): the
-optimizer copies every tensor's in one transfer a step, once no compressed collective is left. On CUDA the guard's
-projection takes one Triton launch and its error two (:mod:`hvdcomp.kernels.gpu.projection`). The autoencoder's
-compute runs on the tensor's device.
+broadcast of k indices (int32; int64 from 2^31 elements); ps, 8 k' bytes of innovation plus the leader's broadcast of
+the indices and code; both, the guard's 256 bytes. The guard decides on the host from its two sums (a
+:class:`~hvdcomp.requests.Read`): the optimizer copies every tensor's in one transfer a step, once no compressed
+collective is left. On CUDA the guard's projection takes one Triton launch and its error two
+(:mod:`hvdcomp.kernels.gpu.projection`). The autoencoder's compute runs on the tensor's device.
 
 A state made afresh (an elastic reset, a step skipped for a non-finite gradient) starts from the step counter: after
 an elastic reset, whose counters start at 0, that is stage 1 again; where the counter is past stage 2 but the
@@ -89,7 +89,7 @@ from hvdcomp import check
 from hvdcomp.compressor import Compressor, Context, State, derive_seed
 from hvdcomp.kernels import is_triton, kernels_for
 from hvdcomp.methods.sketch import mix
-from hvdcomp.methods.topk import largest
+from hvdcomp.methods.topk import index_dtype, largest
 from hvdcomp.reductions import Phase, ReductionMethod
 from hvdcomp.requests import Allgather, Allreduce, Broadcast, Read, Reduction, Request, dense_copy
 from hvdcomp.wire import Payload
@@ -372,7 +372,7 @@ class LGC(Compressor):
         autoencoder's input), and its scale, RMS(p[I]) (1 where that is 0)."""
         indices = largest(p, k).sort().values
         scale = p[indices].square().mean().sqrt().reshape(1)
-        return indices.to(torch.int32), torch.where(scale > 0, scale, 1.0)
+        return indices.to(index_dtype(p.numel())), torch.where(scale > 0, scale, 1.0)
 
     # ---------------------------------------------------------------------- one rank (bench, profile)
 
@@ -518,7 +518,7 @@ class LGCReduction(ReductionMethod):
                 code = method.encode(weights, method.pad((p[indices.long()] / head).unsqueeze(0)))
                 head = torch.cat([head, code.reshape(-1)])
         else:
-            indices = torch.zeros(k, dtype=torch.int32, device=p.device)
+            indices = torch.zeros(k, dtype=index_dtype(p.numel()), device=p.device)
             head = torch.zeros(1 + code_numel, dtype=torch.float32, device=p.device)
         indices, head = yield Broadcast([indices, head], root=leader)
         if weights is None:
