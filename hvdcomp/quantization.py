@@ -124,6 +124,14 @@ class BucketQuantizer(Compressor):
         """The levels a table's one scale multiplies (indexed by the code), or None if tables hold the levels."""
         return None
 
+    def bits_per_element(self) -> float:
+        """What a payload spends per element: the code's bits and each bucket's float32 table (2^bits levels, or one
+        scale of a grid) spread over the bucket; a tensor in one bucket (``bucket_size`` None) spends its bits."""
+        if self.bucket_size is None:
+            return float(self.bits)
+        table = 1 if self.grid(torch.device("cpu")) is not None else 1 << self.bits
+        return self.bits + 32 * table / self.bucket_size
+
     @staticmethod
     def cached_grid(kind: str, bits: int, device: torch.device,
                     make: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:

@@ -220,7 +220,10 @@ def test_gravac_step_times_are_the_mean_over_ranks() -> None:
 @pytest.mark.parametrize(("options", "message"), [
     ({"method": "fp16"}, "ratio knob"), ({"method": "topk", "options": {"ratio": 0.1}}, "leave it out"),
     ({"candidates": [0.5]}, "compression factors > 1"), ({"epsilon": 0}, "epsilon"), ({"interval": 0}, "interval"),
-    ({"method": "qsgd", "candidates": [3]}, "divide 32"), ({"options": {"ratioo": 0.1}}, "unknown option 'ratioo'"),
+    ({"method": "qsgd", "candidates": [3]}, "qsgd's payloads compress 3.97x to 15.5x .* none within 25% of CF 3"),
+    ({"method": "orq", "candidates": [8, 9]}, r"come nearest the bit widths \[3, 3\]"),
+    ({"method": "randomk"}, "randomk keeps about 1/sqrt.*0.316 at CF 10.* under epsilon 0.75"),
+    ({"options": {"ratioo": 0.1}}, "unknown option 'ratioo'"),
     ({"method": "randomk", "options": {"unbiased": True}}, "unbiased"), ({"interval": 1}, "interval"),
     ({"options": [1]}, "mapping")])
 def test_gravac_rejects_bad_options(options: dict, message: str) -> None:
@@ -231,13 +234,38 @@ def test_gravac_rejects_bad_options(options: dict, message: str) -> None:
 @pytest.mark.parametrize("method", ["topk", "randomk", "threshold", "dgc", "qsgd", "orq"])
 def test_gravac_wraps_each_method_with_a_knob(method: str) -> None:
     """Each candidate compresses at its CF; the memory keeps what was not sent (p = sent + memory)."""
-    gravac = make_compressor("gravac", {"method": method, "options": {"momentum": 0.0} if method == "dgc" else {}})
+    gravac = make_compressor("gravac", {"method": method, "options": {"momentum": 0.0} if method == "dgc" else {},
+                                        **({"epsilon": 0.3} if method == "randomk" else {})})
     x = torch.randn(4096, generator=torch.Generator().manual_seed(1))
     state = gravac.init_state(x, _ctx(x))
     payload, meta = gravac.compress(x, state, _ctx(x))
     decoded = gravac.decompress(payload, meta)
     memory = state["memory"]["accumulated" if method == "dgc" else "residual"]
     torch.testing.assert_close(decoded.reshape(-1) + memory, x)
+
+
+@pytest.mark.parametrize(("method", "widths"), [("qsgd", [8, 4, 2]), ("orq", [5, 3, 2])])
+def test_gravac_quantizers_compress_near_their_cf_and_gain_less_as_they_compress_more(method: str,
+                                                                                        widths: list[int]) -> None:
+    """A quantizer candidate takes the bit width whose payload (its buckets' tables included: ORQ's 2^bits levels
+    a bucket) compresses nearest its CF. Its gain is the part of p that its error leaves: at most 1, and smaller the
+    more it compresses (||C(p)|| / ||p|| grows instead: an unbiased quantizer's variance adds to it)."""
+    gravac = GraVAC(method=method, candidates=[4, 8, 16])
+    assert [c.bits for c in gravac._compressors] == widths
+    p = torch.randn(512 * 64, generator=torch.Generator().manual_seed(0))
+    state = gravac.init_state(p, _ctx(p))
+    gains, norms = [], []
+    for index, cf in enumerate(gravac.candidates):
+        payload, meta = gravac.encode(index, p, state, _ctx(p))
+        assert 4 * p.numel() / sum(t.numel() * t.element_size() for t in payload) == pytest.approx(cf, rel=0.25)
+        error = gravac.measured(index, p, payload, meta).square().sum().item()
+        fresh = gravac.init_state(p, _ctx(p))
+        gravac.decide(fresh, 0, [p.square().sum().item(), error, error, 1.0], 1)
+        gains.append(fresh["last"]["gain"])
+        norms.append(gravac.compressor(index).decompress(payload, meta).norm().item() / p.norm().item())
+    assert all(0 <= g <= 1 for g in gains) and gains == sorted(gains, reverse=True) and gains[0] > 0.99, gains
+    if method == "qsgd":
+        assert norms[-1] > 1.2, "||C(p)|| / ||p||, the sparsifiers' gain, grows with the CF"
 
 
 def test_train_sets_epoch_counted_options_where_not_given() -> None:

@@ -5,6 +5,12 @@ is the *gain* of a CF c on the error-compensated gradient p (the gradient plus t
 
     gain(c) = ||C_c(p)|| / ||p||,          summed over ranks: sqrt(sum_r ||C_c(p_r)||^2 / sum_r ||p_r||^2)
 
+for the sparsifiers, which keep some of p's entries (the paper's; then ||C_c(p)||^2 = ||p||^2 - ||C_c(p) - p||^2).
+A quantizer's C_c(p) is noisy, not a part of p: an unbiased one's ||C_c(p)|| exceeds ||p|| by its variance, more
+the more it compresses, so its gain is the part of p's norm that its error leaves, 0 where the error outweighs p:
+
+    gain(c) = sqrt(max(0, 1 - sum_r ||C_c(p_r) - p_r||^2 / sum_r ||p_r||^2))
+
 smoothed by an exponentially weighted moving average over the last ``window`` steps at that CF (weights
 (1 - alpha)^age, normalized; it restarts when the CF changes). Every step compresses p at the current CF and at
 the least aggressive candidate c_min, and sends (Section IV of the paper):
@@ -41,8 +47,11 @@ layers' norms): a tensor whose gradient compresses badly falls back alone. Candi
   (random-k without its momentum correction: the optimizer's momentum applies).
 * ``dgc``: DGC's memory (momentum correction, accumulation, factor masking) with top-k at density 1 / CF;
   GraVAC's warm-up and CFs replace DGC's sparsity warm-up.
-* ``qsgd``, ``orq`` (a bits knob): bits = 32 / CF, which must be a whole number in the method's range (the
-  default candidates are then 4, 8 and 16: 8, 4 and 2 bits).
+* ``qsgd``, ``orq`` (a bits knob): the bit width whose payload, its buckets' tables included, compresses nearest
+  the CF (within 25%): the default candidates 4, 8 and 16 give QSGD 8, 4 and 2 bits (3.97x, 7.88x, 15.5x with its
+  norm per bucket of 512) and ORQ 5, 3 and 2 (4.57x, 9.14x, 14.2x: 2^bits levels per bucket).
+* ``randomk`` keeps about 1/sqrt(CF) of p's norm whatever p is, so a CF is refused where that is under
+  ``epsilon`` (it would send dense every step): 0.32 at 10x.
 
 Knobs: ``method`` and ``options`` (the wrapped method and its other options), ``candidates`` (CFs, default
 10x to 10,000x), ``epsilon`` (0.75), ``alpha`` (0.05), ``window`` (25 steps), ``warmup_steps`` (25), ``omega``
@@ -65,6 +74,7 @@ from hvdcomp.compressor import METHODS, Compressor, Context, State
 from hvdcomp.kernels import is_triton, kernels_for
 from hvdcomp.methods.dgc import DGC
 from hvdcomp.methods.topk import Sparse, TopK
+from hvdcomp.quantization import BucketQuantizer
 from hvdcomp.reductions import Phase, ReductionMethod
 from hvdcomp.requests import Agree, Allgather, Allreduce, Reduction
 from hvdcomp.wire import Payload
@@ -126,10 +136,21 @@ class GraVAC(Compressor):
         self.method = method
         self.options = options
         self.candidates = tuple(sorted(float(c) for c in candidates))
+        if method == "randomk" and 1 / math.sqrt(self.candidates[0]) < epsilon:
+            raise ValueError(f"gravac: randomk keeps about 1/sqrt(CF) of a gradient's norm ("
+                             f"{1 / math.sqrt(self.candidates[0]):.3g} at CF {self.candidates[0]:g}), under epsilon "
+                             f"{epsilon:g} at every candidate: it would send dense every step; use CFs up to "
+                             f"{1 / epsilon**2:.3g} or an epsilon up to {1 / math.sqrt(self.candidates[0]):.3g}")
         self.epsilon, self.alpha, self.omega = float(epsilon), float(alpha), float(omega)
         self.window, self.warmup_steps, self.interval = window, warmup_steps, interval
         self._memory = DGC(**options) if method == "dgc" else None
+        #: the quantizers' gain comes from their error (the module docstring)
+        self._gain_from_error = knob == "bits"
         self._compressors = [self._candidate(cf) for cf in self.candidates]
+        widths = [getattr(c, "bits", None) for c in self._compressors]
+        if self._gain_from_error and len(set(widths)) < len(widths):
+            raise ValueError(f"gravac: {self.method}'s CFs {', '.join(f'{c:g}' for c in self.candidates)} come nearest "
+                             f"the bit widths {widths}, one of them twice; use CFs further apart")
 
     def steady_from(self) -> int:
         return self.warmup_steps
@@ -139,11 +160,24 @@ class GraVAC(Compressor):
         if self.method == "dgc":
             return TopK(ratio=1 / cf)
         if knob == "bits":
-            bits = 32 / cf
-            if bits != int(bits):
-                raise ValueError(f"gravac: {self.method}'s CF {cf:g} gives {bits:g} bits; use CFs that divide 32")
-            return METHODS[self.method](**self.options, bits=int(bits))
+            return self._quantizer(cf)
         return METHODS[self.method](**self.options, **{knob: 1 / cf})
+
+    def _quantizer(self, cf: float) -> BucketQuantizer:
+        """The method at the bit width whose payload compresses nearest ``cf`` (within 25%), tables included."""
+        widths = []
+        for bits in range(1, 9):
+            try:
+                widths.append(METHODS[self.method](**self.options, bits=bits))
+            except ValueError:  # outside the method's range
+                continue
+        best = min(widths, key=lambda q: abs(math.log(32 / q.bits_per_element() / cf)))
+        factor = 32 / best.bits_per_element()
+        if abs(math.log(factor / cf)) > math.log(1.25):
+            factors = sorted(32 / q.bits_per_element() for q in widths)
+            raise ValueError(f"gravac: {self.method}'s payloads compress {factors[0]:.3g}x to {factors[-1]:.3g}x "
+                             f"(its buckets' tables included), none within 25% of CF {cf:g}; use CFs in that range")
+        return best
 
     def compressor(self, index: int) -> Compressor:
         """The compressor of candidate ``index`` (candidates sorted, least aggressive first)."""
@@ -185,11 +219,15 @@ class GraVAC(Compressor):
         """Candidate ``index``'s payload of p and its meta."""
         return self._compressors[index].compress(p, state["inner"][index], ctx)
 
-    def sent(self, index: int, payload: Payload, meta: Any) -> torch.Tensor:
-        """A tensor with the norm of what candidate ``index``'s ``payload`` decodes to: its values where indices are
-        unique (the sparsifiers), else the decoded tensor."""
+    def measured(self, index: int, p: torch.Tensor, payload: Payload, meta: Any) -> torch.Tensor:
+        """The tensor whose squared norm the step agrees on for candidate ``index``'s gain: for the sparsifiers a
+        tensor with the norm of what ``payload`` decodes to (its values where indices are unique, else the decoded
+        tensor); for the quantizers the error, decoded minus p (the module docstring)."""
         compressor = self._compressors[index]
-        return payload[0] if isinstance(compressor, Sparse) else compressor.decompress(payload, meta).reshape(-1)
+        if isinstance(compressor, Sparse):
+            return payload[0]
+        decoded = compressor.decompress(payload, meta).reshape(-1)
+        return decoded.sub_(p) if self._gain_from_error else decoded
 
     # -------------------------------------------------------------------------------------- decisions
 
@@ -200,12 +238,15 @@ class GraVAC(Compressor):
 
     def decide(self, state: State, step: int, sums: Sequence[float], size: int) -> int:
         """Returns what this step sends (the current candidate's index, 0 for the least aggressive, or DENSE)
-        from the agreed sums (||p||^2, ||C_c(p)||^2, ||C_min(p)||^2, step time), and updates the controller for
+        from the agreed sums (||p||^2, ||C_c(p)||^2, ||C_min(p)||^2, step time; for the quantizers the errors'
+        squared norms in place of ||C(p)||^2: :meth:`measured`), and updates the controller for
         the next step (the end of the warm-up, a trial's score, the next candidate). The same sums give the
         same result on every rank."""
         total, current_sq, least_sq, step_time = sums
-        gains = [math.sqrt(current_sq / total) if total > 0 else 1.0,
-                 math.sqrt(least_sq / total) if total > 0 else 1.0]
+        if self._gain_from_error:  # the sums are the errors' (measured())
+            current_sq, least_sq = total - current_sq, total - least_sq
+        gains = [math.sqrt(max(current_sq, 0.0) / total) if total > 0 else 1.0,
+                 math.sqrt(max(least_sq, 0.0) / total) if total > 0 else 1.0]
         smoothed = []
         for history, gain in zip(state["gains"], gains, strict=True):
             history.append(gain)
@@ -316,8 +357,9 @@ class GraVACReduction(ReductionMethod):
         p = method.compensate(tensor, state, ctx)
         current = method.encode(state["cf"], p, state, ctx)
         least = current if state["cf"] == 0 else method.encode(0, p, state, ctx)
-        sent_now = method.sent(state["cf"], *current)
-        local = agreed_inputs([p, sent_now, sent_now if least is current else method.sent(0, *least)], step_time)
+        measured_now = method.measured(state["cf"], p, *current)
+        local = agreed_inputs([p, measured_now, measured_now if least is current else method.measured(0, p, *least)],
+                              step_time)
         before = state["cf"]
         sums = yield Agree(local, "sum", host=True)
         sent = method.decide(state, ctx.step, sums.tolist(), ctx.size)
