@@ -157,6 +157,12 @@ class ReductionMethod(ABC):
     # measured costs on one gradient (hvdcomp profile): a new reduction states them here, nowhere else.
 
     @classmethod
+    def parts(cls, workers: int) -> int:
+        """How many calls of the compressor one gradient takes, each on an equal chunk of it (``e`` below sums the
+        calls' costs: :func:`hvdcomp.perfmodel.timeline.in_parts`)."""
+        return 1
+
+    @classmethod
     def hook_ms(cls, e: Encoded) -> float:
         """Encoding done in the backward hook, before the first phase is started."""
         return e.encode_ms
@@ -250,6 +256,10 @@ class TwoPhaseReduction(ReductionMethod):
             return (f"{traits!r} cannot compress the ranks' sum again (its payload cannot carry the sum's magnitude); "
                     "two_phase's owners must: use the allgather collective")
         return None
+
+    @classmethod
+    def parts(cls, workers: int) -> int:
+        return workers  # each rank's chunk is compressed, summed by its owner and decoded in a call of its own
 
     @classmethod
     def phases(cls, e: Encoded, workers: int) -> list[Phase]:

@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 import types
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -116,6 +117,46 @@ def test_timeline_gated_compressor_encodes_after_backward() -> None:
     two_phase = timeline.simulate(profile_of(10, {"tern": compressor}), cluster_of(0.16), "tern", 5)
     assert two_phase.collective == "two_phase"
     assert two_phase.bytes_per_rank == pytest.approx(62_500 * 1.2 + 4 + 16)
+
+
+def test_two_phase_prices_each_chunk_as_a_call_of_its_own() -> None:
+    """Two-phase calls the compressor once per rank's chunk: each call is priced at the chunk's size from the
+    gradients the profile measured. Launch-bound calls (the same cost whatever the size) then cost once per chunk;
+    calls whose cost follows the size add up to the whole gradient's; below the smallest measured size a call costs
+    the smallest's."""
+    sizes = {"a": 400_000, "c": 100_000, "d": 50_000}
+    gradients = tuple(schema.Gradient(name, numel, 4 * numel, ready) for (name, numel), ready
+                      in zip(sizes.items(), (10.0, 50.0, 90.0), strict=True))
+
+    def profile(cost: Callable[[int], float]) -> schema.Profile:
+        encoded = {name: schema.Encoded(numel // 8, shared_ms=cost(numel) / 2, encode_ms=cost(numel),
+                                        decode_ms=cost(numel) / 2, decode_extra_payload_ms=cost(numel) / 4)
+                   for name, numel in sizes.items()}
+        compressor = schema.CompressorProfile("q", summable=False, fixed_size=True, shared_before_encode=False,
+                                              gradients=encoded)
+        return schema.Profile("toy", 8, "cpu", forward_ms=10, backward_ms=100, optimizer_ms=5, gradients=gradients,
+                              compressors={"q": compressor})
+
+    flat = profile(lambda numel: 1.0)
+    chunks = timeline.in_parts(flat, flat.compressors["q"], "a", 8)  # 8 chunks of 50,000: "d"'s size
+    assert (chunks.encode_ms, chunks.decode_ms, chunks.decode_extra_payload_ms, chunks.shared_ms) == (8, 4, 2, 4)
+    assert chunks.wire_bytes == 50_000, "the bytes are the whole gradient's"
+    assert timeline.in_parts(flat, flat.compressors["q"], "a", 1) is flat.compressors["q"].gradients["a"]
+    linear = profile(lambda numel: numel * 1e-5)  # "a" 4 ms, "c" 1 ms, "d" 0.5 ms
+    for parts in (2, 3, 4, 8):  # 200,000 and 133,333 between "c" and "a", 100,000 and 50,000 measured
+        assert timeline.in_parts(linear, linear.compressors["q"], "a", parts).encode_ms == pytest.approx(4.0)
+    assert timeline.in_parts(linear, linear.compressors["q"], "a", 16).encode_ms == pytest.approx(16 * 0.5)
+    # the timeline runs two-phase at 5 workers: on each gradient 5 launch-bound encodes in the hooks, and the owner's
+    # sum of 5 payloads (0.5 + 4 x 0.25 ms) and re-encode (1 ms) of one chunk before the allgather
+    step = timeline.simulate(flat, cluster_of(100), "q", 5)
+    assert step.collective == "two_phase"
+    assert step.encode_s == pytest.approx(3 * 5 * 1e-3)
+    assert step.decode_s == pytest.approx(3 * (0.5 + 4 * 0.25 + 1 + 5 * 0.5) * 1e-3)
+    # a per-tensor plan's isolated cost: statistics, encodes and decodes of 5 chunks, the owner's sum and re-encode
+    network = timeline.Network(cluster_of(100), 5)
+    wire = network.time("alltoall", 50_000) + network.time("allgather", 10_000)
+    assert predict.tensor_costs(cluster_of(100), flat, 5)["a"]["q/two_phase"] == pytest.approx(
+        wire + (5 * 0.5 + 5 * 1 + (0.5 + 4 * 0.25 + 1) + 5 * 0.5) * 1e-3)
 
 
 def test_timeline_charges_the_checks_and_the_averaging() -> None:

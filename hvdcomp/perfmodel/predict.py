@@ -178,11 +178,11 @@ def tensor_costs(cluster: Cluster, profile: Profile, workers: int) -> dict[str, 
     for gradient in profile.gradients:
         costs = {"none/allreduce": network.time("allreduce", gradient.bytes)}
         for method, compressor in profile.compressors.items():
-            e = compressor.gradients.get(gradient.name)
-            if e is None:
+            if gradient.name not in compressor.gradients:
                 continue
             for plan in timeline.valid_plans(compressor):
                 reduction = timeline.reduction_of(plan)
+                e = timeline.in_parts(profile, compressor, gradient.name, reduction.parts(workers))
                 phases = reduction.phases(e, workers)
                 if plan in timeline.MODEL_ONLY:
                     wire = network.time(plan, e.wire_bytes)

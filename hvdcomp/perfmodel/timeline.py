@@ -39,9 +39,10 @@ cluster, steps run longer than predicted (docs/perfmodel.md, validation).
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from hvdcomp import reductions
 from hvdcomp.compressor import Compressor
@@ -216,6 +217,39 @@ def reduction_of(plan: str) -> type[reductions.ReductionMethod]:
     return reductions.REDUCTIONS[MODEL_ONLY.get(plan, plan)]
 
 
+def in_parts(profile: Profile, compressor: CompressorProfile, name: str, parts: int) -> Encoded:
+    """``compressor``'s costs on gradient ``name`` where a reduction calls it ``parts`` times, each on an equal chunk
+    (:meth:`hvdcomp.reductions.ReductionMethod.parts`: two-phase compresses, sums at the owner and decodes each rank's
+    chunk in a call of its own). Each call costs what the profile measured on gradients of the chunk's size: linear
+    in the number of elements between the two nearest measured sizes (the mean where several gradients share one),
+    and the smallest measured size's cost below it, since a call costs at least its launches. The result sums the
+    ``parts`` calls, so ``parts`` launch-bound calls (GPU kernels on small chunks) cost ``parts`` times one, and calls
+    whose cost follows their size (the CPU's) about the whole gradient's. Bytes and the averaged write are the whole
+    gradient's."""
+    whole = compressor.gradients[name]
+    if parts == 1:
+        return whole
+    numel = {gradient.name: gradient.numel for gradient in profile.gradients}
+    by_size: dict[int, list[Encoded]] = {}
+    for measured_name, measured in compressor.gradients.items():
+        by_size.setdefault(numel[measured_name], []).append(measured)
+    sizes = sorted(by_size)
+    fields = ("shared_ms", "encode_ms", "decode_ms", "decode_extra_payload_ms")
+
+    def mean(size: int) -> list[float]:
+        return [sum(getattr(e, f) for e in by_size[size]) / len(by_size[size]) for f in fields]
+
+    chunk = numel[name] / parts
+    above = bisect.bisect_left(sizes, chunk)
+    if above == 0:
+        call = mean(sizes[0])
+    else:
+        low, high = sizes[above - 1], sizes[min(above, len(sizes) - 1)]
+        weight = (chunk - low) / (high - low) if high > low else 0.0
+        call = [a + weight * (b - a) for a, b in zip(mean(low), mean(high), strict=True)]
+    return replace(whole, **{f: parts * cost for f, cost in zip(fields, call, strict=True)})
+
+
 def simulate(profile: Profile, cluster: Cluster, method: str, workers: int, plan: str | None = None) -> StepTime:
     """The step time of ``method`` ("none" is dense) on ``workers`` ranks, with collective ``plan``
     (default: what hvdcomp's ``collective: auto`` picks)."""
@@ -280,9 +314,10 @@ def _timeline(profile: Profile, cluster: Cluster, workers: int, chosen: Mapping[
         ops[name] = thread.submit(Op(at, kind, phase.nbytes, fuse))
         sent += phase.nbytes
 
-    def encoded(name: str) -> tuple[Encoded, type[reductions.ReductionMethod]]:
-        compressor, plan = chosen[name]
-        return compressor.gradients[name], reduction_of(plan)
+    encoded: dict[str, tuple[Encoded, type[reductions.ReductionMethod]]] = {}
+    for name, (compressor, plan) in chosen.items():
+        reduction = reduction_of(plan)
+        encoded[name] = in_parts(profile, compressor, name, reduction.parts(workers)), reduction
 
     for index, gradient in enumerate(profile.gradients):
         hook = forward + gradient.ready_ms * ms + delay
@@ -290,7 +325,7 @@ def _timeline(profile: Profile, cluster: Cluster, workers: int, chosen: Mapping[
             ops[gradient.name] = thread.submit(Op(hook, dense_plan, gradient.bytes, "dense"))
             sent += gradient.bytes
         else:
-            e, reduction = encoded(gradient.name)
+            e, reduction = encoded[gradient.name]
             if chosen[gradient.name][0].checks_input:  # the input's non-finite check: an encoding can hide a NaN
                 delay += gradient.check_ms * ms
                 encode_total += gradient.check_ms * ms
@@ -307,7 +342,7 @@ def _timeline(profile: Profile, cluster: Cluster, workers: int, chosen: Mapping[
             if gated:  # the last hook waits for the vote, then encodes every gated gradient
                 now = thread.wait(vote)
                 for name in (g.name for g in profile.gradients if g.name in gated):  # in ready order
-                    e, reduction = encoded(name)
+                    e, reduction = encoded[name]
                     now += reduction.hook_ms(e) * ms
                     encode_total += reduction.hook_ms(e) * ms
                     submit(name, now, reduction.phases(e, workers)[0])
@@ -322,14 +357,14 @@ def _timeline(profile: Profile, cluster: Cluster, workers: int, chosen: Mapping[
     # decoding; then the dense gradients, long done.
     compressed = [g for g in profile.gradients if g.name in chosen]
     later_phases = {g.name: [] if chosen[g.name][1] == "parameter_server" else
-                    encoded(g.name)[1].phases(encoded(g.name)[0], workers)[1:] for g in compressed}
+                    encoded[g.name][1].phases(encoded[g.name][0], workers)[1:] for g in compressed}
     for index in range(1 + max((len(later) for later in later_phases.values()), default=0)):
         for gradient in compressed:
             later = later_phases[gradient.name]
             if index > len(later):
                 continue
             now = max(now, thread.wait(ops[gradient.name]))
-            e, reduction = encoded(gradient.name)
+            e, reduction = encoded[gradient.name]
             if index < len(later):  # the reduction's next collective
                 now += later[index].compute_ms * ms
                 decode_total += later[index].compute_ms * ms
