@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib
 import sys
 
+import yaml
+
 from hvdcomp.extras import MissingExtra
 
 #: subcommand -> (module with main(argv), one-line description)
@@ -38,4 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         return importlib.import_module(COMMANDS[command][0]).main(rest)
     except (ValueError, FileNotFoundError, MissingExtra) as error:
         print(f"hvdcomp {command}: error: {error}", file=sys.stderr)
+        return 2
+    except yaml.YAMLError as error:  # a job, cluster or profile file that is not YAML
+        print(f"hvdcomp {command}: error: not valid YAML: {error}", file=sys.stderr)
         return 2

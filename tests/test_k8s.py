@@ -281,6 +281,12 @@ BREAKAGES = [
     (lambda j: _worker(j).pop("readinessProbe"), "containers[0].readinessProbe", "tcpSocket"),
     (lambda j: _launcher(j).update(command=["python"], args=["train.py"]), "containers[0].command",
      "horovodrun -np 16"),
+    # the operator mounts the keys at /root/.ssh by default, where a non-root sshd finds none
+    (lambda j: j["spec"].pop("sshAuthMountPath"), "spec.sshAuthMountPath", "/home/mpiuser/.ssh"),
+    (lambda j: _launcher(j)["resources"]["limits"].update({render.GPU: 8}), "Launcher.template.spec.containers",
+     "remove nvidia.com/gpu from the Launcher's resources"),
+    (lambda j: j["spec"].update(runLauncherAsWorker=True), "Launcher.template.spec.containers",
+     "give the Launcher 8 GPUs"),
 ]
 
 
@@ -291,6 +297,23 @@ def test_validate_names_the_field_and_the_fix(breakage: Any, path: str, fix: str
     problems = validate.document_problems(job, "MPIJob/hvdcomp", VERSION)
     assert problems, "the broken manifest was accepted"
     assert any(path in p.path and fix in str(p) and p.fix for p in problems), "\n".join(map(str, problems))
+
+
+def test_a_job_file_that_is_not_yaml_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from hvdcomp import cli
+
+    bad = tmp_path / "job.yaml"
+    bad.write_text("name: j\nimage: [i\n")
+    assert cli.main(["k8s", "render", "--config", str(bad)]) == 2
+    assert f'hvdcomp k8s: error: not valid YAML: while parsing a flow sequence\n  in "{bad}", line 2' in \
+        capsys.readouterr().err
+
+
+def test_validate_accepts_horovodruns_long_rank_flag() -> None:
+    job = copy.deepcopy(mpijob("gpu-multinode"))
+    _launcher(job)["args"][0] = "--num-proc"
+    assert _launcher(job)["args"][:2] == ["--num-proc", "16"]
+    assert validate.document_problems(job, "MPIJob/hvdcomp", VERSION) == []
 
 
 def test_validate_command_line(tmp_path: Path) -> None:

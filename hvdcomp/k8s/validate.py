@@ -39,7 +39,7 @@ with extras.required("k8s", "hvdcomp k8s validate and dry-run"):
 RESTART_POLICIES = ("Never", "OnFailure")
 LAUNCHER_CREATION_POLICIES = ("AtStartup", "WaitForWorkersReady")
 MANAGED_BY = ("kubeflow.org/mpi-operator", "kueue.x-k8s.io/multikueue")
-NP_FLAGS = ("-np", "--np", "-n", "--n", "-c")
+NP_FLAGS = ("-np", "--np", "-n", "--n", "-c", "--num-proc")
 _TYPE_EXAMPLES = {"integer": "a number without quotes, e.g. 2", "string": "a quoted string",
                   "boolean": "true or false", "object": "a mapping of keys", "array": "a list"}
 
@@ -219,6 +219,10 @@ def rule_problems(job: Mapping[str, Any], where: str) -> Iterator[Problem]:
     if spec.get("sshAuthMountPath") == "":
         yield Problem(where, "spec.sshAuthMountPath", "empty (operator: required)",
                       "give the ssh directory of the image's user, e.g. /home/mpiuser/.ssh")
+    elif spec.get("sshAuthMountPath") is None and (user := _non_root_user(worker)) is not None:
+        yield Problem(where, "spec.sshAuthMountPath", f"not set: the operator mounts the ssh keys at /root/.ssh, where "
+                      f"the workers' sshd, running as user {user}, finds no host key and exits (the launcher then "
+                      "never starts)", "give that user's ssh directory, e.g. /home/mpiuser/.ssh (hvdcomp's image)")
     creation = spec.get("launcherCreationPolicy")
     if creation is not None and creation not in LAUNCHER_CREATION_POLICIES:
         yield Problem(where, "spec.launcherCreationPolicy", f"{creation!r} (operator: not supported)",
@@ -253,11 +257,23 @@ def rule_problems(job: Mapping[str, Any], where: str) -> Iterator[Problem]:
             yield from _container_problems(where, f"{base}.{role}.template.spec", index, container,
                                            replica["template"]["spec"], role == "Worker")
     if worker is not None and slots is not None:
-        gpus = sum(_quantity_int(c.get("resources", {}).get("limits", {}).get(GPU, 0)) or 0
-                   for c in _containers(worker["template"]))
+        gpus = _gpus(worker)
         if gpus and slots != gpus:
             yield Problem(where, "spec.slotsPerWorker", f"{slots} with {gpus} GPUs per worker (hvdcomp: Horovod runs "
                           "one rank per GPU)", f"set slotsPerWorker: {gpus}")
+    if launcher is not None and (gpus := _gpus(launcher)):
+        if not spec.get("runLauncherAsWorker"):
+            yield Problem(where, f"{base}.Launcher.template.spec.containers", f"{gpus} GPUs on the launcher, which "
+                          "only runs the launcher command (hvdcomp: they stay idle)",
+                          f"remove {GPU} from the Launcher's resources")
+        elif slots is not None and gpus != slots:
+            yield Problem(where, f"{base}.Launcher.template.spec.containers", f"{gpus} GPUs on a launcher that is "
+                          f"also a worker with slotsPerWorker {slots} (hvdcomp: one rank per GPU)",
+                          f"give the Launcher {slots} GPUs, as each worker")
+    elif launcher is not None and spec.get("runLauncherAsWorker") and worker is not None and _gpus(worker):
+        yield Problem(where, f"{base}.Launcher.template.spec.containers", "no GPUs on a launcher that is also a "
+                      f"worker (runLauncherAsWorker), whose hostfile gives it {slots} ranks (hvdcomp)",
+                      f"give the Launcher {_gpus(worker)} GPUs, as each worker, or drop runLauncherAsWorker")
     if launcher is not None and worker is not None and slots is not None and _containers(launcher["template"]):
         hosts = replicas + (1 if spec.get("runLauncherAsWorker") else 0)
         expected = hosts * slots
@@ -273,6 +289,23 @@ def rule_problems(job: Mapping[str, Any], where: str) -> Iterator[Problem]:
         elif np != str(expected):
             yield Problem(where, f"{path}.args", f"-np {np}, but {hosts} hosts x slotsPerWorker {slots} = {expected} "
                           "(hvdcomp)", f"use -np {expected}, or change the worker replicas or slotsPerWorker")
+
+
+def _gpus(replica: Mapping[str, Any]) -> int:
+    """The GPUs a replica's pod asks for (its containers' limits)."""
+    return sum(_quantity_int(c.get("resources", {}).get("limits", {}).get(GPU, 0)) or 0
+               for c in _containers(replica["template"]))
+
+
+def _non_root_user(replica: Mapping[str, Any] | None) -> int | None:
+    """The user id other than root that a replica's first container runs as (its own securityContext, else its
+    pod's), or None."""
+    if replica is None or not _containers(replica["template"]):
+        return None
+    pod = (replica["template"].get("spec") or {}).get("securityContext") or {}
+    container = _containers(replica["template"])[0].get("securityContext") or {}
+    user = container.get("runAsUser", pod.get("runAsUser"))
+    return user if isinstance(user, int) and user != 0 else None
 
 
 def _container_problems(where: str, spec_path: str, index: int, container: Mapping[str, Any],
