@@ -56,7 +56,7 @@ import os
 import socket
 import time
 import warnings
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
@@ -392,16 +392,19 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         found = self.config.buckets([(self._slots[i].param, self._slots[i].choice) for i in order])
         return [sorted(order[position] for position in bucket) for bucket in found]
 
-    def _fresh_states(self) -> None:
-        """Every compressed parameter's method state made afresh: a parameter's own for its gradient, or its bucket's,
-        made once for the members with its first member's context, which the members share."""
+    def _fresh_states(self, names: Collection[str] | None = None) -> None:
+        """Every compressed parameter's method state made afresh (or those of ``names`` and of the buckets they are
+        in): a parameter's own for its gradient, or its bucket's, made once for the members with its first member's
+        context, which the members share."""
         buckets: dict[str, list[_Slot]] = {}
         for slot in self._slots:
             if slot.bucket:
                 buckets.setdefault(slot.bucket, []).append(slot)
-            elif slot.choice.reduction is not None:
+            elif slot.choice.reduction is not None and (names is None or slot.name in names):
                 slot.state = slot.choice.reduction.init_state(slot.param.detach(), slot.ctx)
         for first, *rest in buckets.values():  # name order: the first is the one the bucket is named after
+            if names is not None and not any(slot.name in names for slot in (first, *rest)):
+                continue
             members = [first.param.detach(), *(slot.param.detach() for slot in rest)]
             first.state = first.choice.reduction.init_bucket_state(members, first.ctx)
             for slot in rest:
@@ -718,7 +721,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         problems = [f"{slot.name!r} on rank {int(v) - 1}" for slot, v in zip(compressed, inputs, strict=True) if v]
         problems += [f"{slot.name!r} after reduction" for slot, v in zip(compressed, outputs, strict=True) if v]
         message = f"non-finite gradient (NaN or Inf) in {', '.join(problems)}"
-        self._fresh_states()  # residuals may hold NaN now: start them afresh (a caller that catches the error goes on)
+        # the flagged parameters' states may hold NaN now: they start afresh (a caller that catches the error goes on),
+        # on every rank alike (the flags are agreed); the others keep theirs, this step's sent part unapplied
+        self._fresh_states({slot.name for slot, i, o in zip(compressed, inputs, outputs, strict=True) if i or o})
         self._skip_step = True
         if self.config.nonfinite == "raise":
             raise FloatingPointError(f"hvdcomp: {message}. Lower the learning rate, check the data, or set "

@@ -1460,13 +1460,15 @@ def scenario_nonfinite_raise() -> None:
 
 
 def scenario_nonfinite_skip() -> None:
-    """With nonfinite: skip, every rank skips the step together and training continues; the method states start
-    afresh, a bucket's (the three weights, bucket_cap_mb) shared by its members still."""
+    """With nonfinite: skip, every rank skips the step together and training continues; the flagged parameter's
+    method state starts afresh, its bucket's (two weights, bucket_cap_mb) shared by its members still, and the
+    other parameters keep theirs."""
     model = mlp()
     optimizer = hvdcomp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
                                              named_parameters=model.named_parameters(),
                                              compression={"method": "topk", "min_numel": 100, "nonfinite": "skip",
-                                                          "bucket_cap_mb": 1})
+                                                          "bucket_cap_mb": 1, "overrides": [
+                                                              {"match": "4.weight", "options": {"ratio": 0.02}}]})
     data = batches(4, seed=hvd.rank())
     train(model, optimizer, data[:1])
     before = flat_params(model).clone()
@@ -1484,8 +1486,9 @@ def scenario_nonfinite_skip() -> None:
     assert optimizer.step_skipped
     assert torch.equal(before, flat_params(model)), "the skipped step changed the parameters"
     states = optimizer.method_states()
-    assert states["0.weight"] is states["2.weight"] is states["4.weight"], "the bucket's members' states differ"
+    assert states["0.weight"] is states["2.weight"], "the bucket's members' states differ"
     assert not states["0.weight"]["residual"].any(), "the residual did not start afresh"
+    assert states["4.weight"]["residual"].any(), "a parameter whose gradients were finite lost its residual"
     if handle is not None:
         handle.remove()
     train(model, optimizer, data[3:])
