@@ -309,11 +309,16 @@ def test_a_job_file_that_is_not_yaml_is_named(tmp_path: Path, capsys: pytest.Cap
         capsys.readouterr().err
 
 
-def test_validate_accepts_horovodruns_long_rank_flag() -> None:
+def test_validate_accepts_what_the_operator_accepts() -> None:
+    """horovodrun's --num-proc for -np; a Launcher without replicas (the operator's default: 1)."""
     job = copy.deepcopy(mpijob("gpu-multinode"))
     _launcher(job)["args"][0] = "--num-proc"
     assert _launcher(job)["args"][:2] == ["--num-proc", "16"]
+    del job["spec"]["mpiReplicaSpecs"]["Launcher"]["replicas"]
     assert validate.document_problems(job, "MPIJob/hvdcomp", VERSION) == []
+    del job["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"]  # the operator's default: 0 workers
+    assert [p.path for p in validate.document_problems(job, "MPIJob/hvdcomp", VERSION)][:1] == [
+        "spec.mpiReplicaSpecs.Worker.replicas"]
 
 
 def test_validate_command_line(tmp_path: Path) -> None:

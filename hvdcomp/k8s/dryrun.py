@@ -66,7 +66,8 @@ def operator_hostfile(job: Mapping[str, Any]) -> tuple[str, str]:
     name, namespace = job["metadata"]["name"], job["metadata"].get("namespace", "default")
     spec = job["spec"]
     slots = spec.get("slotsPerWorker", 1)
-    hosts = [f"{name}-worker-{i}.{name}.{namespace}.svc" for i in range(spec["mpiReplicaSpecs"]["Worker"]["replicas"])]
+    workers = spec["mpiReplicaSpecs"]["Worker"].get("replicas", 0)  # (the operator's default)
+    hosts = [f"{name}-worker-{i}.{name}.{namespace}.svc" for i in range(workers)]
     if spec.get("runLauncherAsWorker"):
         hosts.insert(0, f"{name}-launcher.{name}.{namespace}.svc")
     hostfile = "".join(f"{host} slots={slots}\n" for host in hosts)
@@ -167,7 +168,7 @@ def prepare(documents: list[Any], root: Path) -> tuple[Launch, dict[str, Any], i
     if slots != 1:
         raise ValueError(f"spec.slotsPerWorker is {slots}: the emulated cluster runs one rank per host (one per "
                          "worker pod); dry-run a job with slotsPerWorker: 1, such as k8s/overlays/cpu-smoke")
-    hosts = spec["mpiReplicaSpecs"]["Worker"]["replicas"] + (1 if spec.get("runLauncherAsWorker") else 0)
+    hosts = spec["mpiReplicaSpecs"]["Worker"].get("replicas", 0) + (1 if spec.get("runLauncherAsWorker") else 0)
     config_maps = {d["metadata"]["name"]: d for d in documents
                    if isinstance(d, Mapping) and d.get("kind") == "ConfigMap"}
     etc_mpi = root / "etc-mpi"

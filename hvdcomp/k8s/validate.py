@@ -185,15 +185,15 @@ def rule_problems(job: Mapping[str, Any], where: str) -> Iterator[Problem]:
     if launcher is None:
         yield Problem(where, f"{base}.Launcher", "missing (operator: exactly one launcher)",
                       "add a Launcher replica spec with replicas: 1")
-    elif launcher["replicas"] != 1:
+    elif launcher.get("replicas", 1) != 1:  # (the operator's defaults: 1 launcher, 0 workers)
         yield Problem(where, f"{base}.Launcher.replicas", f"{launcher['replicas']} (operator: must be 1)",
                       "set replicas: 1")
     if worker is None:
-        yield Problem(where, f"{base}.Worker", "missing (operator: at least one worker)",
+        yield Problem(where, f"{base}.Worker", "missing (hvdcomp: at least one worker)",
                       "add a Worker replica spec with replicas >= 1")
-    elif worker["replicas"] < 1:
-        yield Problem(where, f"{base}.Worker.replicas", f"{worker['replicas']} (operator: must be >= 1)",
-                      "set replicas to the number of nodes")
+    elif worker.get("replicas", 0) < 1:
+        yield Problem(where, f"{base}.Worker.replicas", f"{worker.get('replicas', '0 (the default)')} (hvdcomp: "
+                      "must be >= 1)", "set replicas to the number of nodes")
     for role, replica in (("Launcher", launcher), ("Worker", worker)):
         if replica is None:
             continue
@@ -227,7 +227,7 @@ def rule_problems(job: Mapping[str, Any], where: str) -> Iterator[Problem]:
     if creation is not None and creation not in LAUNCHER_CREATION_POLICIES:
         yield Problem(where, "spec.launcherCreationPolicy", f"{creation!r} (operator: not supported)",
                       f"use {' or '.join(LAUNCHER_CREATION_POLICIES)}")
-    replicas = worker["replicas"] if worker is not None else 1
+    replicas = worker.get("replicas", 0) if worker is not None else 1
     name = job["metadata"]["name"]
     pod = f"{name}-worker-{max(replicas, 1) - 1}"
     if len(pod) > 63 or not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", pod):
