@@ -244,6 +244,13 @@ def test_gravac_wraps_each_method_with_a_knob(method: str) -> None:
     torch.testing.assert_close(decoded.reshape(-1) + memory, x)
 
 
+def test_gravac_over_randomk_warns_as_random_k_without_its_momentum_correction() -> None:
+    risk = GraVAC(method="randomk", epsilon=0.3).accuracy_risk()
+    assert risk is not None and risk.startswith("gravac over randomk keeps no momentum correction: random-k with "
+                                                "error feedback under the optimizer's momentum diverges"), risk
+    assert GraVAC().accuracy_risk() is None
+
+
 @pytest.mark.parametrize(("method", "widths"), [("qsgd", [8, 4, 2]), ("orq", [5, 3, 2])])
 def test_gravac_quantizers_compress_near_their_cf_and_gain_less_as_they_compress_more(method: str,
                                                                                         widths: list[int]) -> None:

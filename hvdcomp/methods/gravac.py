@@ -155,6 +155,12 @@ class GraVAC(Compressor):
     def steady_from(self) -> int:
         return self.warmup_steps
 
+    def accuracy_risk(self) -> str | None:
+        if self.method != "randomk":
+            return None
+        # its memory is error feedback alone: random-k's momentum correction is not in it
+        return f"gravac over randomk keeps no momentum correction: {METHODS['randomk'](momentum=0.0).accuracy_risk()}"
+
     def _candidate(self, cf: float) -> Compressor:
         knob = KNOBS[self.method]
         if self.method == "dgc":
