@@ -7,7 +7,8 @@ are reduced by :func:`hvdcomp.DistributedOptimizer`, and rank 0 shows a progress
 a table and a JSON summary: step time, samples/s, bytes each rank sent per step against dense float32, and
 test accuracy. ``--compare dense`` first runs the same job uncompressed, with the same seeds.
 
-A job file (``--config job.yaml``) holds the same settings as the flags (flags given explicitly win)::
+A job file (``--config job.yaml``) holds these settings of the flags, the others being flags only (flags given
+explicitly win)::
 
     workload: synthetic
     epochs: 2
