@@ -223,6 +223,8 @@ def test_gravac_step_times_are_the_mean_over_ranks() -> None:
     ({"method": "qsgd", "candidates": [3]}, "qsgd's payloads compress 3.97x to 15.5x .* none within 25% of CF 3"),
     ({"method": "orq", "candidates": [8, 9]}, r"come nearest the bit widths \[3, 3\]"),
     ({"method": "randomk"}, "randomk keeps about 1/sqrt.*0.316 at CF 10.* under epsilon 0.75"),
+    ({"method": "randomk", "candidates": [2, 10], "epsilon": 0.5}, "under epsilon 0.5 at CFs 10: it would never"),
+    ({"method": "qsgd", "options": {"bucket_size": 7}}, "qsgd: bucket_size must be a positive multiple of 8"),
     ({"options": {"ratioo": 0.1}}, "unknown option 'ratioo'"),
     ({"method": "randomk", "options": {"unbiased": True}}, "unbiased"), ({"interval": 1}, "interval"),
     ({"options": [1]}, "mapping")])
@@ -235,7 +237,7 @@ def test_gravac_rejects_bad_options(options: dict, message: str) -> None:
 def test_gravac_wraps_each_method_with_a_knob(method: str) -> None:
     """Each candidate compresses at its CF; the memory keeps what was not sent (p = sent + memory)."""
     gravac = make_compressor("gravac", {"method": method, "options": {"momentum": 0.0} if method == "dgc" else {},
-                                        **({"epsilon": 0.3} if method == "randomk" else {})})
+                                        **({"candidates": [4, 10], "epsilon": 0.3} if method == "randomk" else {})})
     x = torch.randn(4096, generator=torch.Generator().manual_seed(1))
     state = gravac.init_state(x, _ctx(x))
     payload, meta = gravac.compress(x, state, _ctx(x))
@@ -245,7 +247,7 @@ def test_gravac_wraps_each_method_with_a_knob(method: str) -> None:
 
 
 def test_gravac_over_randomk_warns_as_random_k_without_its_momentum_correction() -> None:
-    risk = GraVAC(method="randomk", epsilon=0.3).accuracy_risk()
+    risk = GraVAC(method="randomk", candidates=[2, 4], epsilon=0.5).accuracy_risk()
     assert risk is not None and risk.startswith("gravac over randomk keeps no momentum correction: random-k with "
                                                 "error feedback under the optimizer's momentum diverges"), risk
     assert GraVAC().accuracy_risk() is None

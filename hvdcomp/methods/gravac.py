@@ -51,7 +51,7 @@ layers' norms): a tensor whose gradient compresses badly falls back alone. Candi
   the CF (within 25%): the default candidates 4, 8 and 16 give QSGD 8, 4 and 2 bits (3.97x, 7.88x, 15.5x with its
   norm per bucket of 512) and ORQ 5, 3 and 2 (4.57x, 9.14x, 14.2x: 2^bits levels per bucket).
 * ``randomk`` keeps about 1/sqrt(CF) of p's norm whatever p is, so a CF is refused where that is under
-  ``epsilon`` (it would send dense every step): 0.32 at 10x.
+  ``epsilon`` (it would never be sent: 0.32 at 10x).
 
 Knobs: ``method`` and ``options`` (the wrapped method and its other options), ``candidates`` (CFs, default
 10x to 10,000x), ``epsilon`` (0.75), ``alpha`` (0.05), ``window`` (25 steps), ``warmup_steps`` (25), ``omega``
@@ -136,11 +136,12 @@ class GraVAC(Compressor):
         self.method = method
         self.options = options
         self.candidates = tuple(sorted(float(c) for c in candidates))
-        if method == "randomk" and 1 / math.sqrt(self.candidates[0]) < epsilon:
+        hopeless = [cf for cf in self.candidates if 1 / math.sqrt(cf) < epsilon]
+        if method == "randomk" and hopeless:
             raise ValueError(f"gravac: randomk keeps about 1/sqrt(CF) of a gradient's norm ("
-                             f"{1 / math.sqrt(self.candidates[0]):.3g} at CF {self.candidates[0]:g}), under epsilon "
-                             f"{epsilon:g} at every candidate: it would send dense every step; use CFs up to "
-                             f"{1 / epsilon**2:.3g} or an epsilon up to {1 / math.sqrt(self.candidates[0]):.3g}")
+                             f"{1 / math.sqrt(hopeless[0]):.3g} at CF {hopeless[0]:g}), under epsilon {epsilon:g} at "
+                             f"CFs {', '.join(f'{cf:g}' for cf in hopeless)}: it would never send them; use CFs up to "
+                             f"{1 / epsilon**2:.3g} or an epsilon up to {1 / math.sqrt(self.candidates[-1]):.3g}")
         self.epsilon, self.alpha, self.omega = float(epsilon), float(alpha), float(omega)
         self.window, self.warmup_steps, self.interval = window, warmup_steps, interval
         self._memory = DGC(**options) if method == "dgc" else None
@@ -171,6 +172,7 @@ class GraVAC(Compressor):
 
     def _quantizer(self, cf: float) -> BucketQuantizer:
         """The method at the bit width whose payload compresses nearest ``cf`` (within 25%), tables included."""
+        METHODS[self.method](**self.options)  # the options' own errors, named by the method
         widths = []
         for bits in range(1, 9):
             try:
