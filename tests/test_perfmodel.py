@@ -122,8 +122,8 @@ def test_timeline_gated_compressor_encodes_after_backward() -> None:
 def test_two_phase_prices_each_chunk_as_a_call_of_its_own() -> None:
     """Two-phase calls the compressor once per rank's chunk: each call is priced at the chunk's size from the
     gradients the profile measured. Launch-bound calls (the same cost whatever the size) then cost once per chunk;
-    calls whose cost follows the size add up to the whole gradient's; below the smallest measured size a call costs
-    the smallest's."""
+    calls whose cost follows the size add up to the whole gradient's, below the smallest measured size too; no call
+    costs more than the whole gradient's own."""
     sizes = {"a": 400_000, "c": 100_000, "d": 50_000}
     gradients = tuple(schema.Gradient(name, numel, 4 * numel, ready) for (name, numel), ready
                       in zip(sizes.items(), (10.0, 50.0, 90.0), strict=True))
@@ -145,7 +145,11 @@ def test_two_phase_prices_each_chunk_as_a_call_of_its_own() -> None:
     linear = profile(lambda numel: numel * 1e-5)  # "a" 4 ms, "c" 1 ms, "d" 0.5 ms
     for parts in (2, 3, 4, 8):  # 200,000 and 133,333 between "c" and "a", 100,000 and 50,000 measured
         assert timeline.in_parts(linear, linear.compressors["q"], "a", parts).encode_ms == pytest.approx(4.0)
-    assert timeline.in_parts(linear, linear.compressors["q"], "a", 16).encode_ms == pytest.approx(16 * 0.5)
+    assert timeline.in_parts(linear, linear.compressors["q"], "a", 16).encode_ms == pytest.approx(4.0)  # below "d"
+    assert timeline.in_parts(flat, flat.compressors["q"], "a", 64).encode_ms == pytest.approx(64.0)
+    noisy = profile(lambda numel: {400_000: 1.0, 100_000: 2.0, 50_000: 3.0}[numel])  # smaller measured slower
+    assert timeline.in_parts(noisy, noisy.compressors["q"], "a", 8).encode_ms == pytest.approx(8 * 1.0)
+    assert timeline.in_parts(noisy, noisy.compressors["q"], "c", 4).encode_ms == pytest.approx(4 * 2.0)
     # the timeline runs two-phase at 5 workers: on each gradient 5 launch-bound encodes in the hooks, and the owner's
     # sum of 5 payloads (0.5 + 4 x 0.25 ms) and re-encode (1 ms) of one chunk before the allgather
     step = timeline.simulate(flat, cluster_of(100), "q", 5)

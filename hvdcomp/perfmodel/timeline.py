@@ -220,9 +220,10 @@ def reduction_of(plan: str) -> type[reductions.ReductionMethod]:
 def in_parts(profile: Profile, compressor: CompressorProfile, name: str, parts: int) -> Encoded:
     """``compressor``'s costs on gradient ``name`` where a reduction calls it ``parts`` times, each on an equal chunk
     (:meth:`hvdcomp.reductions.ReductionMethod.parts`: two-phase compresses, sums at the owner and decodes each rank's
-    chunk in a call of its own). Each call costs what the profile measured on gradients of the chunk's size: linear
-    in the number of elements between the two nearest measured sizes (the mean where several gradients share one),
-    and the smallest measured size's cost below it, since a call costs at least its launches. The result sums the
+    chunk in a call of its own). Each call costs what the profile measured on gradients of the chunk's size (the
+    mean where several gradients share one): linear in the number of elements between the two nearest measured
+    sizes; below the smallest, along the line through the two smallest, but at least its intercept (the launches)
+    and at most the smallest's cost; and never more than the whole gradient's own call. The result sums the
     ``parts`` calls, so ``parts`` launch-bound calls (GPU kernels on small chunks) cost ``parts`` times one, and calls
     whose cost follows their size (the CPU's) about the whole gradient's. Bytes and the averaged write are the whole
     gradient's."""
@@ -239,15 +240,21 @@ def in_parts(profile: Profile, compressor: CompressorProfile, name: str, parts: 
     def mean(size: int) -> list[float]:
         return [sum(getattr(e, f) for e in by_size[size]) / len(by_size[size]) for f in fields]
 
+    def line(low: int, high: int, at: float) -> list[float]:
+        weight = (at - low) / (high - low)
+        return [a + weight * (b - a) for a, b in zip(mean(low), mean(high), strict=True)]
+
     chunk = numel[name] / parts
     above = bisect.bisect_left(sizes, chunk)
-    if above == 0:
+    if above == 0 and len(sizes) == 1:
         call = mean(sizes[0])
+    elif above == 0:  # below every measured size: between the launches (the intercept) and the smallest's cost
+        call = [min(max(cost, intercept, 0.0), smallest) for cost, intercept, smallest in
+                zip(line(sizes[0], sizes[1], chunk), line(sizes[0], sizes[1], 0), mean(sizes[0]), strict=True)]
     else:
-        low, high = sizes[above - 1], sizes[min(above, len(sizes) - 1)]
-        weight = (chunk - low) / (high - low) if high > low else 0.0
-        call = [a + weight * (b - a) for a, b in zip(mean(low), mean(high), strict=True)]
-    return replace(whole, **{f: parts * cost for f, cost in zip(fields, call, strict=True)})
+        call = line(sizes[above - 1], sizes[above], chunk) if chunk < sizes[above] else mean(sizes[above])
+    own = [getattr(whole, f) for f in fields]
+    return replace(whole, **{f: parts * min(cost, limit) for f, cost, limit in zip(fields, call, own, strict=True)})
 
 
 def simulate(profile: Profile, cluster: Cluster, method: str, workers: int, plan: str | None = None) -> StepTime:
