@@ -272,7 +272,7 @@ def rule_problems(job: Mapping[str, Any], where: str) -> Iterator[Problem]:
                           f"give the Launcher {slots} GPUs, as each worker")
     elif launcher is not None and spec.get("runLauncherAsWorker") and worker is not None and _gpus(worker):
         yield Problem(where, f"{base}.Launcher.template.spec.containers", "no GPUs on a launcher that is also a "
-                      f"worker (runLauncherAsWorker), whose hostfile gives it {slots} ranks (hvdcomp)",
+                      f"worker (runLauncherAsWorker), whose hostfile gives it {slots or 1} ranks (hvdcomp)",
                       f"give the Launcher {_gpus(worker)} GPUs, as each worker, or drop runLauncherAsWorker")
     if launcher is not None and worker is not None and slots is not None and _containers(launcher["template"]):
         hosts = replicas + (1 if spec.get("runLauncherAsWorker") else 0)

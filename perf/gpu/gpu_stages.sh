@@ -46,6 +46,11 @@ else
     say "no wheelhouse (.whl/horovod-*.tar.gz; perf/gpu/gpu_wheelhouse.sh, then carry .whl): no staged build and no" \
         "multi-rank stage; the kernel stage has the whole ${DEADLINE_S} s"
 fi
+echo "DEADLINE_S=$DEADLINE_S KERNELS_S=$KERNELS_S STAGE_TIMEOUT_TESTS=$STAGE_TIMEOUT_TESTS" \
+    "STAGE_TIMEOUT_BUCKETS=$STAGE_TIMEOUT_BUCKETS STAGE_TIMEOUT_CHECKS=$STAGE_TIMEOUT_CHECKS" \
+    "STAGE_TIMEOUT_SELECTION=$STAGE_TIMEOUT_SELECTION STAGE_TIMEOUT_KERNEL_TIMES=$STAGE_TIMEOUT_KERNEL_TIMES" \
+    "STAGE_TIMEOUT_BENCH=$STAGE_TIMEOUT_BENCH STAGE_TIMEOUT_PROFILE=$STAGE_TIMEOUT_PROFILE" \
+    "BENCH_METHODS='${BENCH_METHODS:-}'" >"$work/settings.txt"
 cores=$(nproc)
 half=$((cores / 2))
 build_cpus="$half-$((cores - 1))"
@@ -66,7 +71,8 @@ BUDGET_S=$KERNELS_S taskset -c "$kernel_cpus" perf/gpu/gpu_kernels.sh "$work/ker
 kernels=$?
 cp "$work/kernels/summary.txt" "$out/kernels-summary.txt" 2>/dev/null ||
     echo "the kernel stage wrote no summary (exit status $kernels)" >"$out/kernels-summary.txt"
-tar -czf "$out/results.tgz" -C "$work" .  # kept where the call is cut off before the end
+# kept where the call is cut off before the end (the build's log may change while it is read: tar then says so)
+tar -czf "$out/results.tgz" -C "$work" . 2>/dev/null
 
 if [[ $wheelhouse == no ]]; then
     multirank=1
@@ -85,11 +91,6 @@ fi
 cp "$work/multirank/summary.txt" "$out/multirank-summary.txt" 2>/dev/null ||
     echo "the multi-rank stage wrote no summary (exit status $multirank)" >"$out/multirank-summary.txt"
 
-echo "DEADLINE_S=$DEADLINE_S KERNELS_S=$KERNELS_S STAGE_TIMEOUT_TESTS=$STAGE_TIMEOUT_TESTS" \
-    "STAGE_TIMEOUT_BUCKETS=$STAGE_TIMEOUT_BUCKETS STAGE_TIMEOUT_CHECKS=$STAGE_TIMEOUT_CHECKS" \
-    "STAGE_TIMEOUT_SELECTION=$STAGE_TIMEOUT_SELECTION STAGE_TIMEOUT_KERNEL_TIMES=$STAGE_TIMEOUT_KERNEL_TIMES" \
-    "STAGE_TIMEOUT_BENCH=$STAGE_TIMEOUT_BENCH STAGE_TIMEOUT_PROFILE=$STAGE_TIMEOUT_PROFILE" \
-    "BENCH_METHODS='${BENCH_METHODS:-}'" >"$work/settings.txt"
 tar -czf "$out/results.tgz" -C "$work" .
 say "kernel stage exit status $kernels, multi-rank stage $multirank; results in $out (${SECONDS} s)"
 ((kernels == 0 && multirank == 0))
