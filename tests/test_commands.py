@@ -48,6 +48,17 @@ def test_train_rejects_bad_job_file(tmp_path) -> None:
     assert "unknown key 'epoch'; valid: workload, epochs" in result.stderr
 
 
+def test_train_refuses_compare_under_elastic(capsys: pytest.CaptureFixture[str]) -> None:
+    """A host that joins an elastic job starts its main from the top: under --compare, in the dense run, while the
+    others run the compressed one."""
+    from hvdcomp.tools import train
+
+    with pytest.raises(SystemExit) as exit_:
+        train.main(["--compare", "dense", "--elastic"])
+    assert exit_.value.code == 2
+    assert "--compare runs two jobs one after the other" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(("text", "message"), [
     ("lr: 1e-2", "lr must be a positive number (YAML reads 1e-2 as text: write 1.0e-2); got '1e-2'"),
     ("lr: -0.1", "lr must be a positive number; got -0.1"),

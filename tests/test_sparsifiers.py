@@ -293,6 +293,12 @@ def test_train_sets_epoch_counted_options_where_not_given() -> None:
         "dense_steps": 5, "train_steps": 44}
     assert with_epochs({"method": "gravac", "options": {"interval_epochs": 0.5}}, 22)["options"] == {"interval": 11}
     assert with_epochs({"method": "dgc", "options": [1]}, 22) == {"method": "dgc", "options": [1]}, "left to the config"
+    # under --elastic an epoch's steps change with the world: the methods' step defaults stay, epochs are refused
+    assert with_epochs("dgc", None) == {"method": "dgc"}
+    assert with_epochs({"method": "gravac", "options": {"epsilon": 0.5}}, None) == {"method": "gravac",
+                                                                                     "options": {"epsilon": 0.5}}
+    with pytest.raises(ValueError, match=r"gravac's interval_epochs: under --elastic .* give interval"):
+        with_epochs({"method": "gravac", "options": {"interval_epochs": 1}}, None)
 
 
 def test_train_gives_sgds_momentum_by_world_to_parameters_whose_method_applies_its_own() -> None:

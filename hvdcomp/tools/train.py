@@ -238,7 +238,7 @@ def run(workload_name: str, compression: Any, epochs: int | None, batch_size: in
             raise ValueError(f"batch_size {batch_size} is larger than each rank's shard of {shard} samples")
         return shard // batch_size
 
-    compression = with_epochs(compression, steps_per_epoch())
+    compression = with_epochs(compression, None if elastic else steps_per_epoch())
     optimizer = DistributedOptimizer(sgd(model, compression, lr, hvd.size()),
                                      named_parameters=model.named_parameters(), compression=compression,
                                      deadline=deadline)
@@ -322,14 +322,15 @@ def run(workload_name: str, compression: Any, epochs: int | None, batch_size: in
                    optimizer.auto_report(), epoch_accuracy if target_accuracy is not None else None)
 
 
-def with_epochs(compression: Any, steps_per_epoch: int) -> Any:
+def with_epochs(compression: Any, steps_per_epoch: int | None) -> Any:
     """The compression setting with the options its methods' papers count in epochs (``epoch_options``) set to
     ``steps_per_epoch`` where the setting does not give them, at the top level and in each override (which
     inherits the method and options as :mod:`hvdcomp.config` reads them), and in each of ``auto``'s ``candidates``
     (those auto takes by default run with their step defaults). Such an option may also be given in
     epochs, as its name with ``_epochs`` in place of ``_steps`` (or added: LGC's ``train_epochs: 2``, GraVAC's
     ``interval_epochs: 1``). Anything malformed is left as it is, for ``DistributedOptimizer`` to reject with its
-    message."""
+    message. ``steps_per_epoch`` None (Elastic Horovod, where an epoch's steps change with the world and every rank,
+    a joining one too, must plan alike): the methods' own step defaults stay, and an option in epochs is refused."""
     setting = {"method": compression} if isinstance(compression, str) else compression
     if not isinstance(setting, Mapping):
         return compression  # a Compressor object
@@ -342,10 +343,17 @@ def with_epochs(compression: Any, steps_per_epoch: int) -> Any:
         for key in keys:
             in_epochs = f"{key.removesuffix('_steps')}_epochs"
             epochs = given.pop(in_epochs, None)
+            if steps_per_epoch is None:
+                if epochs is not None:
+                    raise ValueError(f"{method}'s {in_epochs}: under --elastic an epoch's steps change with the "
+                                     f"number of ranks; give {key} (steps) instead")
+                continue
             if isinstance(epochs, (int, float)) and not isinstance(epochs, bool) and epochs >= 0:
                 given.setdefault(key, round(epochs * steps_per_epoch))
             elif epochs is not None:
                 given[in_epochs] = epochs  # for the method to reject by name
+        if steps_per_epoch is None:
+            return given or options
         return {key: steps_per_epoch for key in keys} | given
 
     top_method = setting.get("method", "none")
@@ -476,6 +484,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--target must be an accuracy in (0, 1]; got {args.target}")
     if args.target is not None and args.elastic:
         parser.error("--target is not kept across elastic resets: give it without --elastic")
+    if args.compare and args.elastic:  # a host joining during the compressed run would start in the dense one
+        parser.error("--compare runs two jobs one after the other, which Elastic Horovod's joining hosts cannot "
+                     "follow: give it without --elastic")
     job = load_job(args.config) if args.config else {}
     if args.compression is not None and "compression" in job:
         parser.error("give the compression either with --compression or in the --config file, not both")
