@@ -23,7 +23,7 @@ def test_bench_compress_json(method: str, max_bits: float) -> None:
     report = json.loads(result.stdout)
     assert report["method"] == method and report["numel"] == 200000
     assert 0 < report["bits_per_element"] <= max_bits, report
-    for key in ("compress_gbps", "decompress_gbps", "copy_gbps", "fraction_of_copy"):
+    for key in ("compress_gbps", "decompress_gbps", "copy_gbps", "copy_into_gbps", "fraction_of_copy"):
         assert report[key] > 0, key
     assert 0 <= report["relative_error"] < 1.5
 
@@ -32,6 +32,19 @@ def test_bench_rejects_unknown_option() -> None:
     result = hvdcomp("bench", "compress", "--method", "topk", "--option", "ratioo=0.1", "--json")
     assert result.returncode == 2
     assert "unknown option for topk 'ratioo'; valid: ratio" in result.stderr
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--method", "topk", "--method", "qsgd", "--option", "ratio=0.1"], "unknown option for qsgd 'ratio'"),
+    (["--method", "powersgd", "--numel", "10007"], "powersgd compresses no tensor of 10007 elements"),
+])
+def test_bench_checks_every_method_before_timing_any(args: list[str], message: str,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from hvdcomp import cli
+
+    assert cli.main(["bench", "compress", *args, "--json"]) == 2
+    out, err = capsys.readouterr()
+    assert message in err and out == "", (out, err)
 
 
 def test_train_rejects_unknown_method_with_valid_list() -> None:

@@ -6,12 +6,15 @@
 Reports bits per element on the wire (the packed payload, padding included), compress and decompress
 throughput in GB/s of float32 input and time per call in microseconds (``compress_us``, ``decompress_us``: on a
 small tensor, what matters is the time, not the throughput), the relative error ||D(C(x)) - x|| / ||x|| on a
-Gaussian tensor, and the throughput of ``x.clone()`` measured in the same run as the reference for memory speed.
+Gaussian tensor, and the throughput of ``x.clone()`` measured in the same run as the reference for memory speed
+(``fraction_of_copy``). The clone allocates its output as decompress does; on the CPU a fresh allocation of a large
+tensor (over glibc's mmap threshold) faults its pages in on every call, so ``copy_into_gbps``, a copy into a buffer
+allocated once, gives the memory's own speed beside it (on CUDA the caching allocator makes the two alike).
 ``--method`` and ``--numel`` may be repeated: one report per method and size, in one process (with ``--json``, one
 JSON line each).
 
-Times are the median of ``--repeats`` rounds after one warm-up, copy, compress and decompress interleaved in each
-round so that a change of load hits all three alike; ``spread_us`` gives each one's fastest and slowest round.
+Times are the median of ``--repeats`` rounds after one warm-up, the copies, compress and decompress interleaved in each
+round so that a change of load hits all alike; ``spread_us`` gives each one's fastest and slowest round.
 
 * CPU: a host clock (``time.perf_counter``) around each call.
 * CUDA: the GPU's own time, as ``triton.testing.do_bench`` measures it. Before each call a buffer larger than the
@@ -165,6 +168,9 @@ def bench_shape(compressor: Compressor, numel: int) -> torch.Size:
     if not compressor.compresses(shape):
         rows = next(r for r in range(math.isqrt(numel), 0, -1) if numel % r == 0)
         shape = torch.Size([rows, numel // rows])
+    if not compressor.compresses(shape):  # in training such a tensor goes dense: nothing of the method's to time
+        raise ValueError(f"{compressor.name} compresses no tensor of {numel} elements (its squarest matrix is "
+                         f"{tuple(shape)}): give a --numel it compresses")
     return shape
 
 
@@ -181,11 +187,14 @@ def bench_compress(method: str, numel: int, device: str = "cpu", repeats: int = 
     ctx = Context.local(x, seed, step=STEADY_STEP)  # past any warm-up (DGC's sparsity stages)
     state = compressor.init_state(x, ctx)
     payload, meta = compressor.compress(x, state, ctx)
-    timings = timed({"copy": lambda: x.clone(), "compress": lambda: compressor.compress(x, state, ctx),
+    # the error of this payload, before the timed calls reuse the state (PowerSGD's next compress orthogonalizes the
+    # Q it sent in place)
+    relative_error = ((compressor.decompress(payload, meta).float() - x).norm() / x.norm()).item()
+    ready = torch.empty_like(x)
+    timings = timed({"copy": lambda: x.clone(), "copy_into": lambda: ready.copy_(x),
+                     "compress": lambda: compressor.compress(x, state, ctx),
                      "decompress": lambda: compressor.decompress(payload, meta)}, target, repeats)
     copy_s, compress_s, decompress_s = (timings[name].median for name in ("copy", "compress", "decompress"))
-    decoded = compressor.decompress(payload, meta).float()
-    relative_error = ((decoded - x).norm() / x.norm()).item()
     both = gigabytes / (compress_s + decompress_s)
     return {
         "method": method,
@@ -199,6 +208,7 @@ def bench_compress(method: str, numel: int, device: str = "cpu", repeats: int = 
         "decompress_gbps": gigabytes / decompress_s,
         "compress_decompress_gbps": both,
         "copy_gbps": gigabytes / copy_s,
+        "copy_into_gbps": gigabytes / timings["copy_into"].median,
         "fraction_of_copy": both / (gigabytes / copy_s),
         "compress_us": _us(compress_s),
         "decompress_us": _us(decompress_s),
@@ -237,6 +247,10 @@ def main(argv: list[str] | None = None) -> int:
     sizes = args.numel or [25_000_000]
     if min(sizes) < 1 or args.repeats < 1:
         parser.error("--numel and --repeats must be >= 1")
+    for method in args.method:  # every method's options and sizes checked before any is timed
+        compressor = make_compressor(method, options, error_feedback=False)
+        for numel in sizes:
+            bench_shape(compressor, numel)
     for i, (method, numel) in enumerate((m, n) for m in args.method for n in sizes):
         result = bench_compress(method, numel, args.device, args.repeats, options=options)
         if args.json:
