@@ -6,7 +6,8 @@
 A change that is not meant to move speed (a refactoring, a new interface) is checked with this: the base commit is
 checked out into a temporary git worktree; then, ``--alternations`` times, the base and this tree each run
 perf/cluster/cluster_training.py's worker (the synthetic model, batch 32 per rank, ``--steps`` timed steps after one
-warm-up step) on a fresh emulated cluster per setting, one after the other, so that load changes hit both alike.
+warm-up step) on a fresh emulated cluster per setting, one after the other (the base first in even alternations,
+last in odd ones), so that load changes hit both alike.
 Each tree imports its own ``hvdcomp`` (``PYTHONPATH``) and builds its own fused kernels (a base whose kernels
 share one build folder per environment gets a folder of its own). Rows, tagged ``before: COMMIT`` or ``after``,
 are appended to perf/results/OUT; the medians per side, their ranges and their ratio are printed. Root and
@@ -74,8 +75,9 @@ def main() -> int:
         base_tree = Path(scratch) / "base"
         checkout(args.base, base_tree)
         try:
-            for _ in range(args.alternations):
-                for code, tree in ((f"before: {args.base}", base_tree), ("after", REPO)):
+            sides = ((f"before: {args.base}", base_tree), ("after", REPO))
+            for alternation in range(args.alternations):
+                for code, tree in sides if alternation % 2 == 0 else sides[::-1]:  # a drift hits both sides
                     for row in run(tree, args):
                         rows.append({**row, "code": code, "series": f"{args.steps} timed steps per run"})
                         print(json.dumps(rows[-1]), flush=True)

@@ -5,10 +5,11 @@
 
 For a change that must not move CPU speed (a new device path beside the CPU kernels): the base commit is checked
 out into a temporary git worktree with its own kernel build folder; then, ``--alternations`` times, each method runs
-``hvdcomp bench compress`` (``--repeats`` rounds, median) in the base and in this tree, one after the other, so that
-a change of load on the shared cores hits both alike. Rows, tagged ``before: COMMIT`` or ``after``, are appended to
-perf/results/OUT; per method the medians of compress + decompress GB/s on each side, their ranges and the ratio
-after / before are printed. One timing run at a time on this 2-core machine.
+``hvdcomp bench compress`` (``--repeats`` rounds, median) in the base and in this tree, one after the other, the
+base first in even alternations and last in odd ones, so that a change of load on the shared cores hits both alike.
+Rows, tagged ``before: COMMIT`` or ``after`` (with this tree's commit, ``+`` where it has uncommitted changes, the
+date and the machine), are appended to perf/results/OUT; per method the medians of compress + decompress GB/s on
+each side, their ranges and the ratio after / before are printed. One timing run at a time on this 2-core machine.
 
 ``--step`` times a training step's work on one gradient instead (:data:`STEP`, through the public API, so that any
 base runs it): with the method's default memory (error feedback, momentum correction), ``agree``, ``compress`` (the
@@ -20,10 +21,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -84,11 +87,18 @@ def main() -> None:
             for tree in (base, REPO):  # the kernels built before any timed run
                 subprocess.run([sys.executable, "-m", "hvdcomp.kernels", "--build"], cwd=tree, check=True,
                                env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True)
+            after = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], check=True,
+                                   capture_output=True, text=True).stdout.strip()
+            dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+                                   check=True, capture_output=True, text=True).stdout.strip() != ""
             for alternation in range(args.alternations):
                 for method in args.methods:
-                    for side, tree in ((f"before: {commit}", base), ("after", REPO)):
-                        row = {"side": side, "alternation": alternation, **run(tree, method, args.numel,
-                                                                                args.repeats, args.step)}
+                    sides = ((f"before: {commit}", base), ("after", REPO))
+                    for side, tree in sides if alternation % 2 == 0 else sides[::-1]:  # a drift hits both sides
+                        row = {"side": side, "alternation": alternation, "after_commit": after + "+" * dirty,
+                               "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                               "machine": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+                               **run(tree, method, args.numel, args.repeats, args.step)}
                         rows.append(row)
                         with open(RESULTS / args.out, "a") as out:
                             out.write(json.dumps(row) + "\n")
