@@ -87,6 +87,7 @@ def worker(batch_size: int, steps: int, methods: list[str]) -> None:
             if step == warmup:
                 hvd.allreduce(torch.zeros(1), name=f"{label}.barrier")
                 before = clusterbench.link_bytes()
+                sent = getattr(optimizer, "bytes_sent", 0)  # hvdcomp's count, from the first timed step on
                 start = time.perf_counter()
                 in_step = 0.0
             x, y = batch(step)
@@ -99,7 +100,8 @@ def worker(batch_size: int, steps: int, methods: list[str]) -> None:
         after = clusterbench.link_bytes()
         wire = max(after[0] - before[0], after[1] - before[1]) / steps
         return {"step_s": slowest(elapsed / steps, f"{label}.time"), "wire_bytes": slowest(wire, f"{label}.wire"),
-                "optimizer_step_s": slowest(in_step / steps, f"{label}.in_step")}
+                "optimizer_step_s": slowest(in_step / steps, f"{label}.in_step"),
+                "sent_bytes": (getattr(optimizer, "bytes_sent", 0) - sent) / steps}
 
     def fresh() -> nn.Module:
         return WORKLOADS["synthetic"](0).model  # the same initial parameters on every rank
@@ -116,7 +118,7 @@ def worker(batch_size: int, steps: int, methods: list[str]) -> None:
                                                      compression=HVDCOMP[method])
             warmup = 3 if method == "powersgd" else 1
             result = timed(model, optimizer, method, warmup=warmup)
-            payload = optimizer.bytes_sent / (warmup + steps)
+            payload = result["sent_bytes"]  # the timed steps' (PowerSGD's warm-up steps send dense)
         elif method in ("hvd", "hvd-fp16"):
             optimizer = hvd.DistributedOptimizer(sgd, named_parameters=model.named_parameters(),
                                                  compression=hvd.Compression.fp16 if method == "hvd-fp16"
@@ -130,6 +132,7 @@ def worker(batch_size: int, steps: int, methods: list[str]) -> None:
                 ddp.register_comm_hook(state, clusterbench.serialized(powersgd.powerSGD_hook))
             result = timed(ddp, sgd, method, warmup=3 if method == "ddp-powersgd" else 1)
         if rank == 0:
+            result.pop("sent_bytes")
             clusterbench.emit({"method": method, "ranks": size, "batch_size": batch_size, "steps": steps,
                                "compute_s": compute, **result, "samples_per_s": batch_size * size / result["step_s"],
                                "payload_bytes": payload})

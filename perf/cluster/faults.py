@@ -33,7 +33,9 @@ def exit_after_fault(controller: str) -> dict:
     returncode, ended, output = lost_link(controller, "hvdfault", wait_s=300)
     message = next((line for line in output.splitlines() if "hvdcomp: rank" in line and "waited" in line), "")
     return {"kind": "exit", "controller": controller, "seconds": ended, "returncode": returncode,
-            "message": message[message.index("hvdcomp: rank"):] if message else None}
+            "message": message[message.index("hvdcomp: rank"):] if message else None,
+            # what the figure counts: the job ended, failing, with hvdcomp's deadline message (not killed at wait_s)
+            "ended_at_deadline": returncode not in (None, 0) and bool(message)}
 
 
 def elastic_recovery() -> dict:
@@ -61,9 +63,13 @@ def main() -> None:
         groups: dict[str, list[float]] = {}
         for row in rows:
             if row["kind"] == kind:
-                groups.setdefault(row[key], []).append(row["seconds" if kind == "exit" else "recovery_s"])
+                groups.setdefault(row[key], [])
+                if kind == "elastic" or row["ended_at_deadline"]:
+                    groups[row[key]].append(row["seconds" if kind == "exit" else "recovery_s"])
         for label, values in groups.items():
-            print(f"{kind} {label}: median {statistics.median(values):.1f} s [{min(values):.1f}-{max(values):.1f}]")
+            failed = sum(row["kind"] == kind and row[key] == label for row in rows) - len(values)
+            spread = f"median {statistics.median(values):.1f} s [{min(values):.1f}-{max(values):.1f}]" if values else ""
+            print(f"{kind} {label}: {spread}{f'; {failed} runs did not end at the deadline' if failed else ''}")
 
 
 if __name__ == "__main__":

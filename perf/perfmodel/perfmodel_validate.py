@@ -21,6 +21,7 @@ import json
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from hvdcomp.perfmodel import schema, timeline
@@ -52,6 +53,9 @@ def main() -> int:
     inputs = RESULTS / "perfmodel"
     inputs.mkdir(parents=True, exist_ok=True)
     rows = []
+    model = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty=+"], capture_output=True,
+                           text=True).stdout.strip()  # the model that predicted (the inputs may be older: reused)
+    complete = False
     try:
         for hosts in (int(h) for h in args.hosts.split(",")):
             rates = args.rates.split(",")
@@ -84,11 +88,15 @@ def main() -> int:
                                  "predicted_exposed_ms": predicted.exposed_s * 1e3,
                                  "predicted_communication_ms": predicted.communication_s * 1e3,
                                  "measured_mb_per_rank": measured["bytes_per_rank_per_step"] / 1e6,
-                                 "predicted_mb_per_rank": predicted.bytes_per_rank / 1e6})
+                                 "predicted_mb_per_rank": predicted.bytes_per_rank / 1e6,
+                                 "predicted_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                                 "model_commit": model, "measured_in": summary_path.name})
                     print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+        complete = True
     finally:
         emulated.down(args.name)
-        Path(args.out).write_text(json.dumps(rows, indent=1) + "\n")
+        # a run cut short keeps its rows apart, not over the last complete run's
+        Path(args.out if complete else f"{args.out}.partial").write_text(json.dumps(rows, indent=1) + "\n")
     errors = [abs(r["error"]) for r in rows]
     print("| hosts | rate | method | collective | measured ms | predicted ms | error |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
