@@ -191,9 +191,20 @@ def main() -> None:
             steps = 3 if rate == "100mbit" else 6  # a dense step on 4 hosts at 100 Mbit/s takes over 10 s
             clusterbench.run_settings(__file__, [str(args.batch_size), str(steps), *args.methods], args.hosts,
                                       [rate], timeout=1500, results=RESULTS, controller=args.controller)
-    rows = clusterbench.latest(clusterbench.load(RESULTS), "controller", "hosts", "rate", "method")
-    dense = {(row["controller"], row["hosts"], row["rate"]): row for row in rows if row["method"] == "dense"}
-    rows = [{**row, **derived(row, dense.get((row["controller"], row["hosts"], row["rate"])))} for row in rows]
+    every = clusterbench.load(RESULTS)
+    rows = clusterbench.latest(every, "controller", "hosts", "rate", "method")
+    # each method against dense of its own launch (the same "time"), where that launch ran dense; else the latest
+    # dense, and the row says so
+    launch = {(row["controller"], row["hosts"], row["rate"], row["time"]): row for row in every
+              if row["method"] == "dense"}
+    latest = {(row["controller"], row["hosts"], row["rate"]): row for row in rows if row["method"] == "dense"}
+    paired = []
+    for row in rows:
+        setting = (row["controller"], row["hosts"], row["rate"])
+        dense = launch.get((*setting, row["time"]))
+        paired.append({**row, **derived(row, dense or latest.get(setting)),
+                       "dense_from_another_launch": dense is None and setting in latest})
+    rows = paired
     for row in rows:
         print(f"{row['controller']:>4} {row['hosts']} hosts {row['rate']:>7} {row['method']:>18}: "
               f"step {row['step_s'] * 1e3:8.0f} ms, "
