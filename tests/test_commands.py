@@ -61,15 +61,20 @@ def test_train_rejects_bad_job_file(tmp_path) -> None:
     assert "unknown key 'epoch'; valid: workload, epochs" in result.stderr
 
 
-def test_train_refuses_compare_under_elastic(capsys: pytest.CaptureFixture[str]) -> None:
-    """A host that joins an elastic job starts its main from the top: under --compare, in the dense run, while the
-    others run the compressed one."""
+@pytest.mark.parametrize(("args", "message"), [
+    # a host that joins an elastic job starts its main from the top: under --compare, in the dense run, while the
+    # others run the compressed one
+    (["--compare", "dense", "--elastic"], "--compare runs two jobs one after the other"),
+    (["--json", "/no/such/folder/summary.json"], "--json /no/such/folder/summary.json: its folder does not exist"),
+])
+def test_train_refuses_before_any_rank_starts(args: list[str], message: str,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
     from hvdcomp.tools import train
 
     with pytest.raises(SystemExit) as exit_:
-        train.main(["--compare", "dense", "--elastic"])
+        train.main(args)
     assert exit_.value.code == 2
-    assert "--compare runs two jobs one after the other" in capsys.readouterr().err
+    assert message in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("text", "message"), [

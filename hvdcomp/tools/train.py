@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import socket
 import statistics
@@ -33,6 +34,7 @@ import sys
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -224,8 +226,9 @@ def run(workload_name: str, compression: Any, epochs: int | None, batch_size: in
     epochs = workload.epochs if epochs is None else epochs
     batch_size = workload.batch_size if batch_size is None else batch_size
     lr = workload.lr if lr is None else lr
-    if epochs < 1 or batch_size < 1 or not lr > 0:
-        raise ValueError(f"epochs and batch_size must be >= 1 and lr > 0; got {epochs}, {batch_size}, {lr}")
+    if epochs < 1 or batch_size < 1 or not 0 < lr < math.inf:
+        raise ValueError(f"epochs and batch_size must be >= 1 and lr a finite number > 0; got {epochs}, {batch_size}, "
+                         f"{lr}")
     target = pick_device(device)
     model = workload.model.to(target)
     data = workload.data.to(target)
@@ -461,7 +464,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int)
     parser.add_argument("--batch-size", type=int, help="per rank")
     parser.add_argument("--lr", type=float)
-    parser.add_argument("--seed", type=int)
+    parser.add_argument("--seed", type=int, help="the model's initial weights and the data's order (default 0); the "
+                                                 "compressors' draws take the compression config's seed (default 0)")
     parser.add_argument("--compare", choices=["dense"], help="also run the uncompressed baseline")
     parser.add_argument("--json", metavar="PATH", help="also write the summaries to this file")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -484,6 +488,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--target must be an accuracy in (0, 1]; got {args.target}")
     if args.target is not None and args.elastic:
         parser.error("--target is not kept across elastic resets: give it without --elastic")
+    if args.json and not Path(args.json).resolve().parent.is_dir():  # known before the job, not after it
+        parser.error(f"--json {args.json}: its folder does not exist")
     if args.compare and args.elastic:  # a host joining during the compressed run would start in the dense one
         parser.error("--compare runs two jobs one after the other, which Elastic Horovod's joining hosts cannot "
                      "follow: give it without --elastic")
