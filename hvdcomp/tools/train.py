@@ -4,8 +4,8 @@
 
 Each rank trains on its shard of the data (the same shuffle on every rank, a different slice), gradients
 are reduced by :func:`hvdcomp.DistributedOptimizer`, and rank 0 shows a progress bar per epoch and ends with
-a table and a JSON summary: step time, samples/s, bytes each rank sent per step against dense float32, and
-test accuracy. ``--compare dense`` first runs the same job uncompressed, with the same seeds.
+a table and a JSON summary: step time, samples/s, bytes a rank sent per step (the mean over ranks) against dense
+float32, and test accuracy. ``--compare dense`` first runs the same job uncompressed, with the same seeds.
 
 A job file (``--config job.yaml``) holds these settings of the flags, the others being flags only (flags given
 explicitly win)::
@@ -306,7 +306,9 @@ def run(workload_name: str, compression: Any, epochs: int | None, batch_size: in
     steps = len(step_times)
     timed = step_times[1:] or step_times  # the first step warms up
     mean_step = sum(timed) / len(timed)
-    per_step = optimizer.bytes_sent / max(steps, 1)
+    # the mean over ranks: gathered payloads (top-k's on the CPU, threshold's) differ in size per rank
+    per_step = hvd.allreduce(torch.tensor([optimizer.bytes_sent / max(steps, 1)], dtype=torch.float64), op=hvd.Average,
+                             name=f"train.bytes.{method_name(compression)}").item()
     dense_bytes = 4 * sum(p.numel() for p in model.parameters() if p.requires_grad)
     final_loss = hvd.allreduce(losses[0].detach(), name=f"train.loss.{method_name(compression)}").item()
     size = hvd.size()
