@@ -490,7 +490,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--target must be an accuracy in (0, 1]; got {args.target}")
     if args.target is not None and args.elastic:
         parser.error("--target is not kept across elastic resets: give it without --elastic")
-    if args.json and not Path(args.json).resolve().parent.is_dir():  # known before the job, not after it
+    # known before the job, not after it; by the rank that writes it (rank 0: the launchers' variables, before
+    # hvd.init) only, as the folder may exist on its host alone
+    launched_rank = os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+    if args.json and launched_rank == "0" and not Path(args.json).resolve().parent.is_dir():
         parser.error(f"--json {args.json}: its folder does not exist")
     if args.compare and args.elastic:  # a host joining during the compressed run would start in the dense one
         parser.error("--compare runs two jobs one after the other, which Elastic Horovod's joining hosts cannot "

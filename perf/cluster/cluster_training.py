@@ -101,7 +101,9 @@ def worker(batch_size: int, steps: int, methods: list[str]) -> None:
         wire = max(after[0] - before[0], after[1] - before[1]) / steps
         return {"step_s": slowest(elapsed / steps, f"{label}.time"), "wire_bytes": slowest(wire, f"{label}.wire"),
                 "optimizer_step_s": slowest(in_step / steps, f"{label}.in_step"),
-                "sent_bytes": (getattr(optimizer, "bytes_sent", 0) - sent) / steps}
+                "sent_bytes": hvd.allreduce(torch.tensor([(getattr(optimizer, "bytes_sent", 0) - sent) / steps],
+                                                         dtype=torch.float64), op=hvd.Average,
+                                            name=f"{label}.sent").item()}  # the mean over ranks
 
     def fresh() -> nn.Module:
         return WORKLOADS["synthetic"](0).model  # the same initial parameters on every rank

@@ -8,9 +8,9 @@
 # runs on the lower half (its timings are the GPU's own, by CUDA events; the host only issues the launches). Once
 # both are done, perf/gpu/gpu_multirank.sh finds the build made and runs the scenarios in the time left.
 # OUT_DIR receives kernels-summary.txt, multirank-summary.txt and results.tgz (every file of both stages, the
-# build's log staged-setup.log, and settings.txt: the limits it ran under; written once the kernel stage is done,
-# and again at the end): three files, as a lent machine sends back at most eight. Its own output goes to the
-# terminal: keep it with the results. The machine has no network: without the wheelhouse (.whl, carried with the
+# build's log staged-setup.log, and settings.txt: the limits it ran under, written at the start; the archive is
+# written once the kernel stage is done, and again at the end): three files, as a lent machine sends back at most
+# eight. Its own output goes to the terminal: keep it with the results. The machine has no network: without the wheelhouse (.whl, carried with the
 # checkout; perf/gpu/gpu_wheelhouse.sh makes it) the build cannot run, so the kernel stage gets the whole deadline.
 set -uo pipefail
 
