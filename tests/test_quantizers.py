@@ -313,3 +313,38 @@ def test_nonfinite_input_keeps_the_payload_size(path: str, method: str) -> None:
             payload, meta = compressor.compress(tensor, {}, Context.local(tensor))
             assert [part.shape for part in payload] == [part.shape for part in reference], (method, bad)
             assert compressor.decompress(payload, meta).shape == tensor.shape
+
+
+GUARDED_DECODE = r"""
+import ctypes, mmap, sys
+import torch
+from hvdcomp.kernels import cpu_kernels
+
+kernels = cpu_kernels()
+page = mmap.PAGESIZE
+memory = mmap.mmap(-1, 2 * page)
+start = ctypes.addressof(ctypes.c_char.from_buffer(memory))
+libc = ctypes.CDLL(None, use_errno=True)
+assert libc.mprotect(ctypes.c_void_p(start + page), ctypes.c_size_t(page), 0) == 0  # the second page: no access
+for bits in range(1, 9):
+    for n in range(1, 65):
+        nbytes = -(-n * bits // 8)
+        codes = torch.frombuffer(memory, dtype=torch.uint8, count=nbytes, offset=page - nbytes)  # ends at the page
+        tables = torch.arange(1 << bits, dtype=torch.float32).reshape(1, 1, -1)
+        decoded = kernels.decode_sum(codes.unsqueeze(0), tables, torch.empty(0), bits, 64, n)
+        residual = torch.zeros(n)
+        kernels.decode_subtract(residual, codes.unsqueeze(0), tables, torch.empty(0), bits, 64)
+        assert torch.equal(residual, -decoded), (bits, n)
+print("decoded every payload")
+"""
+
+
+@pytest.mark.skipif(cpu_kernels() is None, reason="no C++ compiler: the PyTorch paths only")
+def test_the_cpu_decoder_reads_no_byte_past_a_short_payload() -> None:
+    """Payloads of 1 to 64 elements at 1 to 8 bits, each ending where an inaccessible page begins: the decoder's
+    8-byte loads must stay inside the payload (one read past it ends the process with SIGSEGV)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", GUARDED_DECODE], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "decoded every payload" in done.stdout, (done.returncode, done.stderr[-2000:])

@@ -40,9 +40,13 @@ def build() -> ModuleType:
 
     # One folder per checkout and version of the sources: two checkouts sharing an environment (a benchmark of a
     # base commit against the working tree) would otherwise rebuild each other's copy on every switch, even with the
-    # same sources (the build names their paths).
+    # same sources (the build names their paths). Torch's and Python's versions and this file (the flags) are in the
+    # key too: the build tracks hvdcomp's headers only, so an upgraded torch would load a module built against the
+    # old one's headers.
     digest = hashlib.sha256(str(_SOURCES[0].parent).encode()
-                            + b"".join(path.read_bytes() for path in _SOURCES + _HEADERS)).hexdigest()[:12]
+                            + b"".join(path.read_bytes() for path in _SOURCES + _HEADERS)
+                            + f"{torch.__version__} {torch.version.git_version} {sys.version}".encode()
+                            + pathlib.Path(__file__).read_bytes()).hexdigest()[:12]
     directory = pathlib.Path(sys.prefix) / "hvdcomp-kernels" / digest
     try:
         directory.mkdir(parents=True, exist_ok=True)

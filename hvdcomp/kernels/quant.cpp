@@ -428,8 +428,10 @@ void decode_into(const torch::Tensor& packed, const torch::Tensor& tables, const
         with_bits(bits, [&](auto b_) {
           constexpr int B = decltype(b_)::value;
           constexpr uint64_t mask = (uint64_t{1} << B) - 1;
-          // Full groups whose 8-byte load stays inside the payload: constant shifts, no bounds checks.
-          const int64_t fast = std::max(first, std::min(last, std::min(n / 8, (nbytes - 8) / B + 1)));
+          // Full groups whose 8-byte load stays inside the payload: constant shifts, no bounds checks (none where
+          // the payload is shorter than 8 bytes: (nbytes - 8) / B rounds toward zero there).
+          const int64_t safe = nbytes >= 8 ? (nbytes - 8) / B + 1 : 0;
+          const int64_t fast = std::max(first, std::min(last, std::min(n / 8, safe)));
           for (int64_t g = first; g < fast; ++g) {
             uint64_t word;
             std::memcpy(&word, codes + g * B, 8);
