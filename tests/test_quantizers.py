@@ -12,7 +12,7 @@ from torch import nn
 
 from hvdcomp import ORQ, QSGD, BinGrad, Context, ErrorFeedback, OneBit, SignSGD, make_compressor, wire
 from hvdcomp.kernels import cpu_kernels
-from hvdcomp.packing import pack_bits
+from hvdcomp.packing import pack_bits, unpack_bits
 from hvdcomp.quantization import rounding_variance, stacked
 from hvdcomp.workloads import synthetic
 
@@ -348,3 +348,22 @@ def test_the_cpu_decoder_reads_no_byte_past_a_short_payload() -> None:
 
     done = subprocess.run([sys.executable, "-c", GUARDED_DECODE], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "decoded every payload" in done.stdout, (done.returncode, done.stderr[-2000:])
+
+
+@pytest.mark.parametrize("norm", ["max", "l2"])
+def test_qsgd_sends_a_subnormal_bucket_as_zeros_and_keeps_codes_in_range(path: str, norm: str) -> None:
+    """A bucket whose norm is so small that s / norm overflows (a subnormal float32) is sent as zeros on both paths,
+    not as +-norm (the PyTorch path) or a biased value (the kernel); a NaN or infinite input still makes valid codes
+    (it is caught by the optimizer's check of the inputs)."""
+    compressor = QSGD(bits=4, bucket_size=64, norm=norm)
+    x = torch.zeros(128)
+    x[3] = 1e-39
+    x[64:] = torch.randn(64, generator=torch.Generator().manual_seed(0))
+    ctx = Context.local(x)
+    payload, meta = compressor.compress(x, {}, ctx)
+    decoded = compressor.decompress(payload, meta)
+    assert torch.equal(decoded[:64], torch.zeros(64)), decoded[:8]
+    assert torch.isfinite(decoded).all() and decoded[64:].abs().max() > 0
+    x[70], x[71] = float("nan"), float("inf")
+    codes = unpack_bits(compressor.compress(x, {}, ctx)[0][1], 4, 128)
+    assert int(codes.max()) <= 2 * compressor.levels, codes.max()

@@ -104,6 +104,19 @@ def no_sync() -> Iterator[None]:
         torch.cuda.set_sync_debug_mode("default")
 
 
+def test_qsgd_codes_of_a_subnormal_bucket_and_of_nan_equal_the_cpu_kernels(cpu: object) -> None:
+    """A bucket whose norm is subnormal (s / norm overflows: zeros sent) and NaN or infinite inputs (codes at s)."""
+    x = torch.zeros(128)
+    x[3] = 1e-39
+    x[64:] = torch.randn(64, generator=torch.Generator().manual_seed(0))
+    x[70], x[71] = float("nan"), float("inf")
+    for kind in (1, 2):
+        tables, packed = cpu.quantize_levels(x, 64, 4, kind, 0, 1, 5)
+        got = gpu.quantize_levels(*on_device(x), 64, 4, kind, 0, 1, 5)
+        torch.testing.assert_close(got[0].cpu(), tables, rtol=0, atol=0, equal_nan=True)  # the second's norm: NaN
+        same(packed, got[1], f"qsgd codes, kind {kind}")
+
+
 @pytest.mark.parametrize("n", SIZES)
 def test_qsgd_codes_equal_the_cpu_kernels(cpu: object, n: int) -> None:
     for bits in range(2, 9):

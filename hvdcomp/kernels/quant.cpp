@@ -272,7 +272,9 @@ std::vector<torch::Tensor> quantize_levels(const torch::Tensor& x, int64_t bucke
         const Stats moments = stats(v, m);
         lv[0] = kind == kQsgdL2 ? static_cast<float>(std::sqrt(moments.squares)) : moments.absmax;
       }
-      const float inverse = kind == kOrq || lv[0] == 0.f ? 0.f : static_cast<float>(s) / lv[0];
+      // 0 for a zero bucket, and for one whose norm is so small (subnormal) that s / norm overflows: it sends zeros
+      float inverse = kind == kOrq || lv[0] == 0.f ? 0.f : static_cast<float>(s) / lv[0];
+      if (!std::isfinite(inverse)) inverse = 0.f;
       with_bits(bits, [&](auto b_) {
         constexpr int B = decltype(b_)::value;
         constexpr int L = 1 << B;
@@ -286,7 +288,8 @@ std::vector<torch::Tensor> quantize_levels(const torch::Tensor& x, int64_t bucke
         } else {
           constexpr int S = (L >> 1) - 1;
           encode_bucket<B>(src, lo, m, key, dst, nbytes, [&](float value, float u) {
-            const float r = std::fabs(value) * inverse;  // in [0, s]
+            // in [0, s]; fmin also maps a NaN or infinite input to s (the cast below is defined on [0, s] only)
+            const float r = std::fmin(std::fabs(value) * inverse, static_cast<float>(S));
             const int floor_r = std::min(S - 1, static_cast<int>(r));
             const int level = floor_r + static_cast<int>(u < r - static_cast<float>(floor_r));
             // S + level or S - level, branch-free: the sign is random, a branch would mispredict half the time

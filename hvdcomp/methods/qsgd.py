@@ -77,7 +77,9 @@ class QSGD(BucketQuantizer):
         xb, _ = buckets(x, self.bucket(x.numel()))
         norms = xb.norm(dim=1, keepdim=True) if self.norm == "l2" else xb.abs().amax(dim=1, keepdim=True)
         s = self.levels
-        ratio = xb.abs() * torch.where(norms > 0, s / norms, 0)  # in [0, s]
+        inverse = s / norms  # 0 for a zero bucket, and where a subnormal norm overflows it, as the kernels
+        inverse = torch.where(torch.isfinite(inverse), inverse, 0)
+        ratio = (xb.abs() * inverse).nan_to_num_(nan=s).clamp_(max=s)  # in [0, s], a NaN input at s as the kernels
         floor = ratio.floor().clamp_(max=s - 1)
         draw = torch.rand(xb.shape, generator=generator(x.device, seed), device=x.device)
         level = floor + (draw < ratio - floor)

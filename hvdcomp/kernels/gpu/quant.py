@@ -178,7 +178,9 @@ def _levels_kernel(x_ptr, tables_ptr, packed_ptr, n, nbytes, bucket, buckets, ke
         norm = tl.sqrt_rn(tl.sum(x * x, axis=1)) if KIND == 1 else tl.max(tl.abs(x), axis=1)
         tl.store(tables_ptr + rows, norm, mask=live)
         inverse = tl.where(norm == 0, 0.0, tl.div_rn(tl.full([ROWS], S, tl.float32), norm))
-        ratio = tl.abs(x) * inverse[:, None]  # in [0, s]
+        inverse = tl.where(inverse < float("inf"), inverse, 0.0)  # a subnormal norm's overflow: zeros, as the CPU's
+        ratio = tl.abs(x) * inverse[:, None]
+        ratio = tl.where(ratio <= S, ratio, S)  # in [0, s]: a NaN or infinite input at s, as the CPU's fmin
         floor = tl.minimum(ratio.to(tl.int32), S - 1)
         level = floor + (u < ratio - floor.to(tl.float32)).to(tl.int32)
         codes = S + level - 2 * level * (x < 0).to(tl.int32)
