@@ -288,8 +288,10 @@ std::vector<torch::Tensor> quantize_levels(const torch::Tensor& x, int64_t bucke
         } else {
           constexpr int S = (L >> 1) - 1;
           encode_bucket<B>(src, lo, m, key, dst, nbytes, [&](float value, float u) {
-            // in [0, s]; fmin also maps a NaN or infinite input to s (the cast below is defined on [0, s] only)
-            const float r = std::fmin(std::fabs(value) * inverse, static_cast<float>(S));
+            // in [0, s]; a NaN or infinite input to s too (the comparison fails), as the cast below is defined on
+            // [0, s] only (one minss, where std::fmin is a libm call)
+            const float scaled = std::fabs(value) * inverse;
+            const float r = scaled < static_cast<float>(S) ? scaled : static_cast<float>(S);
             const int floor_r = std::min(S - 1, static_cast<int>(r));
             const int level = floor_r + static_cast<int>(u < r - static_cast<float>(floor_r));
             // S + level or S - level, branch-free: the sign is random, a branch would mispredict half the time
