@@ -180,7 +180,7 @@ def _levels_kernel(x_ptr, tables_ptr, packed_ptr, n, nbytes, bucket, buckets, ke
         inverse = tl.where(norm == 0, 0.0, tl.div_rn(tl.full([ROWS], S, tl.float32), norm))
         inverse = tl.where(inverse < float("inf"), inverse, 0.0)  # a subnormal norm's overflow: zeros, as the CPU's
         ratio = tl.abs(x) * inverse[:, None]
-        ratio = tl.where(ratio <= S, ratio, S)  # in [0, s]: a NaN or infinite input at s, as the CPU's fmin
+        ratio = tl.where(ratio <= S, ratio, S)  # in [0, s]: a NaN or infinite input at s, as on the CPU
         floor = tl.minimum(ratio.to(tl.int32), S - 1)
         level = floor + (u < ratio - floor.to(tl.float32)).to(tl.int32)
         codes = S + level - 2 * level * (x < 0).to(tl.int32)
