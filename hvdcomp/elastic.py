@@ -82,16 +82,18 @@ def _create_state(optimizer: _DistributedOptimizer) -> None:
     zero gradient moves nothing without weight decay). Every rank then holds state for the same parameters, which
     Horovod's broadcast of it needs (it names the tensors by their count)."""
     params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
-    missing = {p for p in params if not optimizer.state.get(p)}
+    missing = [p for p in params if not optimizer.state.get(p)]
     if not missing:
         return
     grads = [p.grad for p in params]
-    saved = [p.detach().clone() for p in params if p in missing]
+    saved = [p.detach().clone() for p in missing]
     for p in params:
-        p.grad = torch.zeros_like(p) if p in missing else None  # (a step skips a parameter without a gradient)
+        p.grad = None  # (a step skips a parameter without a gradient)
+    for p in missing:
+        p.grad = torch.zeros_like(p)
     super(_DistributedOptimizer, optimizer).step()  # the wrapped optimizer's own step: no synchronize()
     with torch.no_grad():
-        for p, value in zip([p for p in params if p in missing], saved, strict=True):
+        for p, value in zip(missing, saved, strict=True):
             p.copy_(value)  # weight decay would have moved them
     for p, grad in zip(params, grads, strict=True):
         p.grad = grad

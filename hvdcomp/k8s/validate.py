@@ -256,11 +256,10 @@ def rule_problems(job: Mapping[str, Any], where: str) -> Iterator[Problem]:
         for index, container in enumerate(_containers(replica["template"])):
             yield from _container_problems(where, f"{base}.{role}.template.spec", index, container,
                                            replica["template"]["spec"], role == "Worker")
-    if worker is not None and slots is not None:
-        gpus = _gpus(worker)
-        if gpus and slots != gpus:
-            yield Problem(where, "spec.slotsPerWorker", f"{slots} with {gpus} GPUs per worker (hvdcomp: Horovod runs "
-                          "one rank per GPU)", f"set slotsPerWorker: {gpus}")
+    worker_gpus = _gpus(worker) if worker is not None else 0
+    if slots is not None and worker_gpus and slots != worker_gpus:
+        yield Problem(where, "spec.slotsPerWorker", f"{slots} with {worker_gpus} GPUs per worker (hvdcomp: Horovod "
+                      "runs one rank per GPU)", f"set slotsPerWorker: {worker_gpus}")
     if launcher is not None and (gpus := _gpus(launcher)):
         if not spec.get("runLauncherAsWorker"):
             yield Problem(where, f"{base}.Launcher.template.spec.containers", f"{gpus} GPUs on the launcher, which "
@@ -270,10 +269,10 @@ def rule_problems(job: Mapping[str, Any], where: str) -> Iterator[Problem]:
             yield Problem(where, f"{base}.Launcher.template.spec.containers", f"{gpus} GPUs on a launcher that is "
                           f"also a worker with slotsPerWorker {slots} (hvdcomp: one rank per GPU)",
                           f"give the Launcher {slots} GPUs, as each worker")
-    elif launcher is not None and spec.get("runLauncherAsWorker") and worker is not None and _gpus(worker):
+    elif launcher is not None and spec.get("runLauncherAsWorker") and worker_gpus:
         yield Problem(where, f"{base}.Launcher.template.spec.containers", "no GPUs on a launcher that is also a "
                       f"worker (runLauncherAsWorker), whose hostfile gives it {slots or 1} ranks (hvdcomp)",
-                      f"give the Launcher {_gpus(worker)} GPUs, as each worker, or drop runLauncherAsWorker")
+                      f"give the Launcher {worker_gpus} GPUs, as each worker, or drop runLauncherAsWorker")
     if launcher is not None and worker is not None and slots is not None and _containers(launcher["template"]):
         hosts = replicas + (1 if spec.get("runLauncherAsWorker") else 0)
         expected = hosts * slots

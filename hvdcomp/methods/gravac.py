@@ -136,8 +136,8 @@ class GraVAC(Compressor):
         self.method = method
         self.options = options
         self.candidates = tuple(sorted(float(c) for c in candidates))
-        hopeless = [cf for cf in self.candidates if 1 / math.sqrt(cf) < epsilon]
-        if method == "randomk" and hopeless:
+        hopeless = [cf for cf in self.candidates if 1 / math.sqrt(cf) < epsilon] if method == "randomk" else []
+        if hopeless:
             raise ValueError(f"gravac: randomk keeps about 1/sqrt(CF) of a gradient's norm ("
                              f"{1 / math.sqrt(hopeless[0]):.3g} at CF {hopeless[0]:g}), under epsilon {epsilon:g} at "
                              f"CFs {', '.join(f'{cf:g}' for cf in hopeless)}: it would never send them; use CFs up to "
@@ -147,6 +147,7 @@ class GraVAC(Compressor):
         self._memory = DGC(**options) if method == "dgc" else None
         #: the quantizers' gain comes from their error (the module docstring)
         self._gain_from_error = knob == "bits"
+        self._widths = self._bit_widths() if self._gain_from_error else []
         self._compressors = [self._candidate(cf) for cf in self.candidates]
         widths = [getattr(c, "bits", None) for c in self._compressors]
         if self._gain_from_error and len(set(widths)) < len(widths):
@@ -170,8 +171,8 @@ class GraVAC(Compressor):
             return self._quantizer(cf)
         return METHODS[self.method](**self.options, **{knob: 1 / cf})
 
-    def _quantizer(self, cf: float) -> BucketQuantizer:
-        """The method at the bit width whose payload compresses nearest ``cf`` (within 25%), tables included."""
+    def _bit_widths(self) -> list[BucketQuantizer]:
+        """The method at each bit width in its range, with the given options."""
         METHODS[self.method](**self.options)  # the options' own errors, named by the method
         widths = []
         for bits in range(1, 9):
@@ -179,6 +180,11 @@ class GraVAC(Compressor):
                 widths.append(METHODS[self.method](**self.options, bits=bits))
             except ValueError:  # outside the method's range
                 continue
+        return widths
+
+    def _quantizer(self, cf: float) -> BucketQuantizer:
+        """The method at the bit width whose payload compresses nearest ``cf`` (within 25%), tables included."""
+        widths = self._widths
         best = min(widths, key=lambda q: abs(math.log(32 / q.bits_per_element() / cf)))
         factor = 32 / best.bits_per_element()
         if abs(math.log(factor / cf)) > math.log(1.25):
