@@ -60,6 +60,16 @@ def test_clipping_bounds_the_scaler(path: str) -> None:
     assert unclipped[0].item() == 1000.0
 
 
+@pytest.mark.parametrize("mean", [0.0, 1e3, -1e4])
+def test_clip_bound_holds_where_the_mean_is_far_above_the_spread(path: str, mean: float) -> None:
+    """sigma from deviations about the mean: E[x^2] - E[x]^2 in float32 partial sums cancels at mean / sigma = 1e3
+    (a bound 15% off) and 1e4 (none left). Over 3 of the CPU kernel's chunks, so its merges count."""
+    x = mean + torch.randn(100_003, generator=torch.Generator().manual_seed(4))
+    bound = 2.5 * x.double().std(correction=0).item()
+    payload, _ = TernGrad().compress(x, {}, Context.local(x))
+    assert payload[0].item() == pytest.approx(bound, rel=1e-5)
+
+
 def test_shared_scaler_is_used(path: str) -> None:
     x = torch.randn(1000, generator=torch.Generator().manual_seed(2))
     compressor = TernGrad()

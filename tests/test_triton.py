@@ -229,22 +229,30 @@ def test_dgc_releases_the_sent_entries_in_one_launch() -> None:
 
 @pytest.mark.parametrize("n", SIZES)
 def test_ternary_statistics_and_codes_equal_the_cpu_kernels(cpu: object, n: int) -> None:
+    """The statistics to float rounding (each kernel takes deviations from its own blocks' means), and from them the
+    same codes."""
     x = dyadic(n)
-    total, squares, absmax, _ = cpu.moments(x).tolist()
+    _, deviations, absmax, _ = cpu.moments(x).tolist()
     for clip in (2.5, None):
         bound, scaler = gpu.ternary_statistics(*on_device(x), clip)
         if n == 0:
             assert bound.item() == scaler.item() == 0
             continue
-        variance = max(squares / n - (total / n) ** 2, 0.0)
-        expected = float("inf") if clip is None else clip * variance ** 0.5
-        assert bound.item() == torch.tensor(expected, dtype=torch.float32).item()
-        assert scaler.item() == torch.tensor(min(absmax, expected), dtype=torch.float32).item()
+        expected = float("inf") if clip is None else clip * (deviations / n) ** 0.5
+        assert bound.item() == pytest.approx(expected, rel=1e-6)
+        assert scaler.item() == pytest.approx(min(absmax, expected), rel=1e-6)
         for seed in (0, 11):
             codes = cpu.ternarize_pack(x, scaler.item(), bound.item(), seed)
             same(codes, gpu.ternarize_pack(*on_device(x), scaler, bound, seed), f"ternary codes, clip {clip}")
     zero = torch.zeros(1, device=DEVICE)
     assert not gpu.ternarize_pack(*on_device(x), zero, zero, 3).any(), "a zero scaler sends zeros"
+
+
+def test_ternary_bound_holds_where_the_mean_is_far_above_the_spread() -> None:
+    """sigma merged from the blocks' deviations (3 blocks), where E[x^2] - E[x]^2 in float32 would cancel."""
+    x = 1e3 + gaussian(9000)
+    bound, _ = gpu.ternary_statistics(*on_device(x), 2.5)
+    assert bound.item() == pytest.approx(2.5 * x.double().std(correction=0).item(), rel=1e-5)
 
 
 @pytest.mark.parametrize("n", SIZES)

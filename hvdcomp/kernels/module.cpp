@@ -2,7 +2,8 @@
 #include "common.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("moments", &hvdcomp::moments, "float64 [sum, sum of squares, max |x|, sum |x|] of a float32 CPU tensor");
+  m.def("moments", &hvdcomp::moments,
+        "float64 [sum, sum of squared deviations from the mean, max |x|, sum |x|] of a float32 CPU tensor");
   m.def("ternarize_pack", &hvdcomp::ternarize_pack, "TernGrad stochastic ternarization fused with 2-bit packing");
   m.def("unpack_sum", &hvdcomp::unpack_sum, "Decode and sum 2-bit ternary payloads with per-payload scales");
   m.def("randomk_select", &hvdcomp::randomk_select,

@@ -24,50 +24,80 @@
 namespace hvdcomp {
 
 
-// Returns float64 [sum, sum of squares, max |x|, sum |x|] of a float32 tensor, in one pass.
+// The elements one pass of moments() holds in L1 cache: it sums them, then sums their squared deviations from
+// their own mean on a second read from cache.
+constexpr int64_t kMomentsBlock = 1024;
+
+// Returns float64 [sum, sum of squared deviations from the mean (M2), max |x|, sum |x|] of a float32 tensor, in one
+// pass over memory. M2 is not sum(x^2) - sum(x)^2 / n: in float32 partial sums that difference cancels where the mean
+// is far above the spread. Each block of kMomentsBlock elements
+// takes its deviations from its own mean, and blocks and chunks merge by Chan et al.'s pairwise update (1979):
+// M2 = M2_a + M2_b + (mean_b - mean_a)^2 n_a n_b / (n_a + n_b), in float64.
 torch::Tensor moments(const torch::Tensor& x) {
   check_float_contiguous(x, "moments: x");
   const float* data = x.data_ptr<float>();
   const int64_t n = x.numel();
   const int64_t chunks = std::max<int64_t>(1, (n + kGrain - 1) / kGrain);
-  std::vector<double> sums(chunks, 0.0), squares(chunks, 0.0), maxes(chunks, 0.0), absolutes(chunks, 0.0);
+  std::vector<double> sums(chunks, 0.0), deviations(chunks, 0.0), maxes(chunks, 0.0), absolutes(chunks, 0.0);
+  // Merges (count_b, sum_b, m2_b) into (count, sum, m2): Chan's update, with means as sum / count.
+  const auto merge = [](double& count, double& sum, double& m2, double count_b, double sum_b, double m2_b) {
+    if (count_b == 0.0) return;
+    if (count > 0.0) {
+      const double delta = sum_b / count_b - sum / count;
+      m2 += delta * delta * count * count_b / (count + count_b);
+    }
+    count += count_b;
+    sum += sum_b;
+    m2 += m2_b;
+  };
   at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t c = begin; c < end; ++c) {
       const int64_t lo = c * kGrain, hi = std::min(n, lo + kGrain);
-      // 8 independent lanes break the add dependency chain and let the compiler use SIMD.
-      float s[8] = {}, q[8] = {}, m[8] = {}, a[8] = {};
-      int64_t i = lo;
-      for (; i + 8 <= hi; i += 8)
-        for (int j = 0; j < 8; ++j) {
-          const float v = data[i + j];
-          s[j] += v;
-          q[j] += v * v;
-          m[j] = std::max(m[j], std::fabs(v));
-          a[j] += std::fabs(v);
+      double count = 0.0, cs = 0.0, cq = 0.0, cm = 0.0, ca = 0.0;
+      for (int64_t b = lo; b < hi; b += kMomentsBlock) {
+        const int64_t e = std::min(hi, b + kMomentsBlock);
+        // 8 independent lanes break the add dependency chain and let the compiler use SIMD.
+        float s[8] = {}, m[8] = {}, a[8] = {};
+        int64_t i = b;
+        for (; i + 8 <= e; i += 8)
+          for (int j = 0; j < 8; ++j) {
+            const float v = data[i + j];
+            s[j] += v;
+            m[j] = std::max(m[j], std::fabs(v));
+            a[j] += std::fabs(v);
+          }
+        for (; i < e; ++i) {
+          s[0] += data[i];
+          m[0] = std::max(m[0], std::fabs(data[i]));
+          a[0] += std::fabs(data[i]);
         }
-      for (; i < hi; ++i) {
-        s[0] += data[i];
-        q[0] += data[i] * data[i];
-        m[0] = std::max(m[0], std::fabs(data[i]));
-        a[0] += std::fabs(data[i]);
-      }
-      double cs = 0.0, cq = 0.0, cm = 0.0, ca = 0.0;
-      for (int j = 0; j < 8; ++j) {
-        cs += s[j];
-        cq += q[j];
-        cm = std::max<double>(cm, m[j]);
-        ca += a[j];
+        float block_sum = 0.f;
+        for (int j = 0; j < 8; ++j) {
+          block_sum += s[j];
+          cm = std::max<double>(cm, m[j]);
+          ca += a[j];
+        }
+        const float mean = block_sum / static_cast<float>(e - b);
+        float q[8] = {};
+        for (i = b; i + 8 <= e; i += 8)
+          for (int j = 0; j < 8; ++j) {
+            const float d = data[i + j] - mean;
+            q[j] += d * d;
+          }
+        for (; i < e; ++i) q[0] += (data[i] - mean) * (data[i] - mean);
+        double block_m2 = 0.0;
+        for (int j = 0; j < 8; ++j) block_m2 += q[j];
+        merge(count, cs, cq, static_cast<double>(e - b), block_sum, block_m2);
       }
       sums[c] = cs;
-      squares[c] = cq;
+      deviations[c] = cq;
       maxes[c] = cm;
       absolutes[c] = ca;
     }
   });
-  double s = 0.0, q = 0.0, m = 0.0, a = 0.0;
+  double count = 0.0, s = 0.0, q = 0.0, m = 0.0, a = 0.0;
   for (int64_t c = 0; c < chunks; ++c) {  // fixed order: the same result for any thread count
-    s += sums[c];
-    q += squares[c];
+    merge(count, s, q, static_cast<double>(std::min(n, (c + 1) * kGrain) - c * kGrain), sums[c], deviations[c]);
     m = std::max(m, maxes[c]);
     a += absolutes[c];
   }

@@ -80,9 +80,8 @@ class TernGrad(Compressor):
         if is_triton(kernels):  # one pass, the results on the device
             return kernels.ternary_statistics(x, self.clip)
         if kernels is not None:  # one pass, and these are host values anyway: no device sync
-            total, squares, absmax, _ = kernels.moments(x).tolist()
-            mean = total / n
-            bound = math.inf if self.clip is None else self.clip * math.sqrt(max(squares / n - mean * mean, 0.0))
+            _, deviations, absmax, _ = kernels.moments(x).tolist()
+            bound = math.inf if self.clip is None else self.clip * math.sqrt(deviations / n)
             return torch.tensor([bound], dtype=torch.float32), torch.tensor([min(absmax, bound)],
                                                                              dtype=torch.float32)
         absmax = x.abs().amax().reshape(1)

@@ -274,13 +274,8 @@ def _signs_kernel(x_ptr, packed_ptr, partial_ptr, n, key, COIN: tl.constexpr, MO
     lane = tl.arange(0, 8)
     elements = groups[:, None] * 8 + lane[None, :]
     x = tl.load(x_ptr + elements, mask=elements < n, other=1.0)
-    if MOMENTS:  # the block's row of the moments (of the elements ternary._moments_kernel's block holds), for the scale
-        values = tl.reshape(tl.where(elements < n, x, 0.0), [GROUPS * 8])
-        magnitude = tl.abs(values)
-        tl.store(partial_ptr + pid * 4 + 0, tl.sum(values))
-        tl.store(partial_ptr + pid * 4 + 1, tl.sum(values * values))
-        tl.store(partial_ptr + pid * 4 + 2, tl.max(magnitude))
-        tl.store(partial_ptr + pid * 4 + 3, tl.sum(magnitude))
+    if MOMENTS:  # the block's sum |x| in its row of the moments (ternary._moments_kernel's block), for the scale
+        tl.store(partial_ptr + pid * 4 + 3, tl.sum(tl.abs(tl.reshape(tl.where(elements < n, x, 0.0), [GROUPS * 8]))))
     if COIN:  # an exact zero votes on a fair coin: bit j of splitmix64(key + group)
         coins = ((random_bits(key, groups)[:, None] >> lane[None, :].to(tl.uint64)) & 1).to(tl.int1)
     else:

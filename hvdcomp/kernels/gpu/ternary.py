@@ -34,42 +34,61 @@ _TERNARY, ABS_MEAN = 0, 1
 
 @triton.jit(do_not_specialize=["n"])
 def _moments_kernel(x_ptr, partial_ptr, n, BLOCK: tl.constexpr):
-    """Per block: sum, sum of squares, max |x| and sum |x| (float32), a row of ``partial``."""
+    """Per block, a row of ``partial`` (float32): sum, sum of squared deviations from the block's own mean, max |x|
+    and sum |x|. Deviations, not sum(x^2): in float32, sum(x^2) - sum(x)^2 / n cancels where the mean is far above
+    the spread."""
     pid = tl.program_id(0).to(tl.int64)
     offsets = pid * BLOCK + tl.arange(0, BLOCK)
-    x = tl.load(x_ptr + offsets, mask=offsets < n, other=0.0)
+    valid = offsets < n
+    x = tl.load(x_ptr + offsets, mask=valid, other=0.0)
+    total = tl.sum(x)
+    deviation = tl.where(valid, x - total / tl.minimum(n - pid * BLOCK, BLOCK).to(tl.float32), 0.0)
     magnitude = tl.abs(x)
-    tl.store(partial_ptr + pid * 4 + 0, tl.sum(x))
-    tl.store(partial_ptr + pid * 4 + 1, tl.sum(x * x))
+    tl.store(partial_ptr + pid * 4 + 0, total)
+    tl.store(partial_ptr + pid * 4 + 1, tl.sum(deviation * deviation))
     tl.store(partial_ptr + pid * 4 + 2, tl.max(magnitude))
     tl.store(partial_ptr + pid * 4 + 3, tl.sum(magnitude))
 
 
 @triton.jit(do_not_specialize=["blocks", "n"])
-def _finish_kernel(partial_ptr, out_ptr, blocks, n, clip: tl.float64, MODE: tl.constexpr, BLOCK: tl.constexpr):
-    """One program: adds the partial rows in float64 in a fixed order, then writes [bound, scaler] (TernGrad:
-    c * sigma, and min(max |x|, c * sigma); clip < 0 means no clipping) or [sum |x| / n] (the sign family)."""
-    total = tl.zeros([BLOCK], dtype=tl.float64)
-    squares = tl.zeros([BLOCK], dtype=tl.float64)
-    absmax = tl.zeros([BLOCK], dtype=tl.float32)
-    absolute = tl.zeros([BLOCK], dtype=tl.float64)
-    start = 0
-    while start < blocks:  # (while, not range: Triton 3.6's interpreter fails on range(runtime value) with numpy 2.4)
-        rows = start + tl.arange(0, BLOCK)
-        mask = rows < blocks
-        total += tl.load(partial_ptr + rows * 4 + 0, mask=mask, other=0.0).to(tl.float64)
-        squares += tl.load(partial_ptr + rows * 4 + 1, mask=mask, other=0.0).to(tl.float64)
-        absmax = tl.maximum(absmax, tl.load(partial_ptr + rows * 4 + 2, mask=mask, other=0.0))
-        absolute += tl.load(partial_ptr + rows * 4 + 3, mask=mask, other=0.0).to(tl.float64)
-        start += BLOCK
+def _finish_kernel(partial_ptr, out_ptr, blocks, n, clip: tl.float64, MODE: tl.constexpr, ROW: tl.constexpr,
+                   BLOCK: tl.constexpr):
+    """One program: merges the rows of blocks of ``ROW`` entries in float64 in a fixed order, then writes [bound,
+    scaler] (TernGrad: c * sigma, and min(max |x|, c * sigma); clip < 0 means no clipping) or [sum |x| / n] (the
+    sign family, which reads only the rows' sum |x|). Sigma merges the blocks' deviations as Chan et al. (1979) do:
+    M2 = sum_b M2_b + sum_b n_b (mean_b - mean)^2."""
     if MODE == 0:
+        total = tl.zeros([BLOCK], dtype=tl.float64)
+        absmax = tl.zeros([BLOCK], dtype=tl.float32)
+        start = 0
+        while start < blocks:  # (while, not range: Triton 3.6's interpreter fails on range(runtime value), numpy 2.4)
+            rows = start + tl.arange(0, BLOCK)
+            mask = rows < blocks
+            total += tl.load(partial_ptr + rows * 4 + 0, mask=mask, other=0.0).to(tl.float64)
+            absmax = tl.maximum(absmax, tl.load(partial_ptr + rows * 4 + 2, mask=mask, other=0.0))
+            start += BLOCK
         mean = tl.sum(total) / n
-        variance = tl.maximum(tl.sum(squares) / n - mean * mean, 0.0)
-        bound = (clip * tl.sqrt(variance)).to(tl.float32)
+        deviations = tl.zeros([BLOCK], dtype=tl.float64)
+        start = 0
+        while start < blocks:
+            rows = start + tl.arange(0, BLOCK)
+            mask = rows < blocks
+            count = tl.maximum(tl.minimum(n - rows.to(tl.int64) * ROW, ROW), 1).to(tl.float64)
+            offset = tl.load(partial_ptr + rows * 4 + 0, mask=mask, other=0.0).to(tl.float64) / count - mean
+            spread = tl.load(partial_ptr + rows * 4 + 1, mask=mask, other=0.0).to(tl.float64)
+            deviations += tl.where(mask, spread + count * offset * offset, 0.0)
+            start += BLOCK
+        bound = (clip * tl.sqrt(tl.sum(deviations) / n)).to(tl.float32)
         bound = tl.where(clip < 0, float("inf"), bound)
         tl.store(out_ptr, bound)
         tl.store(out_ptr + 1, tl.minimum(tl.max(absmax), bound))
     else:
+        absolute = tl.zeros([BLOCK], dtype=tl.float64)
+        start = 0
+        while start < blocks:
+            rows = start + tl.arange(0, BLOCK)
+            absolute += tl.load(partial_ptr + rows * 4 + 3, mask=rows < blocks, other=0.0).to(tl.float64)
+            start += BLOCK
         tl.store(out_ptr, (tl.sum(absolute) / n).to(tl.float32))
 
 
@@ -87,8 +106,9 @@ def _moments(x: torch.Tensor, mode: int, clip: float, results: int) -> torch.Ten
 
 def finish_moments(buffer: torch.Tensor, blocks: int, n: int, mode: int, clip: float, results: int) -> torch.Tensor:
     """The ``results`` values of ``mode`` from the partial rows of ``blocks`` blocks of ``STATS_BLOCK`` entries (sum,
-    sum of squares, max |x|, sum |x|) that follow them in ``buffer``: one program."""
-    _finish_kernel[(1,)](buffer[results:], buffer, blocks, n, clip, MODE=mode, BLOCK=_FINAL_BLOCK,
+    sum of squared deviations from the block's mean, max |x|, sum |x|; ``ABS_MEAN`` reads only sum |x|) that follow
+    them in ``buffer``: one program."""
+    _finish_kernel[(1,)](buffer[results:], buffer, blocks, n, clip, MODE=mode, ROW=STATS_BLOCK, BLOCK=_FINAL_BLOCK,
                          enable_fp_fusion=False)
     return buffer[:results]
 
