@@ -117,6 +117,17 @@ def test_qsgd_codes_of_a_subnormal_bucket_and_of_nan_equal_the_cpu_kernels(cpu: 
         same(packed, got[1], f"qsgd codes, kind {kind}")
 
 
+def test_qsgd_l2_norms_above_float32_squares_equal_the_cpu_kernels(cpu: object) -> None:
+    """Buckets whose squares overflow float32 (summed again in float64; a norm beyond float32 at its largest).
+    Multiples of 2^64 and 2^121: their float64 sums are exact in any order."""
+    x = torch.cat([dyadic(64), dyadic(64, 1) * 2.0**70, dyadic(64, 2) * 2.0**127])
+    tables, packed = cpu.quantize_levels(x, 64, 4, 1, 0, 1, 5)
+    got = gpu.quantize_levels(*on_device(x), 64, 4, 1, 0, 1, 5)
+    same(tables, got[0], "L2 norms")
+    assert tables[1].item() > 2.0**70 and tables[2].item() == torch.finfo(torch.float32).max
+    same(packed, got[1], "qsgd codes")
+
+
 @pytest.mark.parametrize("n", SIZES)
 def test_qsgd_codes_equal_the_cpu_kernels(cpu: object, n: int) -> None:
     for bits in range(2, 9):

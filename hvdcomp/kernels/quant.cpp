@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <cstring>
 #include <type_traits>
 #include <vector>
@@ -85,6 +86,17 @@ inline Stats stats(const float* v, int64_t m) {
     out.high = std::max(out.high, hi[j]);
   }
   return out;
+}
+
+// QSGD's L2 norm from stats()' squares. Where those overflow float32's lanes (|v| above about 1.8e19), the bucket is
+// summed again in float64; a norm beyond float32's range is its largest value, still >= every |v|, so the rounding
+// stays unbiased and the bucket is not sent as zeros.
+inline float l2_norm(const float* v, int64_t m, double squares) {
+  if (!std::isfinite(squares)) {
+    squares = 0.0;
+    for (int64_t i = 0; i < m; ++i) squares += static_cast<double>(v[i]) * v[i];
+  }
+  return std::min(static_cast<float>(std::sqrt(squares)), std::numeric_limits<float>::max());
 }
 
 // Sum and count of the values below t, and the sum of all, in 8 lanes.
@@ -270,7 +282,7 @@ std::vector<torch::Tensor> quantize_levels(const torch::Tensor& x, int64_t bucke
         orq_levels(v, m, levels, iterations, bins, lv, counts, sums, weight, mass, index);
       } else {
         const Stats moments = stats(v, m);
-        lv[0] = kind == kQsgdL2 ? static_cast<float>(std::sqrt(moments.squares)) : moments.absmax;
+        lv[0] = kind == kQsgdL2 ? l2_norm(v, m, moments.squares) : moments.absmax;
       }
       // 0 for a zero bucket, and for one whose norm is so small (subnormal) that s / norm overflows: it sends zeros
       float inverse = kind == kOrq || lv[0] == 0.f ? 0.f : static_cast<float>(s) / lv[0];

@@ -75,7 +75,11 @@ class QSGD(BucketQuantizer):
 
     def quantize_torch(self, x: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
         xb, _ = buckets(x, self.bucket(x.numel()))
-        norms = xb.norm(dim=1, keepdim=True) if self.norm == "l2" else xb.abs().amax(dim=1, keepdim=True)
+        if self.norm == "l2":  # in float64, as the kernels where float32's squares overflow (|x| above ~1.8e19)
+            wide = torch.linalg.vector_norm(xb, dim=1, keepdim=True, dtype=torch.float64)
+            norms = wide.clamp_(max=torch.finfo(torch.float32).max).float()  # float32's largest is >= every |x|
+        else:
+            norms = xb.abs().amax(dim=1, keepdim=True)
         s = self.levels
         inverse = s / norms  # 0 for a zero bucket, and where a subnormal norm overflows it, as the kernels
         inverse = torch.where(torch.isfinite(inverse), inverse, 0)

@@ -26,6 +26,7 @@ _DECODE_BLOCK = 2048
 _SIGN_GROUPS = STATS_BLOCK // 8  # bytes of signs a program packs: its block is a block of the moments
 _KIND_ORQ, _KIND_QSGD_L2, _KIND_QSGD_MAX = 0, 1, 2
 _KIND_BINGRAD, _KIND_ONEBIT = 0, 1
+_FLOAT32_MAX = tl.constexpr(3.4028234663852886e38)
 
 
 def _check_bucket(bucket: int, what: str) -> None:
@@ -175,7 +176,14 @@ def _levels_kernel(x_ptr, tables_ptr, packed_ptr, n, nbytes, bucket, buckets, ke
         codes = i + (u * gap < x - below).to(tl.int32)
     else:  # QSGD: one norm per bucket scales the grid of levels l / s, l in [-s, s] (code s + l)
         S: tl.constexpr = (LEVELS >> 1) - 1
-        norm = tl.sqrt_rn(tl.sum(x * x, axis=1)) if KIND == 1 else tl.max(tl.abs(x), axis=1)
+        if KIND == 1:
+            norm = tl.sqrt_rn(tl.sum(x * x, axis=1))
+            if tl.max(norm) == float("inf"):  # squares over float32 (|x| > ~1.8e19): those rows again in float64
+                wide = x.to(tl.float64)
+                again = tl.minimum(tl.sqrt(tl.sum(wide * wide, axis=1)), _FLOAT32_MAX).to(tl.float32)
+                norm = tl.where(norm == float("inf"), again, norm)  # at most float32's largest: >= every |x|
+        else:
+            norm = tl.max(tl.abs(x), axis=1)
         tl.store(tables_ptr + rows, norm, mask=live)
         inverse = tl.where(norm == 0, 0.0, tl.div_rn(tl.full([ROWS], S, tl.float32), norm))
         inverse = tl.where(inverse < float("inf"), inverse, 0.0)  # a subnormal norm's overflow: zeros, as the CPU's
