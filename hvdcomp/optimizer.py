@@ -427,7 +427,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _check_same_plan(self, plans: list[list[Any]]) -> None:
         """Ranks with different plans would wait forever on each other's collectives: fail fast instead."""
         mine = json.dumps({"op": str(self.op), "passes": self.backward_passes_per_step,
-                           "nonfinite": self.config.nonfinite, "params": plans})
+                           "nonfinite": self.config.nonfinite, "seed": self.config.seed, "params": plans})
         # each rank's host name and beacon travel on a line of their own after the plan: the ranks that share this
         # host's cores, and what a timed-out wait probes
         host = json.dumps([socket.gethostname(), Beacon.address()])
@@ -796,7 +796,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """
         state = super().state_dict()
         state["hvdcomp"] = {slot.name: {"step": slot.step, "state": slot.state, "bucket": slot.bucket,
-                                        "method": _method(slot.choice), "size": self.process_set.size()}
+                                        "method": _method(slot.choice), "size": self.process_set.size(),
+                                        "rank": self.process_set.rank()}
                             for slot in self._slots if slot.choice.reduction is not None}
         return state
 
@@ -804,11 +805,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         state_dict = dict(state_dict)
         saved = state_dict.pop("hvdcomp", None)
         compressed = [slot for slot in self._slots if saved is not None and slot.choice.reduction is not None]
+        afresh = "drop the checkpoint's 'hvdcomp' entry to start the method states afresh"
         for slot in compressed:  # checked before anything is loaded
             if slot.name not in saved:
-                raise ValueError(f"checkpoint has no hvdcomp state for parameter {slot.name!r}")
+                raise ValueError(f"checkpoint has no hvdcomp state for parameter {slot.name!r} (a job that did not "
+                                 f"compress it saved it: dense, one rank, or compression: auto); {afresh}")
             entry = saved[slot.name]
             method, size = entry.get("method", _method(slot.choice)), entry.get("size", self.process_set.size())
+            rank = entry.get("rank", self.process_set.rank())
             if method != _method(slot.choice):
                 raise ValueError(f"checkpoint's parameter {slot.name!r} was compressed by {method}, here by "
                                  f"{_method(slot.choice)}: its method state does not carry over. Resume with the "
@@ -817,14 +821,23 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if size != self.process_set.size():
                 raise ValueError(f"checkpoint's parameter {slot.name!r} was compressed by a job of {size} ranks, this "
                                  f"one has {self.process_set.size()}: a rank's method state belongs to its world. "
-                                 "Resume with as many ranks, or drop the checkpoint's 'hvdcomp' entry to start the "
-                                 "method states afresh")
+                                 f"Resume with as many ranks, or {afresh}")
+            if rank != self.process_set.rank():
+                raise ValueError(f"checkpoint's parameter {slot.name!r} holds rank {rank}'s method state, this is rank "
+                                 f"{self.process_set.rank()}: its residuals would count twice. Each rank resumes from "
+                                 f"the state_dict() it saved, or {afresh}")
             bucket = entry.get("bucket", "")
             if bucket != slot.bucket:
                 raise ValueError(f"checkpoint's parameter {slot.name!r} was compressed {_bucket_text(bucket)}, here "
                                  f"{_bucket_text(slot.bucket)}: the bucket_cap_mb of the compression config must be "
                                  "the checkpoint's (one saved by an hvdcomp that compressed this method alone whatever "
                                  "bucket_cap_mb resumes with bucket_cap_mb: 0)")
+            if not slot.bucket or slot.bucket == slot.name:  # (a bucket's state is its first member's)
+                different = _different_shape(entry.get("state", {}), slot.state)
+                if different:
+                    raise ValueError(f"checkpoint's parameter {slot.name!r}: its method state's {different}: an "
+                                     "option that sizes it (PowerSGD's rank, a bucket's members) differs. Resume with "
+                                     f"the checkpoint's compression config, or {afresh}")
         super().load_state_dict(state_dict)
         self._reset_step()
         self._synchronized = False
@@ -863,9 +876,30 @@ def _to_device(value: Any, device: torch.device) -> Any:
     return value
 
 
+def _different_shape(saved: Any, fresh: Any, path: str = "") -> str | None:
+    """The first tensor whose shape differs between a saved method state and a fresh one, where both have it (a
+    state may gain entries and list items as it trains: GraVAC's gains), described for an error message; None if none
+    does."""
+    if isinstance(saved, torch.Tensor) and isinstance(fresh, torch.Tensor):
+        if saved.shape != fresh.shape:
+            return f"{path or 'tensor'} is {list(saved.shape)} there, {list(fresh.shape)} here"
+        return None
+    if isinstance(saved, dict) and isinstance(fresh, dict):
+        pairs = [(f"{path}[{key!r}]", saved[key], fresh[key]) for key in saved if key in fresh]
+    elif isinstance(saved, list | tuple) and isinstance(fresh, list | tuple):
+        pairs = [(f"{path}[{i}]", a, b) for i, (a, b) in enumerate(zip(saved, fresh, strict=False))]
+    else:
+        return None
+    for where, a, b in pairs:
+        different = _different_shape(a, b, where)
+        if different:
+            return different
+    return None
+
+
 def _first_difference(mine: str, other: str) -> str:
     a, b = json.loads(mine), json.loads(other)
-    for key in ("op", "passes", "nonfinite"):
+    for key in ("op", "passes", "nonfinite", "seed"):
         if a[key] != b[key]:
             return f"{key}: {a[key]} here, {b[key]} there"
     for x, y in zip(a["params"], b["params"], strict=False):

@@ -541,22 +541,35 @@ def elastic_state() -> None:
 
 
 def resumed_elsewhere() -> None:
-    """A checkpoint is refused by another method (a method's state would fail deep inside its next step) and by a job
-    of another world size, the parameter and both sides named."""
+    """A checkpoint is refused by another method (a method's state would fail deep inside its next step), by a job
+    of another world size, by another rank (its residuals would count twice), by an option that sizes the state
+    (PowerSGD's rank), and where it lacks a parameter, the parameter and both sides named."""
     model = mlp()
 
-    def make(compression: str) -> torch.optim.Optimizer:
-        return hvdcomp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
-                                            named_parameters=model.named_parameters(), compression=compression)
+    def make(compression: Any, net: nn.Module = model) -> torch.optim.Optimizer:
+        return hvdcomp.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.05),
+                                            named_parameters=net.named_parameters(), compression=compression)
 
     optimizer = make("topk")
     train(model, optimizer, batches(1, seed=hvd.rank()))
     saved = optimizer.state_dict()
-    refusals = [("powersgd", saved, "'0.weight' was compressed by allgather:ErrorFeedback:topk, here by "
-                                    "powersgd:PowerSGD:powersgd")]
+    refusals: list[tuple[Any, dict, str]] = [
+        ("powersgd", saved, "'0.weight' was compressed by allgather:ErrorFeedback:topk, here by "
+                            "powersgd:PowerSGD:powersgd")]
     elsewhere = copy.deepcopy(saved)
     elsewhere["hvdcomp"]["0.weight"]["size"] = hvd.size() + 1
     refusals.append(("topk", elsewhere, f"a job of {hvd.size() + 1} ranks, this one has {hvd.size()}"))
+    other_rank = copy.deepcopy(saved)
+    other_rank["hvdcomp"]["0.weight"]["rank"] = (hvd.rank() + 1) % hvd.size()
+    refusals.append(("topk", other_rank, f"holds rank {(hvd.rank() + 1) % hvd.size()}'s method state"))
+    lacking = copy.deepcopy(saved)
+    del lacking["hvdcomp"]["0.weight"]
+    refusals.append(("topk", lacking, "no hvdcomp state for parameter '0.weight' (a job that did not compress"))
+    trained = mlp()  # (a model of its own: the topk optimizer's hooks are on the first)
+    powersgd = make({"method": "powersgd", "options": {"rank": 1}}, trained)
+    train(trained, powersgd, batches(1, seed=hvd.rank()))
+    refusals.append(({"method": "powersgd", "options": {"rank": 2}}, powersgd.state_dict(),
+                     "'0.weight': its method state's ['q'] is [32, 1] there, [32, 2] here"))
     for compression, checkpoint, expected in refusals:
         other = make(compression)
         try:
@@ -1549,6 +1562,14 @@ def scenario_mismatch() -> None:
         print(f"mismatch: raised ValueError (on every rank) rank {hvd.rank()}: {error}", flush=True)
     else:
         raise AssertionError("ranks with different compressors were not detected")
+    try:  # a seed per rank: random-k's positions and PowerSGD's first Q would differ across ranks
+        hvdcomp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                     named_parameters=model.named_parameters(),
+                                     compression={"method": "randomk", "seed": hvd.rank()})
+    except ValueError as error:
+        assert "configured differently" in str(error) and f"seed: {hvd.rank()} here" in str(error), error
+    else:
+        raise AssertionError("ranks with different seeds were not detected")
     if hvd.rank() == 1:  # one rank without the fused kernels: top-k's payloads could differ
         os.environ["HVDCOMP_KERNELS"] = "0"
     try:
