@@ -17,7 +17,7 @@
       - match: "*.embedding.weight"
         method: topk
         options: {ratio: 0.001}
-    seed: 0                     # base seed of the stochastic methods' draws
+    seed: 0                     # base seed of the stochastic methods' draws: the same on every rank (checked)
     nonfinite: raise            # raise | skip: what a NaN/Inf compressed gradient does (see DistributedOptimizer)
 
 ``bucket_cap_mb`` (0: off) compresses the gradients that share a method, its options and collective, dtype and
