@@ -15,13 +15,15 @@ the job, saying what it waited for), :mod:`hvdcomp.collectives` (how Horovod run
 :mod:`hvdcomp.config` (per-parameter configuration), :mod:`hvdcomp.optimizer` (the Horovod drop-in),
 :mod:`hvdcomp.elastic` (Elastic Horovod's state), then above the optimizer :mod:`hvdcomp.auto` (``compression:
 auto``: the per-tensor choice made on the running job, through the optimizer's interface for a tuner) and
-:mod:`hvdcomp.distributed` (:func:`DistributedOptimizer`, which attaches it); the tools live in :mod:`hvdcomp.tools`
+:mod:`hvdcomp.distributed` (:func:`DistributedOptimizer`, which attaches it, and Horovod's
+:func:`broadcast_optimizer_state` for it); the tools live in :mod:`hvdcomp.tools`
 (train, bench, cluster), :mod:`hvdcomp.perfmodel` and :mod:`hvdcomp.k8s`, with :mod:`hvdcomp.workloads` below them.
 ``tests/test_layers.py`` keeps the imports one way.
 
 The compressors, requests, reductions, kernels, configuration, deadlines and ``hvdcomp bench compress`` import no
 Horovod and work without it installed; the collectives, the optimizer and what runs on ranks do import it, and
-``import hvdcomp`` imports it only when :class:`DistributedOptimizer` is first used.
+``import hvdcomp`` imports it only when :class:`DistributedOptimizer` (or :func:`broadcast_optimizer_state`) is first
+used.
 """
 
 from typing import TYPE_CHECKING
@@ -54,11 +56,12 @@ from hvdcomp.reductions import REDUCTIONS, ReductionMethod
 from hvdcomp.requests import Agree, Allgather, Allreduce, Alltoall, Broadcast, Read
 
 if TYPE_CHECKING:
-    from hvdcomp.distributed import DistributedOptimizer
+    from hvdcomp.distributed import DistributedOptimizer, broadcast_optimizer_state
 
 #: the names whose modules import Horovod, by module: imported on first use (PEP 562); ``elastic`` is the module
 #: itself (``hvdcomp.elastic.TorchState``, as ``hvd.elastic.TorchState``)
-_LAZY = {"DistributedOptimizer": "hvdcomp.distributed", "elastic": "hvdcomp.elastic"}
+_LAZY = {"DistributedOptimizer": "hvdcomp.distributed", "broadcast_optimizer_state": "hvdcomp.distributed",
+         "elastic": "hvdcomp.elastic"}
 
 __all__ = [
     "ACCURACY_GUARD",
@@ -98,6 +101,7 @@ __all__ = [
     "TernGrad",
     "Threshold",
     "TopK",
+    "broadcast_optimizer_state",
     "make_compressor",
 ]
 

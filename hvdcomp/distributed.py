@@ -1,7 +1,7 @@
 """``hvdcomp.DistributedOptimizer``: the entry point. It wraps a PyTorch optimizer in hvdcomp's optimizer
 (:mod:`hvdcomp.optimizer`, a drop-in for Horovod's) and, for ``compression: auto``, attaches the tuner
 (:mod:`hvdcomp.auto`) above it: the optimizer knows nothing of auto but the small interface a tuner uses
-(:class:`hvdcomp.optimizer.Tuner`).
+(:class:`hvdcomp.optimizer.Tuner`). :func:`broadcast_optimizer_state` is Horovod's for it.
 """
 
 from __future__ import annotations
@@ -49,3 +49,24 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     if config.auto is not None:
         wrapped.attach_tuner(Tuner(config.auto, config))
     return wrapped
+
+
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0,
+                              model: torch.nn.Module | None = None) -> None:
+    """``hvd.broadcast_optimizer_state`` for an hvdcomp optimizer: the wrapped optimizer's state (SGD's momentum,
+    Adam's moments) from ``root_rank`` to every rank. Call it on every rank, where Horovod's recipe calls Horovod's
+    (after ``hvd.broadcast_parameters``; ``model`` names sparse parameters, as there).
+
+    Horovod's calls ``optimizer.step()`` on a rank whose optimizer has no state yet, except on Horovod's own
+    optimizer: hvdcomp's step reduces, so where only the root loaded a checkpoint the other ranks would wait in that
+    step's collectives until the deadline ends the job. This one creates the missing state locally first (a step of
+    zeros of the wrapped optimizer alone). hvdcomp's method states (residuals, PowerSGD's Q) belong to each rank and
+    are not broadcast: where every rank loaded its own they resume exactly; where only some did, every rank starts
+    them afresh (:meth:`~hvdcomp.optimizer._DistributedOptimizer.align_method_states`).
+    """
+    if not isinstance(optimizer, _DistributedOptimizer):
+        raise TypeError(f"hvdcomp.broadcast_optimizer_state takes an hvdcomp.DistributedOptimizer; got "
+                        f"{type(optimizer).__name__} (use hvd.broadcast_optimizer_state for other optimizers)")
+    optimizer.create_missing_state()
+    hvd.broadcast_optimizer_state(optimizer, root_rank, model)
+    optimizer.align_method_states(root_rank)

@@ -51,7 +51,7 @@ class _OptimizerState(horovod_state.OptimizerStateHandler):
 
     def sync(self) -> None:
         self.value.reset()  # a new world, also where its size and this rank stayed (a host replaced): every rank
-        _create_state(self.value)
+        self.value.create_missing_state()
         if self.value.state_dict()["state"]:  # then the same parameters have state on every rank
             hvd.broadcast_optimizer_state(self.value, root_rank=0)
 
@@ -73,27 +73,3 @@ class TorchState(hvd.elastic.TorchState):
                             f"{type(optimizer).__name__} (use hvd.elastic.TorchState for Horovod's)")
         register()
         super().__init__(model=model, optimizer=optimizer, **kwargs)
-
-
-def _create_state(optimizer: _DistributedOptimizer) -> None:
-    """The wrapped optimizer's state (SGD's momentum buffers, Adam's moments) of the parameters that have none (all
-    of them on a rank joining the job; a parameter that never had a gradient, or whose group's momentum was just
-    turned on), from one local step of zeros on those alone: no reduction, and the parameters stay as they are (a
-    zero gradient moves nothing without weight decay). Every rank then holds state for the same parameters, which
-    Horovod's broadcast of it needs (it names the tensors by their count)."""
-    params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
-    missing = [p for p in params if not optimizer.state.get(p)]
-    if not missing:
-        return
-    grads = [p.grad for p in params]
-    saved = [p.detach().clone() for p in missing]
-    for p in params:
-        p.grad = None  # (a step skips a parameter without a gradient)
-    for p in missing:
-        p.grad = torch.zeros_like(p)
-    super(_DistributedOptimizer, optimizer).step()  # the wrapped optimizer's own step: no synchronize()
-    with torch.no_grad():
-        for p, value in zip(missing, saved, strict=True):
-            p.copy_(value)  # weight decay would have moved them
-    for p, grad in zip(params, grads, strict=True):
-        p.grad = grad

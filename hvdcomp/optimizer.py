@@ -313,6 +313,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._steps_done = 0
         self._heard: tuple[int, float] | None = None  # the step and time every rank was last heard from
         self._peers: dict[int, tuple[list[str], int]] = {}  # the other ranks' beacons, from the plan check
+        self._loaded = False  # the method states came from a checkpoint (load_state_dict with an hvdcomp entry)
+        self._alone = False  # this step's synchronize() came with no backward pass (step() alone)
         self._plan_checked = not active
         if active and check_now:
             self._check_same_plan([slot.plan() for slot in self._slots])
@@ -466,6 +468,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             alive, silent = answering(self._peers)
             heard += (f"; ranks this rank cannot reach now: {', '.join(map(str, silent)) or 'none'}; reachable: "
                       f"{', '.join(map(str, alive)) or 'none'}")
+        if self._alone:
+            heard += ("; this rank's step() came without a backward pass, as hvd.broadcast_optimizer_state's on a "
+                      "rank whose optimizer has no state: use hvdcomp.broadcast_optimizer_state")
         return f"in step {self._steps_done} ({heard}) "
 
     def wait(self, handle: int, name: str) -> Any:
@@ -635,7 +640,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def synchronize(self) -> None:
         """Waits for every gradient's reduction and writes the results into ``p.grad``."""
         self._skip_step = False  # the last step's verdict ends here, whether or not step() came (a GradScaler's skip)
-        if not self._work:  # no gradient came: step() called alone (Horovod's broadcast_optimizer_state does)
+        self._alone = not self._work
+        if self._alone:  # no gradient came: step() called alone (Horovod's broadcast_optimizer_state does)
             self._follow_world()
         if not self._slots:
             self._synchronized = True
@@ -841,6 +847,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         super().load_state_dict(state_dict)
         self._reset_step()
         self._synchronized = False
+        self._loaded = saved is not None
         if saved is None:  # no hvdcomp entry (dropped, or an elastic restore's): the method states start afresh
             self._fresh_states()
             for slot in self._slots:
@@ -852,6 +859,51 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 slot.state = loaded[slot.bucket]
             else:
                 slot.state = loaded[slot.name] = _to_device(saved[slot.name]["state"], slot.param.device)
+
+
+    def create_missing_state(self) -> None:
+        """The wrapped optimizer's state (SGD's momentum buffers, Adam's moments) of the parameters that have none
+        (all of them on a rank that loaded no checkpoint or joined the job; a parameter that never had a gradient, or
+        whose group's momentum was just turned on), from one local step of zeros on those alone: no reduction, and
+        the parameters stay as they are (a zero gradient moves nothing without weight decay). Every rank then holds
+        state for the same parameters, which Horovod's ``broadcast_optimizer_state`` needs (it names the tensors by
+        their count) and without which it calls ``step()``: here a reduction."""
+        params = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
+        missing = [p for p in params if not self.state.get(p)]
+        if not missing:
+            return
+        grads = [p.grad for p in params]
+        saved = [p.detach().clone() for p in missing]
+        for p in params:
+            p.grad = None  # (a step skips a parameter without a gradient)
+        for p in missing:
+            p.grad = torch.zeros_like(p)
+        super().step()  # the wrapped optimizer's own step: no synchronize()
+        with torch.no_grad():
+            for p, value in zip(missing, saved, strict=True):
+                p.copy_(value)  # weight decay would have moved them
+        for p, grad in zip(params, grads, strict=True):
+            p.grad = grad
+
+    def align_method_states(self, root_rank: int) -> None:
+        """Where some ranks loaded their method states from a checkpoint and others did not (Horovod's recipe: the
+        root loads, then broadcasts; :func:`hvdcomp.broadcast_optimizer_state` calls this), every rank starts them
+        afresh at the root's step counters: the plans then agree, and no rank adds residuals (or uses a PowerSGD Q)
+        that the others lack. Where every rank loaded its own (one file per rank) or none did, nothing changes. A
+        collective: call it on every rank."""
+        gathered = hvd.allgather_object((self._loaded, {slot.name: slot.step for slot in self._slots}),
+                                        name="hvdcomp.loaded")
+        if {loaded for loaded, steps in gathered if steps} != {False, True}:
+            return
+        steps = gathered[root_rank][1]
+        self._fresh_states()
+        self._loaded = False
+        for slot in self._slots:
+            slot.step = steps.get(slot.name, 0)
+        if hvd.rank() == 0:
+            log.warning("hvdcomp: only some ranks loaded their method states from a checkpoint: every rank starts them "
+                        "afresh (residuals, PowerSGD's Q) at rank %d's step counters. Save and load state_dict() on "
+                        "every rank to resume them exactly", root_rank)
 
 
 def _method(choice: Choice) -> str:

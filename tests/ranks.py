@@ -489,6 +489,8 @@ def scenario_resume() -> None:
                 train_and_resume(mlp, make, batches(8, seed=hvd.rank()), label)
     with case("resume", "elsewhere"):
         resumed_elsewhere()
+    with case("resume", "horovod's recipe"):
+        horovods_recipe()
     with case("resume", "elastic state"):
         elastic_state()
 
@@ -538,6 +540,38 @@ def elastic_state() -> None:
     buffers = torch.cat([optimizer.state[p]["momentum_buffer"].reshape(-1) for p in model.parameters()])
     gathered = hvd.allgather(buffers.unsqueeze(0), name="elastic.buffers")
     assert all(torch.equal(gathered[0], row) for row in gathered), "the ranks' momentum buffers differ after a sync"
+
+
+def horovods_recipe() -> None:
+    """Horovod's resume recipe: the root loads the checkpoint, then every rank broadcasts, here with
+    hvdcomp.broadcast_optimizer_state (Horovod's would call step() on the ranks whose Adam has no state: a reduction
+    the root never joins). Adam's state is then the root's everywhere; the method states (top-k's residuals) start
+    afresh on every rank at the root's step counters, so the plans agree and the replicas stay identical."""
+    def make(net: nn.Module) -> torch.optim.Optimizer:
+        return hvdcomp.DistributedOptimizer(torch.optim.Adam(net.parameters(), lr=1e-3),
+                                            named_parameters=net.named_parameters(), compression="topk")
+
+    model = mlp()
+    optimizer = make(model)
+    train(model, optimizer, batches(2, seed=hvd.rank()))
+    checkpoint = copy.deepcopy({"model": model.state_dict(), "optimizer": optimizer.state_dict()})
+    resumed = mlp(seed=99)
+    resumed_optimizer = make(resumed)
+    if hvd.rank() == 0:
+        resumed.load_state_dict(checkpoint["model"])
+        resumed_optimizer.load_state_dict(checkpoint["optimizer"])
+    hvd.broadcast_parameters(resumed.state_dict(), root_rank=0)
+    hvdcomp.broadcast_optimizer_state(resumed_optimizer, root_rank=0)
+    moments = torch.cat([resumed_optimizer.state[p]["exp_avg"].reshape(-1) for p in resumed.parameters()])
+    root = hvd.broadcast(moments, root_rank=0, name="recipe.moments")
+    assert torch.equal(moments, root), "Adam's state is not the root's"
+    assert torch.equal(moments, torch.cat([optimizer.state[p]["exp_avg"].reshape(-1) for p in model.parameters()])
+                       ) or hvd.rank() != 0, "the root's Adam state is not its checkpoint's"
+    residuals = [state["residual"] for state in resumed_optimizer.method_states().values() if "residual" in state]
+    assert residuals and not any(r.any() for r in residuals), "the method states did not start afresh"
+    train(resumed, resumed_optimizer, batches(2, seed=10 + hvd.rank()))
+    assert_identical_across_ranks(resumed, "resumed by Horovod's recipe")
+    assert resumed_optimizer.steps_done == 2
 
 
 def resumed_elsewhere() -> None:
