@@ -111,10 +111,11 @@ class _Wrapper(Compressor):
 
 def corrected(tensor: torch.Tensor, u: torch.Tensor | None, momentum: float, average: bool) -> torch.Tensor:
     """u_t (momentum correction, module docstring) from the gradient ``tensor`` and u_{t-1} in ``u``, which is updated
-    in place and returned: m u + g where ``average`` (``u`` needed), else g / (1 - m) (written to ``u`` where given)."""
+    in place and returned: m u + g where ``average`` (``u`` needed), else g / (1 - m) (written to ``u`` where given),
+    in float32 (a float16 gradient times the gain would overflow from |g| = 6,550 at m = 0.9)."""
     if average:
         return u.mul_(momentum).add_(tensor)
-    return torch.mul(tensor, 1 / (1 - momentum), out=u)
+    return torch.mul(tensor.to(torch.float32), 1 / (1 - momentum), out=u)
 
 
 def momentum_step(tensor: torch.Tensor, u: torch.Tensor | None, residual: torch.Tensor | None, momentum: float,

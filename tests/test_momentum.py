@@ -98,6 +98,23 @@ def test_random_k_sends_the_gradient_times_the_gain_with_error_feedback() -> Non
         torch.testing.assert_close(sent + state["residual"], gradients[:step + 1].sum(0) * 4)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_the_gain_of_a_half_precision_gradient_is_taken_in_float32(dtype: torch.dtype) -> None:
+    """EF-signSGD keeps the momentum's gain g / (1 - m): 7,000 x 10 overflows float16 (and bfloat16 rounds the gain),
+    so the memory takes it in float32, as for a float32 gradient."""
+    g = torch.tensor([7000.0, -1, 0.5, 3, 1, 2, -2, 1])
+    results = []
+    for tensor in (g.to(dtype), g.to(dtype).float()):
+        compressor = make_compressor("efsignsgd")
+        state = compressor.init_state(tensor, _ctx(tensor))
+        compressor.agree(tensor, state, _ctx(tensor))
+        payload, _ = compressor.compress(tensor, state, _ctx(tensor))
+        results.append((payload[0], state["residual"]))
+    assert torch.isfinite(results[0][1]).all()
+    for half, single in zip(*results, strict=True):
+        assert torch.equal(half, single)
+
+
 def test_top_k_accumulates_the_momentum() -> None:
     """DGC's momentum correction without masking: p = e + u, u <- m u + g; what was sent plus the residual is the
     sum of every u so far."""
