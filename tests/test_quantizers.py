@@ -350,21 +350,24 @@ def test_the_cpu_decoder_reads_no_byte_past_a_short_payload() -> None:
     assert done.returncode == 0 and "decoded every payload" in done.stdout, (done.returncode, done.stderr[-2000:])
 
 
-def test_qsgd_l2_norm_holds_above_float32_squares(path: str) -> None:
-    """Squares of |x| above ~1.8e19 overflow float32: the L2 norm is summed in float64 there, and one beyond float32's
-    range is its largest value (>= every |x|), so the bucket is sent (unbiased), not as zeros."""
+def test_qsgd_l2_norm_holds_beyond_float32_squares(path: str) -> None:
+    """Squares of |x| above ~1.8e19 overflow float32 and below ~1e-19 underflow it: the L2 norm is summed in float64
+    there, and one beyond float32's range is its largest value (>= every |x|), so the bucket is sent (unbiased), not
+    as zeros or with a norm below max |x|."""
     compressor = QSGD(bits=4, bucket_size=64, norm="l2")
-    x = torch.randn(192, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(256, generator=torch.Generator().manual_seed(0))
     x[64:128] *= 1e20
-    x[128:] = 2e38  # the norm, 1.6e39, is beyond float32
+    x[128:192] = 2e38  # the norm, 1.6e39, is beyond float32
     x[130] = -2e38
+    x[192:] *= 1e-24
     payload, meta = compressor.compress(x, {}, Context.local(x))
     norms = payload[0].reshape(-1)
-    assert norms[1].item() == pytest.approx(x[64:128].double().norm().item(), rel=1e-6)
+    for bucket in (0, 1, 3):
+        expected = x[64 * bucket:64 * (bucket + 1)].double().norm().item()
+        assert norms[bucket].item() == pytest.approx(expected, rel=1e-6, abs=0), bucket
     assert norms[2].item() == torch.finfo(torch.float32).max
-    assert norms[0].item() == pytest.approx(x[:64].norm().item(), rel=1e-6)
     decoded = compressor.decompress(payload, meta)
-    assert torch.isfinite(decoded).all() and (decoded[64:128] != 0).any() and (decoded[128:] != 0).any()
+    assert torch.isfinite(decoded).all() and all((decoded[j:j + 64] != 0).any() for j in (64, 128, 192))
 
 
 @pytest.mark.parametrize("norm", ["max", "l2"])

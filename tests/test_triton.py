@@ -118,13 +118,14 @@ def test_qsgd_codes_of_a_subnormal_bucket_and_of_nan_equal_the_cpu_kernels(cpu: 
 
 
 def test_qsgd_l2_norms_above_float32_squares_equal_the_cpu_kernels(cpu: object) -> None:
-    """Buckets whose squares overflow float32 (summed again in float64; a norm beyond float32 at its largest).
-    Multiples of 2^64 and 2^121: their float64 sums are exact in any order."""
-    x = torch.cat([dyadic(64), dyadic(64, 1) * 2.0**70, dyadic(64, 2) * 2.0**127])
+    """Buckets whose squares overflow or underflow float32 (summed again in float64; a norm beyond float32 at its
+    largest). Multiples of 2^64, 2^121 and 2^-86: their float64 sums are exact in any order."""
+    x = torch.cat([dyadic(64), dyadic(64, 1) * 2.0**70, dyadic(64, 2) * 2.0**127, dyadic(64, 3) * 2.0**-80])
     tables, packed = cpu.quantize_levels(x, 64, 4, 1, 0, 1, 5)
     got = gpu.quantize_levels(*on_device(x), 64, 4, 1, 0, 1, 5)
     same(tables, got[0], "L2 norms")
     assert tables[1].item() > 2.0**70 and tables[2].item() == torch.finfo(torch.float32).max
+    assert tables[3].item() == pytest.approx(x[192:].double().norm().item(), rel=1e-7, abs=0)
     same(packed, got[1], "qsgd codes")
 
 
@@ -259,11 +260,13 @@ def test_ternary_statistics_and_codes_equal_the_cpu_kernels(cpu: object, n: int)
     assert not gpu.ternarize_pack(*on_device(x), zero, zero, 3).any(), "a zero scaler sends zeros"
 
 
-def test_ternary_bound_holds_where_the_mean_is_far_above_the_spread() -> None:
-    """sigma merged from the blocks' deviations (3 blocks), where E[x^2] - E[x]^2 in float32 would cancel."""
-    x = 1e3 + gaussian(9000)
+@pytest.mark.parametrize(("mean", "spread"), [(1e3, 1.0), (0.0, 1e-24), (0.0, 1e20)])
+def test_ternary_bound_holds_where_the_mean_is_far_above_the_spread(mean: float, spread: float) -> None:
+    """sigma merged from the blocks' deviations (3 blocks), where E[x^2] - E[x]^2 in float32 would cancel, and
+    scaled by their blocks' max, where their squares would underflow or overflow float32."""
+    x = mean + spread * gaussian(9000)
     bound, _ = gpu.ternary_statistics(*on_device(x), 2.5)
-    assert bound.item() == pytest.approx(2.5 * x.double().std(correction=0).item(), rel=1e-5)
+    assert bound.item() == pytest.approx(2.5 * x.double().std(correction=0).item(), rel=1e-5, abs=0)
 
 
 @pytest.mark.parametrize("n", SIZES)

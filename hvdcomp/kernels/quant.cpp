@@ -88,11 +88,12 @@ inline Stats stats(const float* v, int64_t m) {
   return out;
 }
 
-// QSGD's L2 norm from stats()' squares. Where those overflow float32's lanes (|v| above about 1.8e19), the bucket is
-// summed again in float64; a norm beyond float32's range is its largest value, still >= every |v|, so the rounding
-// stays unbiased and the bucket is not sent as zeros.
-inline float l2_norm(const float* v, int64_t m, double squares) {
-  if (!std::isfinite(squares)) {
+// QSGD's L2 norm from stats()' squares. Where those overflow float32's lanes (|v| above about 1.8e19) or lose
+// precision below its normal range (every |v| under 2^-60, not all 0), the bucket is summed again in float64; a norm
+// beyond float32's range is its largest value, still >= every |v|, so the rounding stays unbiased and the bucket is
+// not sent as zeros.
+inline float l2_norm(const float* v, int64_t m, double squares, float absmax) {
+  if (!std::isfinite(squares) || (absmax > 0.f && absmax < 0x1p-60f)) {
     squares = 0.0;
     for (int64_t i = 0; i < m; ++i) squares += static_cast<double>(v[i]) * v[i];
   }
@@ -282,7 +283,7 @@ std::vector<torch::Tensor> quantize_levels(const torch::Tensor& x, int64_t bucke
         orq_levels(v, m, levels, iterations, bins, lv, counts, sums, weight, mass, index);
       } else {
         const Stats moments = stats(v, m);
-        lv[0] = kind == kQsgdL2 ? l2_norm(v, m, moments.squares) : moments.absmax;
+        lv[0] = kind == kQsgdL2 ? l2_norm(v, m, moments.squares, moments.absmax) : moments.absmax;
       }
       // 0 for a zero bucket, and for one whose norm is so small (subnormal) that s / norm overflows: it sends zeros
       float inverse = kind == kOrq || lv[0] == 0.f ? 0.f : static_cast<float>(s) / lv[0];

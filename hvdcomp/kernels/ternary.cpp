@@ -71,23 +71,33 @@ torch::Tensor moments(const torch::Tensor& x) {
           m[0] = std::max(m[0], std::fabs(data[i]));
           a[0] += std::fabs(data[i]);
         }
-        float block_sum = 0.f;
+        float block_sum = 0.f, block_max = 0.f;
         for (int j = 0; j < 8; ++j) {
           block_sum += s[j];
-          cm = std::max<double>(cm, m[j]);
+          block_max = std::max(block_max, m[j]);
           ca += a[j];
         }
+        cm = std::max<double>(cm, block_max);
         const float mean = block_sum / static_cast<float>(e - b);
+        // Deviations times 2^-k, with 2^k the block's max |x| rounded up to a power of two: exact, and their squares
+        // neither overflow (|x| above ~1.8e19) nor underflow (below ~1e-19) float32.
+        int exponent = 0;
+        if (std::isfinite(block_max)) std::frexp(block_max, &exponent);
+        exponent = std::max(exponent, -125);  // 2^-k stays a float32 for a subnormal max
+        const float scale = std::ldexp(1.f, -exponent);
         float q[8] = {};
         for (i = b; i + 8 <= e; i += 8)
           for (int j = 0; j < 8; ++j) {
-            const float d = data[i + j] - mean;
+            const float d = (data[i + j] - mean) * scale;
             q[j] += d * d;
           }
-        for (; i < e; ++i) q[0] += (data[i] - mean) * (data[i] - mean);
+        for (; i < e; ++i) {
+          const float d = (data[i] - mean) * scale;
+          q[0] += d * d;
+        }
         double block_m2 = 0.0;
         for (int j = 0; j < 8; ++j) block_m2 += q[j];
-        merge(count, cs, cq, static_cast<double>(e - b), block_sum, block_m2);
+        merge(count, cs, cq, static_cast<double>(e - b), block_sum, std::ldexp(block_m2, 2 * exponent));
       }
       sums[c] = cs;
       deviations[c] = cq;

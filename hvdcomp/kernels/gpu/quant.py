@@ -178,10 +178,14 @@ def _levels_kernel(x_ptr, tables_ptr, packed_ptr, n, nbytes, bucket, buckets, ke
         S: tl.constexpr = (LEVELS >> 1) - 1
         if KIND == 1:
             norm = tl.sqrt_rn(tl.sum(x * x, axis=1))
-            if tl.max(norm) == float("inf"):  # squares over float32 (|x| > ~1.8e19): those rows again in float64
+            top = tl.max(tl.abs(x), axis=1)
+            # squares over float32 (|x| > ~1.8e19) or below its normal range (every |x| < 2^-60, not all 0): those
+            # rows again in float64, as the CPU kernel
+            redo = (norm == float("inf")) | ((top > 0) & (top < 8.673617379884035e-19))
+            if tl.max(redo.to(tl.int32)) > 0:
                 wide = x.to(tl.float64)
                 again = tl.minimum(tl.sqrt(tl.sum(wide * wide, axis=1)), _FLOAT32_MAX).to(tl.float32)
-                norm = tl.where(norm == float("inf"), again, norm)  # at most float32's largest: >= every |x|
+                norm = tl.where(redo, again, norm)  # at most float32's largest: >= every |x|
         else:
             norm = tl.max(tl.abs(x), axis=1)
         tl.store(tables_ptr + rows, norm, mask=live)

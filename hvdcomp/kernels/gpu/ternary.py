@@ -34,20 +34,30 @@ _TERNARY, ABS_MEAN = 0, 1
 
 @triton.jit(do_not_specialize=["n"])
 def _moments_kernel(x_ptr, partial_ptr, n, BLOCK: tl.constexpr):
-    """Per block, a row of ``partial`` (float32): sum, sum of squared deviations from the block's own mean, max |x|
-    and sum |x|. Deviations, not sum(x^2): in float32, sum(x^2) - sum(x)^2 / n cancels where the mean is far above
-    the spread."""
+    """Per block, a row of ``partial`` (float32): sum, sum of squared deviations from the block's own mean over the
+    block's max |x| squared (:func:`_inverse`), max |x| and sum |x|. Deviations, not sum(x^2): in float32,
+    sum(x^2) - sum(x)^2 / n cancels where the mean is far above the spread; over the max, so that their squares
+    neither overflow (|x| above ~1.8e19) nor underflow (below ~1e-19)."""
     pid = tl.program_id(0).to(tl.int64)
     offsets = pid * BLOCK + tl.arange(0, BLOCK)
     valid = offsets < n
     x = tl.load(x_ptr + offsets, mask=valid, other=0.0)
     total = tl.sum(x)
-    deviation = tl.where(valid, x - total / tl.minimum(n - pid * BLOCK, BLOCK).to(tl.float32), 0.0)
     magnitude = tl.abs(x)
+    top = tl.max(magnitude)
+    mean = total / tl.minimum(n - pid * BLOCK, BLOCK).to(tl.float32)
+    deviation = tl.where(valid, (x - mean) * _inverse(top), 0.0)
     tl.store(partial_ptr + pid * 4 + 0, total)
     tl.store(partial_ptr + pid * 4 + 1, tl.sum(deviation * deviation))
-    tl.store(partial_ptr + pid * 4 + 2, tl.max(magnitude))
+    tl.store(partial_ptr + pid * 4 + 2, top)
     tl.store(partial_ptr + pid * 4 + 3, tl.sum(magnitude))
+
+
+@triton.jit
+def _inverse(top):
+    """1 / a block's max |x| (float32), at most 2^126 (a zero or subnormal max): the deviations' scale, which the
+    finalizing program computes again from the same max."""
+    return tl.minimum(tl.div_rn(tl.full(top.shape, 1.0, tl.float32), top), 8.507059173023462e37)
 
 
 @triton.jit(do_not_specialize=["blocks", "n"])
@@ -75,7 +85,8 @@ def _finish_kernel(partial_ptr, out_ptr, blocks, n, clip: tl.float64, MODE: tl.c
             mask = rows < blocks
             count = tl.maximum(tl.minimum(n - rows.to(tl.int64) * ROW, ROW), 1).to(tl.float64)
             offset = tl.load(partial_ptr + rows * 4 + 0, mask=mask, other=0.0).to(tl.float64) / count - mean
-            spread = tl.load(partial_ptr + rows * 4 + 1, mask=mask, other=0.0).to(tl.float64)
+            scale = _inverse(tl.load(partial_ptr + rows * 4 + 2, mask=mask, other=0.0)).to(tl.float64)
+            spread = tl.load(partial_ptr + rows * 4 + 1, mask=mask, other=0.0).to(tl.float64) / (scale * scale)
             deviations += tl.where(mask, spread + count * offset * offset, 0.0)
             start += BLOCK
         bound = (clip * tl.sqrt(tl.sum(deviations) / n)).to(tl.float32)
