@@ -56,7 +56,7 @@ import os
 import socket
 import time
 import warnings
-from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Mapping
+from collections.abc import Collection, Hashable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
@@ -180,8 +180,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         # after an elastic reset (reset()) the same parameters, in the same order, make the new plan.
         # Under Elastic Horovod (HOROVOD_ELASTIC=1, set by its launcher) every collective must run inside the elastic
         # function, which handles a lost rank: the plan check then comes with the first step instead.
-        for index, slot in enumerate(self._build_world(check_now=os.environ.get("HOROVOD_ELASTIC") != "1")):
-            slot.param.register_post_accumulate_grad_hook(self._make_hook(index))
+        for slot in self._build_world(check_now=os.environ.get("HOROVOD_ELASTIC") != "1"):
+            slot.param.register_post_accumulate_grad_hook(self._hook)
         self._warn_accuracy()
 
     def _warn_accuracy(self) -> None:
@@ -298,6 +298,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._vote_name = f"hvdcomp.vote.{hashlib.blake2b(names, digest_size=3).hexdigest()}"
         active = included and size > 1
         self._slots = slots if active else []
+        # a gradient hook's slot, by parameter: a rebuild (apply_config, reset) may plan another set of parameters
+        # (a layer frozen or thawed since), which moves the others' indices
+        self._index = {id(slot.param): index for index, slot in enumerate(self._slots)}
         self._batches = self._batch_members()
         self._fresh_states()
         self._check_momentum()
@@ -491,22 +494,23 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._world != (self.process_set.size(), self.process_set.rank()):
             self.reset()
 
-    def _make_hook(self, index: int) -> Callable[[torch.Tensor], None]:
-        def hook(param: torch.Tensor) -> None:
-            if not self._work:  # a step's first gradient (or one accumulated before it)
-                self._follow_world()
-            if index >= len(self._slots):  # one rank: nothing to reduce
-                return
-            self._backward_since_synchronize = True
-            slot = self._slots[index]
-            if index in self._work:
-                raise AssertionError("Gradients were computed more than backward_passes_per_step times before "
-                                     "call to step(). Increase backward_passes_per_step to accumulate gradients "
-                                     "locally.")
-            slot.delay -= 1
-            if slot.delay == 0:
-                self._submit(index)
-        return hook
+    def _hook(self, param: torch.Tensor) -> None:
+        """A parameter's gradient is ready (accumulated): its reduction starts once ``backward_passes_per_step``
+        passes have accumulated it."""
+        if not self._work:  # a step's first gradient (or one accumulated before it)
+            self._follow_world()
+        index = self._index.get(id(param))
+        if index is None:  # one rank (nothing to reduce), or a parameter the plan leaves out (frozen when planned)
+            return
+        self._backward_since_synchronize = True
+        slot = self._slots[index]
+        if index in self._work:
+            raise AssertionError("Gradients were computed more than backward_passes_per_step times before "
+                                 "call to step(). Increase backward_passes_per_step to accumulate gradients "
+                                 "locally.")
+        slot.delay -= 1
+        if slot.delay == 0:
+            self._submit(index)
 
     def _submit(self, index: int) -> None:
         slot = self._slots[index]

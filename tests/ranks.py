@@ -1580,6 +1580,19 @@ def scenario_nograd() -> None:
             nn.functional.cross_entropy(model(x, use_branch), y).backward()
             optimizer.step()
         assert_identical_across_ranks(model, f"nograd.{method}")
+    # a layer frozen, then the plan rebuilt (apply_config): every gradient's hook starts its own parameter's
+    # reduction during backward (read in the optimizer's work list), not one at its former index
+    model = mlp()
+    optimizer = hvdcomp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                             named_parameters=model.named_parameters(), compression="terngrad")
+    model[0].requires_grad_(False)
+    optimizer.apply_config(optimizer.config)
+    x, y = batches(1, seed=hvd.rank())[0]
+    nn.functional.cross_entropy(model(x), y).backward()
+    started = sorted(optimizer._slots[index].name for index in optimizer._work)
+    assert started == ["2.bias", "2.weight", "4.bias", "4.weight"], started
+    optimizer.step()
+    assert_identical_across_ranks(model, "nograd.frozen")
     # the optimizer counted the ranks on this host (all here): more than this rank's cores, its waits poll
     assert hvdcomp.deadlines._oversubscribed[0] == (hvd.size() > len(os.sched_getaffinity(0))), hvd.size()
 
