@@ -20,6 +20,9 @@
     seed: 0                     # base seed of the stochastic methods' draws: the same on every rank (checked)
     nonfinite: raise            # raise | skip: what a NaN/Inf compressed gradient does (see DistributedOptimizer)
 
+An override that names a method takes that method's default ``options`` and ``error_feedback``, not the top level's
+(whether a method needs a memory is its own); ``collective`` and ``collective_options`` carry over.
+
 ``bucket_cap_mb`` (0: off) compresses the gradients that share a method, its options and collective, dtype and
 device in buckets, as PyTorch's DDP buckets them for its communication hooks: in reverse model order (the order
 backward makes them ready), each bucket closed once it holds ``bucket_cap_mb`` MiB. A bucket is concatenated and
@@ -185,22 +188,27 @@ def _mapping(where: str, key: str, value: Any) -> Mapping[str, Any]:
 
 
 def _rule(where: str, entry: Mapping[str, Any], match: str, defaults: Mapping[str, Any]) -> _Rule:
-    merged = {**defaults, **entry}
+    # an override that names a method takes neither the default's options nor its error_feedback (whether a method
+    # needs a memory is the method's: a top-k override of an unbiased default without one would lose what it does not
+    # send); the collective and its options carry over, each reduction taking those it takes
+    inherited = {k: v for k, v in defaults.items() if "method" not in entry or k not in ("options", "error_feedback")}
+    merged = {**inherited, **entry}
     collective = merged.get("collective", "auto")
     if collective not in reductions.selectable():
         raise _unknown(f"collective in {where}", collective, reductions.selectable())
     options = _mapping(where, "options", merged.get("options"))
-    if "method" in entry and "options" not in entry:
-        options = {}  # another method's options do not carry over
-    compressor = make_compressor(merged.get("method", "none"), options, merged.get("error_feedback"))
-    rule = _Rule(match, compressor, collective, _mapping(where, "collective_options", merged.get("collective_options")))
-    # checked now, not at the first parameter it meets; options inherited from the defaults were checked there
-    # (against the default method), and each reduction is given only those it takes
-    if "collective_options" in entry:
-        reductions.check_options(compressor, rule.collective_options, collective)
-    for name in reductions.resolved(compressor, collective):  # each checks the values it takes
-        reductions.make(name, compressor, rule.collective_options)
-    return rule
+    collective_options = _mapping(where, "collective_options", merged.get("collective_options"))
+    try:
+        compressor = make_compressor(merged.get("method", "none"), options, merged.get("error_feedback"))
+        # checked now, not at the first parameter it meets; options inherited from the defaults were checked there
+        # (against the default method), and each reduction is given only those it takes
+        if "collective_options" in entry:
+            reductions.check_options(compressor, collective_options, collective)
+        for name in reductions.resolved(compressor, collective):  # each checks the values it takes
+            reductions.make(name, compressor, collective_options)
+    except ValueError as error:
+        raise ValueError(f"{where}: {error}") from error
+    return _Rule(match, compressor, collective, collective_options)
 
 
 @dataclass(frozen=True)

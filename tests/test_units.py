@@ -260,7 +260,11 @@ def test_config_choices() -> None:
     auto = CompressionConfig.parse({"method": "terngrad", "collective_options": {"owner_error_feedback": False}})
     assert auto.choose("x", (10**6,), 2).reduction.name == "allgather"
     assert auto.choose("x", (10**6,), 8).reduction.owner_error_feedback is False
-    # an override of another method inherits them, taking what its own reduction takes (fp16: none)
+    # an override that names a method takes its own error feedback (top-k's), not the default's
+    memory = CompressionConfig.parse({"method": "randomk", "error_feedback": False,
+                                      "overrides": [{"match": "emb*", "method": "topk"}]})
+    assert isinstance(memory.choose("emb.weight", (10**6,), 2).compressor, ErrorFeedback)
+    # an override of another method inherits the collective's options, taking what its own reduction takes (fp16: none)
     mixed = CompressionConfig.parse({"method": "terngrad", "collective": "two_phase",
                                      "collective_options": {"owner_error_feedback": False},
                                      "overrides": [{"match": "*.bias", "method": "fp16"}]})
@@ -323,6 +327,8 @@ def test_memory_policy_is_the_same_for_names_configs_and_objects() -> None:
     ({"method": "topk", "nonfinite": "ignore"}, "unknown nonfinite policy 'ignore'; valid: raise, skip"),
     ({"method": "topk", "error_feedback": "yes"}, "error_feedback must be true, false or null"),
     ({"overrides": [{"method": "topk"}]}, r"overrides\[0\] must be a mapping with a 'match' pattern"),
+    ({"method": "terngrad", "collective": "two_phase", "overrides": [{"match": "x", "method": "topk"}]},
+     r"overrides\[0\]: .*two_phase needs fixed-size payloads"),
     ({"overrides": {"match": "fc.*", "method": "topk"}}, "overrides must be a list of mappings, each with a 'match'"),
     ({"overrides": 5}, "overrides must be a list of mappings"),
     ({"method": "topk", "dense": 5}, "dense must be a list of parameter-name patterns; got 5"),
