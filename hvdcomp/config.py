@@ -298,6 +298,15 @@ class CompressionConfig:
         closed += [members for members, _ in open_buckets.values()]
         return [members for members in closed if len(members) > 1]
 
+    def unmatched(self, names: Sequence[str]) -> list[str]:
+        """The ``dense`` patterns and overrides' ``match`` patterns that match none of ``names``: a misspelled
+        pattern, or a model's names read wrong (the optimizer warns of them)."""
+        def matches(pattern: str) -> bool:
+            return any(fnmatch.fnmatchcase(name, pattern) for name in names)
+        found = [f"dense pattern {pattern!r}" for pattern in self.dense if not matches(pattern)]
+        return found + [f"overrides[{i}]'s match {rule.match!r}" for i, rule in enumerate(self.overrides)
+                        if not matches(rule.match)]
+
     def choose(self, name: str, shape: torch.Size | tuple[int, ...], world_size: int, edge: bool = False) -> Choice:
         """The compressor and reduction for parameter ``name`` of ``shape`` (see :func:`reductions.choose`);
         ``edge``: it belongs to the model's first or last layer, which methods with ``dense_edges`` leave dense.

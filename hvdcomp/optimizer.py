@@ -180,9 +180,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         # after an elastic reset (reset()) the same parameters, in the same order, make the new plan.
         # Under Elastic Horovod (HOROVOD_ELASTIC=1, set by its launcher) every collective must run inside the elastic
         # function, which handles a lost rank: the plan check then comes with the first step instead.
-        for slot in self._build_world(check_now=os.environ.get("HOROVOD_ELASTIC") != "1"):
+        planned = self._build_world(check_now=os.environ.get("HOROVOD_ELASTIC") != "1")
+        for slot in planned:
             slot.param.register_post_accumulate_grad_hook(self._hook)
         self._warn_accuracy()
+        unmatched = self.config.unmatched([slot.name for slot in planned])
+        if unmatched and self.process_set.rank() == 0:
+            log.warning("hvdcomp: no trained parameter matches the %s (their names are like %s)",
+                        " or the ".join(unmatched), ", ".join(repr(slot.name) for slot in planned[:3]))
 
     def _warn_accuracy(self) -> None:
         """One :class:`AccuracyWarning` per method of the plan whose options were measured to lose accuracy

@@ -272,6 +272,17 @@ def test_config_choices() -> None:
     assert mixed.choose("w", (10**6,), 2).reduction.owner_error_feedback is False
 
 
+def test_patterns_that_match_no_parameter_are_named() -> None:
+    """A dense or override pattern that matches no parameter name (a typo, or the model's names read wrong: the
+    optimizer warns of them on rank 0)."""
+    config = CompressionConfig.parse({"method": "terngrad", "dense": ["6.*", "fc3.*"],
+                                      "overrides": [{"match": "*.bias", "method": "fp16"},
+                                                    {"match": "emb*", "method": "topk"}]})
+    names = ["0.weight", "0.bias", "6.weight", "6.bias"]
+    assert config.unmatched(names) == ["dense pattern 'fc3.*'", "overrides[1]'s match 'emb*'"]
+    assert CompressionConfig.parse("terngrad").unmatched(names) == []
+
+
 def test_unscaled_signs_are_gathered_not_summed_by_owners() -> None:
     """Two-phase's owner compresses the ranks' vote again: unscaled signSGD's bare signs cannot carry that sum of N
     votes (it would arrive N times too small), so auto gathers it at any rank count and two_phase is refused; the

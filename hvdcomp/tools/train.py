@@ -15,7 +15,7 @@ explicitly win)::
     batch_size: 64        # per rank
     lr: 0.01
     seed: 0
-    compression: {method: terngrad, options: {clip: 2.5}, dense: ["3.*"]}
+    compression: {method: terngrad, options: {clip: 2.5}, dense: ["6.*"]}  # the classifier
 
 ``--compression auto`` chooses per tensor on the running job (:mod:`hvdcomp.auto`); the plan it settled on is printed
 after the table and saved in the summary (``auto``). Its measuring steps count in the step times and the time to
