@@ -92,7 +92,7 @@ class AutoSettings:
             raise ValueError(f"options of method auto must be a mapping; got {options!r}")
         _check_keys("auto's options", options, ("allow", "candidates", "plans", "budget_s"))
         plans = check.integer("auto", "plans", options.get("plans", cls.plans), ge=1)
-        budget_s = check.number("auto", "budget_s", options.get("budget_s", cls.budget_s), ge=0,
+        budget_s = check.number("auto", "budget_s", options.get("budget_s", cls.budget_s), ge=0, finite=True,
                                 noun="number of seconds")
         allow = options.get("allow") or ()
         if not isinstance(allow, (list, tuple)) or not all(isinstance(m, str) for m in allow):
