@@ -24,9 +24,11 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
                          compression: Compressor | str | Mapping[str, Any] | None = "none",
                          backward_passes_per_step: int = 1, op: Any = hvd.Average,
-                         process_set: hvd.ProcessSet = hvd.global_process_set,
+                         gradient_predivide_factor: float = 1.0, num_groups: int = 0, groups: Any = None,
+                         sparse_as_dense: bool = False, process_set: hvd.ProcessSet = hvd.global_process_set,
                          deadline: Deadline | float | None = DEFAULT_DEADLINE) -> torch.optim.Optimizer:
-    """Wraps ``optimizer`` so that gradients are averaged across ranks, compressed as configured.
+    """Wraps ``optimizer`` so that gradients are averaged across ranks, compressed as configured. The arguments are
+    ``hvd.DistributedOptimizer``'s (Horovod 0.28), in its order, and ``deadline``.
 
     Args:
         optimizer: the optimizer to wrap (its class is subclassed, as ``hvd.DistributedOptimizer`` does).
@@ -36,16 +38,29 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
             ``"none"`` gives exactly stock Horovod's updates.
         backward_passes_per_step: backward passes accumulated locally before each reduction.
         op: ``hvd.Average`` (default) or ``hvd.Sum``.
+        gradient_predivide_factor: 1.0 only: Horovod splits the average around its sum with it; hvdcomp averages
+            once, after decoding.
+        num_groups, groups: 0 and None only: Horovod's groups of fused allreduces. hvdcomp's own are the
+            compression config's buckets (``bucket_cap_mb``); dense gradients go through Horovod's tensor fusion.
+        sparse_as_dense: densify sparse gradients (``nn.Embedding(..., sparse=True)``) for every method. Without
+            it they are densified too, except for methods that take them as they are (the sketch).
         process_set: the Horovod process set to reduce over.
         deadline: how long to wait for any of hvdcomp's collectives before ending the job with a message
             (:class:`Deadline`: from the slowest step so far; a number: fixed seconds; None: wait forever, as
             Horovod does).
     """
+    if gradient_predivide_factor != 1.0:
+        raise ValueError(f"gradient_predivide_factor={gradient_predivide_factor!r}: hvdcomp averages once, after "
+                         "decoding (Horovod splits the average around its sum with it); leave it at 1.0")
+    if num_groups != 0 or groups is not None:
+        raise ValueError("num_groups and groups (Horovod's groups of fused allreduces) are not taken: hvdcomp "
+                         "compresses gradients together in the compression config's buckets (bucket_cap_mb), and "
+                         "dense ones go through Horovod's tensor fusion")
     config = CompressionConfig.parse(compression)
     elastic.register()  # hvd.elastic.TorchState then handles it as hvdcomp's own TorchState does
     cls = type(optimizer.__class__.__name__, (_DistributedOptimizer, optimizer.__class__), {})
     wrapped = cls(optimizer.param_groups, named_parameters, config, backward_passes_per_step, op, process_set,
-                  deadline)
+                  deadline, sparse_as_dense)
     if config.auto is not None:
         wrapped.attach_tuner(Tuner(config.auto, config))
     return wrapped

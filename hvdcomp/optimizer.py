@@ -30,7 +30,8 @@ Each step:
    they all raise (or skip) together.
 
 Sparse gradients (``nn.Embedding(..., sparse=True)``) go as they are to methods that take them (the homomorphic
-sketch, ``accepts_sparse``); every other path densifies them first, as Horovod's ``sparse_as_dense`` does. Either
+sketch, ``accepts_sparse``) unless ``sparse_as_dense``; every other path densifies them first, as Horovod's
+``sparse_as_dense`` does. Either
 way ``p.grad`` holds the dense average after ``synchronize()``.
 
 Plans change over time inside methods (a ratio, a phase, in the per-parameter state), decided from agreed
@@ -155,8 +156,10 @@ class _Compressed:
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params: Any, named_parameters: Iterable[tuple[str, torch.Tensor]] | None,
                  config: CompressionConfig, backward_passes_per_step: int,
-                 op: Any, process_set: hvd.ProcessSet, deadline: Deadline | float | None) -> None:
+                 op: Any, process_set: hvd.ProcessSet, deadline: Deadline | float | None,
+                 sparse_as_dense: bool = False) -> None:
         super().__init__(params)
+        self.sparse_as_dense = check.boolean("", "sparse_as_dense", sparse_as_dense)
         if deadline is not None and not isinstance(deadline, Deadline):
             check.number("", "deadline", deadline, gt=0,
                          expected="a Deadline, a positive number of seconds or None (off)")
@@ -529,7 +532,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if slot.param.grad is None:  # no gradient on this rank this step: others may have one
             slot.param.grad = torch.zeros_like(slot.param)
         grad = slot.param.grad
-        if grad.is_sparse and (slot.choice.reduction is None or not slot.choice.compressor.accepts_sparse):
+        if grad.is_sparse and (self.sparse_as_dense or slot.choice.reduction is None
+                               or not slot.choice.compressor.accepts_sparse):
             grad = slot.param.grad = grad.to_dense()  # as Horovod's sparse_as_dense
         if slot.choice.reduction is None:
             # Horovod has no bfloat16 allreduce, and reduces contiguous tensors only (a channels_last convolution's

@@ -1231,6 +1231,17 @@ def scenario_sketch() -> None:
     for label in ("sketch-buckets", "sketch-ef-buckets"):
         torch.testing.assert_close(trained[label], trained["none"], rtol=1e-5, atol=1e-5)
     assert not torch.allclose(trained["topk-sketch"], trained["none"]), "top-k kept everything: a weak test"
+    for densify in (False, True):  # sparse_as_dense: every method densifies, the sketch too (as Horovod's)
+        model = bag_model()
+        optimizer = hvdcomp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.5),
+                                                 named_parameters=model.named_parameters(),
+                                                 compression={"method": "sketch", "min_numel": 100},
+                                                 sparse_as_dense=densify)
+        x, y = documents(1, seed=rank)[0]
+        nn.functional.cross_entropy(model(x), y).backward()
+        assert model[0].weight.grad.is_sparse != densify, f"sparse_as_dense={densify}"
+        optimizer.step()
+        assert_identical_across_ranks(model, f"sparse.sparse_as_dense={densify}")
 
 
 class Scalar(Compressor):

@@ -272,6 +272,23 @@ def test_config_choices() -> None:
     assert mixed.choose("w", (10**6,), 2).reduction.owner_error_feedback is False
 
 
+@pytest.mark.parametrize(("argument", "message"), [
+    ({"gradient_predivide_factor": 2.0}, "gradient_predivide_factor=2.0: hvdcomp averages once"),
+    ({"num_groups": 4}, "num_groups and groups"),
+    ({"groups": [[]]}, "num_groups and groups"),
+])
+def test_horovods_arguments_that_do_not_apply_are_refused(argument: dict, message: str) -> None:
+    """DistributedOptimizer takes hvd.DistributedOptimizer's arguments, in its order; those that do not apply are
+    refused by name, before anything runs (a ported job fails at once, not on a TypeError or a wrong average)."""
+    pytest.importorskip("horovod.torch")
+    import hvdcomp
+
+    model = torch.nn.Linear(4, 2)
+    with pytest.raises(ValueError, match=message):
+        hvdcomp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
+                                     "topk", 1, **argument)
+
+
 def test_patterns_that_match_no_parameter_are_named() -> None:
     """A dense or override pattern that matches no parameter name (a typo, or the model's names read wrong: the
     optimizer warns of them on rank 0)."""
