@@ -176,6 +176,19 @@ def test_config_map_carries_the_compression_config_for_hvdcomp_train(tmp_path: P
     assert args["args"][args["args"].index("--config") + 1] == f"{render.CONFIG_DIR}/{render.CONFIG_KEY}"
 
 
+def test_validate_checks_the_config_maps_compression_config(tmp_path: Path) -> None:
+    """A manifest edited by hand (kustomize users): a misspelled option in the ConfigMap's job file is named by
+    validate, not found in the pods."""
+    path = tmp_path / "job.k8s.yaml"
+    path.write_text(rendered("gpu-multinode").replace("clip: 2.5", "clipp: 2.5"))
+    problems = validate.validate_files([str(path)], VERSION)
+    assert [(p.where, p.path) for p in problems] == [
+        (f"{path}: ConfigMap/hvdcomp-compression", "data.job.yaml: compression")], problems
+    assert "clipp" in problems[0].problem
+    path.write_text(rendered("gpu-multinode").replace("clip: 2.5", "clip: [2.5"))
+    assert "not valid YAML" in validate.validate_files([str(path)], VERSION)[0].problem
+
+
 def test_mpirun_launcher_exports_the_environment() -> None:
     job = render.Job.parse({"name": "j", "image": "i", "nodes": 3, "gpus_per_node": 4, "launcher": "mpirun",
                             "env": {"NCCL_DEBUG": "INFO"}})

@@ -29,7 +29,8 @@ from typing import Any
 import yaml
 
 from hvdcomp import extras
-from hvdcomp.k8s.render import CLEAN_POD_POLICIES, GPU, LAUNCHERS, OPERATOR_OBJECTS
+from hvdcomp.config import CompressionConfig
+from hvdcomp.k8s.render import CLEAN_POD_POLICIES, CONFIG_KEY, GPU, LAUNCHERS, OPERATOR_OBJECTS
 
 with extras.required("k8s", "hvdcomp k8s validate and dry-run"):
     import jsonschema
@@ -343,7 +344,7 @@ def document_problems(document: Any, where: str, version: str) -> list[Problem]:
     if not isinstance(document, Mapping) or "kind" not in document or "apiVersion" not in document:
         return [Problem(where, "(document)", "not a Kubernetes object", "give apiVersion, kind and metadata")]
     if document["kind"] != "MPIJob":
-        return kubernetes_problems(document, where, version)
+        return kubernetes_problems(document, where, version) + list(job_file_problems(document, where))
     problems = schema_problems(document, where)
     specs = document.get("spec", {}).get("mpiReplicaSpecs", {}) if isinstance(document.get("spec"), Mapping) else {}
     for role, replica in (specs.items() if isinstance(specs, Mapping) else []):
@@ -354,6 +355,29 @@ def document_problems(document: Any, where: str, version: str) -> list[Problem]:
     if not problems:
         problems = list(rule_problems(document, where))
     return problems
+
+
+def job_file_problems(document: Mapping[str, Any], where: str) -> Iterator[Problem]:
+    """A ConfigMap's hvdcomp job file (key ``job.yaml``, as ``render`` writes it): valid YAML, and its compression
+    config one that ``hvdcomp train`` accepts (a misspelled option would otherwise fail only in the pods)."""
+    data = document.get("data")
+    if document.get("kind") != "ConfigMap" or not isinstance(data, Mapping) or CONFIG_KEY not in data:
+        return
+    path = f"data.{CONFIG_KEY}"
+    try:
+        job = yaml.safe_load(str(data[CONFIG_KEY]))
+    except yaml.YAMLError as error:
+        yield Problem(where, path, f"not valid YAML: {error}", "fix the YAML syntax")
+        return
+    if not isinstance(job, Mapping):
+        yield Problem(where, path, f"a job file must be a mapping of settings; got {type(job).__name__}",
+                      "render it with 'hvdcomp k8s render'")
+        return
+    if "compression" in job:
+        try:
+            CompressionConfig.parse(job["compression"])
+        except ValueError as error:
+            yield Problem(where, f"{path}: compression", str(error), "correct the compression config")
 
 
 def _name(document: Any) -> tuple[str, str, str] | None:
