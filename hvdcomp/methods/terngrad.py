@@ -9,7 +9,10 @@ which is unbiased, E[Q(g)] = g, with per-element variance |g_k| (s - |g_k|). Two
 
 * gradient clipping (eq. 12): g_k <- clamp(g_k, -c*sigma, c*sigma), sigma the tensor's standard deviation,
   c = 2.5 in every experiment of the paper. Outliers then no longer inflate s and the variance;
-  ``clip=None`` turns it off. Clipping makes Q unbiased for the clipped gradient.
+  ``clip=None`` turns it off. Clipping makes Q unbiased for the clipped gradient. The bound is about zero, as in the
+  paper, and sigma about the mean: a tensor whose entries share a mean far above their spread (|mean| > c*sigma) is
+  clipped to +-c*sigma, most of its mean lost (a constant tensor to 0); such a layer needs ``clip=None`` (an
+  override) or stays dense.
 * scaler sharing (eq. 11): all ranks use s = max over ranks of their own s_i, one fused max-allreduce of all
   layers' scalers per step, so the sum over ranks is an integer in [-N, N] times s.
 
