@@ -60,11 +60,13 @@ def test_clipping_bounds_the_scaler(path: str) -> None:
     assert unclipped[0].item() == 1000.0
 
 
-@pytest.mark.parametrize(("mean", "spread"), [(0.0, 1.0), (1e3, 1.0), (-1e4, 1.0), (0.0, 1e-24), (0.0, 1e20)])
+@pytest.mark.parametrize(("mean", "spread"), [(0.0, 1.0), (1e3, 1.0), (-1e4, 1.0), (0.0, 1e-24), (0.0, 1e20),
+                                               (1e35, 1e34)])
 def test_clip_bound_holds_where_the_mean_is_far_above_the_spread(path: str, mean: float, spread: float) -> None:
     """sigma from deviations about the mean: E[x^2] - E[x]^2 in float32 partial sums cancels at mean / sigma = 1e3
     (a bound 15% off) and 1e4 (none left); and from deviations scaled by their block's max, whose squares would
-    underflow float32 at 1e-24 and overflow it at 1e20. Over 3 of the CPU kernel's chunks, so its merges count."""
+    underflow float32 at 1e-24 and overflow it at 1e20, as would the blocks' sums at 1e35. Over 3 of the CPU kernel's
+    chunks, so its merges count."""
     x = mean + spread * torch.randn(100_003, generator=torch.Generator().manual_seed(4))
     bound = 2.5 * x.double().std(correction=0).item()
     payload, _ = TernGrad().compress(x, {}, Context.local(x))

@@ -260,10 +260,10 @@ def test_ternary_statistics_and_codes_equal_the_cpu_kernels(cpu: object, n: int)
     assert not gpu.ternarize_pack(*on_device(x), zero, zero, 3).any(), "a zero scaler sends zeros"
 
 
-@pytest.mark.parametrize(("mean", "spread"), [(1e3, 1.0), (0.0, 1e-24), (0.0, 1e20)])
+@pytest.mark.parametrize(("mean", "spread"), [(1e3, 1.0), (0.0, 1e-24), (0.0, 1e20), (1e35, 1e34)])
 def test_ternary_bound_holds_where_the_mean_is_far_above_the_spread(mean: float, spread: float) -> None:
     """sigma merged from the blocks' deviations (3 blocks), where E[x^2] - E[x]^2 in float32 would cancel, and
-    scaled by their blocks' max, where their squares would underflow or overflow float32."""
+    scaled by their blocks' max, where their squares (and at 1e35 the blocks' sums) would leave float32's range."""
     x = mean + spread * gaussian(9000)
     bound, _ = gpu.ternary_statistics(*on_device(x), 2.5)
     assert bound.item() == pytest.approx(2.5 * x.double().std(correction=0).item(), rel=1e-5, abs=0)

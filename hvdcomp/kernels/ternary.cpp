@@ -78,26 +78,33 @@ torch::Tensor moments(const torch::Tensor& x) {
           ca += a[j];
         }
         cm = std::max<double>(cm, block_max);
-        const float mean = block_sum / static_cast<float>(e - b);
-        // Deviations times 2^-k, with 2^k the block's max |x| rounded up to a power of two: exact, and their squares
-        // neither overflow (|x| above ~1.8e19) nor underflow (below ~1e-19) float32.
+        // The mean and deviations times 2^-k, with 2^k the block's max |x| rounded up to a power of two: exact (the
+        // same bits as unscaled), and the deviations' squares neither overflow (|x| above ~1.8e19) nor underflow
+        // (below ~1e-19) float32. A block whose sum overflows (|x| above ~1e34) is summed again, scaled.
         int exponent = 0;
         if (std::isfinite(block_max)) std::frexp(block_max, &exponent);
-        exponent = std::max(exponent, -125);  // 2^-k stays a float32 for a subnormal max
+        exponent = std::clamp(exponent, -125, 126);  // 2^-k a normal float32
         const float scale = std::ldexp(1.f, -exponent);
+        float scaled_sum = block_sum * scale;
+        if (!std::isfinite(block_sum) && std::isfinite(block_max)) {
+          scaled_sum = 0.f;
+          for (i = b; i < e; ++i) scaled_sum += data[i] * scale;
+        }
+        const float mean = scaled_sum / static_cast<float>(e - b);
         float q[8] = {};
         for (i = b; i + 8 <= e; i += 8)
           for (int j = 0; j < 8; ++j) {
-            const float d = (data[i + j] - mean) * scale;
+            const float d = data[i + j] * scale - mean;
             q[j] += d * d;
           }
         for (; i < e; ++i) {
-          const float d = (data[i] - mean) * scale;
+          const float d = data[i] * scale - mean;
           q[0] += d * d;
         }
         double block_m2 = 0.0;
         for (int j = 0; j < 8; ++j) block_m2 += q[j];
-        merge(count, cs, cq, static_cast<double>(e - b), block_sum, std::ldexp(block_m2, 2 * exponent));
+        merge(count, cs, cq, static_cast<double>(e - b), std::ldexp(static_cast<double>(scaled_sum), exponent),
+              std::ldexp(block_m2, 2 * exponent));
       }
       sums[c] = cs;
       deviations[c] = cq;

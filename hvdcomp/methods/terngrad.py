@@ -90,7 +90,8 @@ class TernGrad(Compressor):
         absmax = x.abs().amax().reshape(1)
         if self.clip is None:
             return torch.full_like(absmax, math.inf), absmax
-        bound = (self.clip * x.std(correction=0)).reshape(1)
+        # in float64, as the kernels merge their blocks: float32's std is off from |x| ~ 1e35 (its sums overflow)
+        bound = (self.clip * x.double().std(correction=0)).float().reshape(1)
         return bound, torch.minimum(absmax, bound)
 
     @property

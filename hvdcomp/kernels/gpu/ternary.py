@@ -34,19 +34,19 @@ _TERNARY, ABS_MEAN = 0, 1
 
 @triton.jit(do_not_specialize=["n"])
 def _moments_kernel(x_ptr, partial_ptr, n, BLOCK: tl.constexpr):
-    """Per block, a row of ``partial`` (float32): sum, sum of squared deviations from the block's own mean over the
-    block's max |x| squared (:func:`_inverse`), max |x| and sum |x|. Deviations, not sum(x^2): in float32,
-    sum(x^2) - sum(x)^2 / n cancels where the mean is far above the spread; over the max, so that their squares
-    neither overflow (|x| above ~1.8e19) nor underflow (below ~1e-19)."""
+    """Per block, a row of ``partial`` (float32): the sum and the sum of squared deviations from the block's own
+    mean, both of x times the block's :func:`_scale`, then max |x| and sum |x|. Deviations, not sum(x^2): in
+    float32, sum(x^2) - sum(x)^2 / n cancels where the mean is far above the spread; scaled (exactly, by a power of
+    two), so that neither the sum (|x| above ~1e34) nor the squares overflow (~1.8e19) or underflow (~1e-19)."""
     pid = tl.program_id(0).to(tl.int64)
     offsets = pid * BLOCK + tl.arange(0, BLOCK)
     valid = offsets < n
     x = tl.load(x_ptr + offsets, mask=valid, other=0.0)
-    total = tl.sum(x)
     magnitude = tl.abs(x)
     top = tl.max(magnitude)
-    mean = total / tl.minimum(n - pid * BLOCK, BLOCK).to(tl.float32)
-    deviation = tl.where(valid, (x - mean) * _inverse(top), 0.0)
+    scaled = x * _scale(top)
+    total = tl.sum(scaled)
+    deviation = tl.where(valid, scaled - total / tl.minimum(n - pid * BLOCK, BLOCK).to(tl.float32), 0.0)
     tl.store(partial_ptr + pid * 4 + 0, total)
     tl.store(partial_ptr + pid * 4 + 1, tl.sum(deviation * deviation))
     tl.store(partial_ptr + pid * 4 + 2, top)
@@ -54,19 +54,22 @@ def _moments_kernel(x_ptr, partial_ptr, n, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _inverse(top):
-    """1 / a block's max |x| (float32), at most 2^126 (a zero or subnormal max): the deviations' scale, which the
-    finalizing program computes again from the same max."""
-    return tl.minimum(tl.div_rn(tl.full(top.shape, 1.0, tl.float32), top), 8.507059173023462e37)
+def _scale(top):
+    """2^-k for a block's max |x| = f 2^k, f in [0.5, 1) (``frexp``'s k, as the CPU kernel), k kept in [-125, 126]
+    so that 2^-k is a normal float32: from the max's exponent bits (the finalizing program computes it again)."""
+    biased = (top.to(tl.int32, bitcast=True) >> 23) & 0xFF
+    k = tl.minimum(tl.maximum(biased - 126, -125), 126)
+    return ((127 - k) << 23).to(tl.float32, bitcast=True)
 
 
 @triton.jit(do_not_specialize=["blocks", "n"])
 def _finish_kernel(partial_ptr, out_ptr, blocks, n, clip: tl.float64, MODE: tl.constexpr, ROW: tl.constexpr,
                    BLOCK: tl.constexpr):
-    """One program: merges the rows of blocks of ``ROW`` entries in float64 in a fixed order, then writes [bound,
-    scaler] (TernGrad: c * sigma, and min(max |x|, c * sigma); clip < 0 means no clipping) or [sum |x| / n] (the
-    sign family, which reads only the rows' sum |x|). Sigma merges the blocks' deviations as Chan et al. (1979) do:
-    M2 = sum_b M2_b + sum_b n_b (mean_b - mean)^2."""
+    """One program: merges the rows of blocks of ``ROW`` entries (their scaled sums and deviations back in x's
+    units: :func:`_scale`) in float64 in a fixed order, then writes [bound, scaler] (TernGrad: c * sigma, and
+    min(max |x|, c * sigma); clip < 0 means no clipping) or [sum |x| / n] (the sign family, which reads only the rows'
+    sum |x|). Sigma merges the blocks' deviations as Chan et al. (1979) do: M2 = sum_b M2_b + sum_b n_b (mean_b -
+    mean)^2."""
     if MODE == 0:
         total = tl.zeros([BLOCK], dtype=tl.float64)
         absmax = tl.zeros([BLOCK], dtype=tl.float32)
@@ -74,8 +77,9 @@ def _finish_kernel(partial_ptr, out_ptr, blocks, n, clip: tl.float64, MODE: tl.c
         while start < blocks:  # (while, not range: Triton 3.6's interpreter fails on range(runtime value), numpy 2.4)
             rows = start + tl.arange(0, BLOCK)
             mask = rows < blocks
-            total += tl.load(partial_ptr + rows * 4 + 0, mask=mask, other=0.0).to(tl.float64)
-            absmax = tl.maximum(absmax, tl.load(partial_ptr + rows * 4 + 2, mask=mask, other=0.0))
+            top = tl.load(partial_ptr + rows * 4 + 2, mask=mask, other=0.0)
+            total += tl.load(partial_ptr + rows * 4 + 0, mask=mask, other=0.0).to(tl.float64) / _scale(top)
+            absmax = tl.maximum(absmax, top)
             start += BLOCK
         mean = tl.sum(total) / n
         deviations = tl.zeros([BLOCK], dtype=tl.float64)
@@ -84,8 +88,8 @@ def _finish_kernel(partial_ptr, out_ptr, blocks, n, clip: tl.float64, MODE: tl.c
             rows = start + tl.arange(0, BLOCK)
             mask = rows < blocks
             count = tl.maximum(tl.minimum(n - rows.to(tl.int64) * ROW, ROW), 1).to(tl.float64)
-            offset = tl.load(partial_ptr + rows * 4 + 0, mask=mask, other=0.0).to(tl.float64) / count - mean
-            scale = _inverse(tl.load(partial_ptr + rows * 4 + 2, mask=mask, other=0.0)).to(tl.float64)
+            scale = _scale(tl.load(partial_ptr + rows * 4 + 2, mask=mask, other=0.0)).to(tl.float64)
+            offset = tl.load(partial_ptr + rows * 4 + 0, mask=mask, other=0.0).to(tl.float64) / (scale * count) - mean
             spread = tl.load(partial_ptr + rows * 4 + 1, mask=mask, other=0.0).to(tl.float64) / (scale * scale)
             deviations += tl.where(mask, spread + count * offset * offset, 0.0)
             start += BLOCK
