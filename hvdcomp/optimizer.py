@@ -183,13 +183,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         # after an elastic reset (reset()) the same parameters, in the same order, make the new plan.
         # Under Elastic Horovod (HOROVOD_ELASTIC=1, set by its launcher) every collective must run inside the elastic
         # function, which handles a lost rank: the plan check then comes with the first step instead.
+        self._hooked: set[int] = set()  # the parameters with a gradient hook (_build_world registers them)
         planned = self._build_world(check_now=os.environ.get("HOROVOD_ELASTIC") != "1")
-        for slot in planned:
-            slot.param.register_post_accumulate_grad_hook(self._hook)
         self._warn_accuracy()
         unmatched = self.config.unmatched([slot.name for slot in planned])
         if unmatched and self.process_set.rank() == 0:
-            log.warning("hvdcomp: no trained parameter matches the %s (their names are like %s)",
+            log.warning("hvdcomp: no trained parameter of this optimizer matches the %s (their names are like %s)",
                         " or the ".join(unmatched), ", ".join(repr(slot.name) for slot in planned[:3]))
 
     def _warn_accuracy(self) -> None:
@@ -307,8 +306,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         active = included and size > 1
         self._slots = slots if active else []
         # a gradient hook's slot, by parameter: a rebuild (apply_config, reset) may plan another set of parameters
-        # (a layer frozen or thawed since), which moves the others' indices
+        # (a layer frozen or thawed since), which moves the others' indices; a thawed one gets its hook now
         self._index = {id(slot.param): index for index, slot in enumerate(self._slots)}
+        for slot in slots:
+            if id(slot.param) not in self._hooked:
+                slot.param.register_post_accumulate_grad_hook(self._hook)
+                self._hooked.add(id(slot.param))
         self._batches = self._batch_members()
         self._fresh_states()
         self._check_momentum()
@@ -407,21 +410,29 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _fresh_states(self, names: Collection[str] | None = None) -> None:
         """Every compressed parameter's method state made afresh (or those of ``names`` and of the buckets they are
-        in): a parameter's own for its gradient, or its bucket's, made once for the members with its first member's
-        context, which the members share."""
-        buckets: dict[str, list[_Slot]] = {}
+        in): a parameter's own for its gradient, or its bucket's, made once for the members, which share it."""
+        for group in self._groups():
+            if names is None or any(slot.name in names for slot in group):
+                state = self._new_state(group)
+                for slot in group:
+                    slot.state = state
+
+    def _groups(self) -> list[list[_Slot]]:
+        """The compressed slots by the method state they share, in name order: one alone, or a bucket's members
+        (the first, whose name the bucket takes, holds it in a checkpoint)."""
+        groups: dict[str, list[_Slot]] = {}
         for slot in self._slots:
-            if slot.bucket:
-                buckets.setdefault(slot.bucket, []).append(slot)
-            elif slot.choice.reduction is not None and (names is None or slot.name in names):
-                slot.state = slot.choice.reduction.init_state(slot.param.detach(), slot.ctx)
-        for first, *rest in buckets.values():  # name order: the first is the one the bucket is named after
-            if names is not None and not any(slot.name in names for slot in (first, *rest)):
-                continue
-            members = [first.param.detach(), *(slot.param.detach() for slot in rest)]
-            first.state = first.choice.reduction.init_bucket_state(members, first.ctx)
-            for slot in rest:
-                slot.state = first.state
+            if slot.choice.reduction is not None:
+                groups.setdefault(slot.bucket or slot.name, []).append(slot)
+        return list(groups.values())
+
+    @staticmethod
+    def _new_state(group: list[_Slot]) -> State:
+        """A fresh method state for ``group`` (:meth:`_groups`), with its first member's context."""
+        first = group[0]
+        if not first.bucket:
+            return first.choice.reduction.init_state(first.param.detach(), first.ctx)
+        return first.choice.reduction.init_bucket_state([slot.param.detach() for slot in group], first.ctx)
 
     def _check_momentum(self) -> None:
         """A method that applies momentum itself (DGC) must not get it a second time from the optimizer: its
@@ -653,8 +664,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def synchronize(self) -> None:
         """Waits for every gradient's reduction and writes the results into ``p.grad``."""
         self._skip_step = False  # the last step's verdict ends here, whether or not step() came (a GradScaler's skip)
-        self._alone = not self._work
-        if self._alone:  # no gradient came: step() called alone (Horovod's broadcast_optimizer_state does)
+        self._alone = not self._work and not self._backward_since_synchronize
+        if not self._work:  # no gradient came: step() called alone (Horovod's broadcast_optimizer_state does)
             self._follow_world()
         if not self._slots:
             self._synchronized = True
@@ -851,16 +862,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                  f"{_bucket_text(slot.bucket)}: the bucket_cap_mb of the compression config must be "
                                  "the checkpoint's (one saved by an hvdcomp that compressed this method alone whatever "
                                  "bucket_cap_mb resumes with bucket_cap_mb: 0)")
-            if not slot.bucket or slot.bucket == slot.name:  # (a bucket's state is its first member's)
-                different = _different_shape(entry.get("state", {}), slot.state)
-                if different:
-                    raise ValueError(f"checkpoint's parameter {slot.name!r}: its method state's {different}: an "
-                                     "option that sizes it (PowerSGD's rank, a bucket's members) differs. Resume with "
-                                     f"the checkpoint's compression config, or {afresh}")
+        for group in self._groups() if saved is not None else []:  # a bucket's state is its first member's
+            different = _different_shape(saved[group[0].name].get("state", {}), self._new_state(group))
+            if different:
+                raise ValueError(f"checkpoint's parameter {group[0].name!r}: its method state's {different}: an "
+                                 "option that shapes it (PowerSGD's rank, a method's momentum, a bucket's members) "
+                                 f"differs. Resume with the checkpoint's compression config, or {afresh}")
         super().load_state_dict(state_dict)
         self._reset_step()
         self._synchronized = False
-        self._loaded = saved is not None
+        self._loaded = bool(saved)  # (a checkpoint of a job that compressed nothing holds an empty entry)
         if saved is None:  # no hvdcomp entry (dropped, or an elastic restore's): the method states start afresh
             self._fresh_states()
             for slot in self._slots:
@@ -874,13 +885,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 slot.state = loaded[slot.name] = _to_device(saved[slot.name]["state"], slot.param.device)
 
 
-    def create_missing_state(self) -> None:
+    def create_missing_state(self, sparse: Collection[torch.Tensor] = ()) -> None:
         """The wrapped optimizer's state (SGD's momentum buffers, Adam's moments) of the parameters that have none
         (all of them on a rank that loaded no checkpoint or joined the job; a parameter that never had a gradient, or
         whose group's momentum was just turned on), from one local step of zeros on those alone: no reduction, and
         the parameters stay as they are (a zero gradient moves nothing without weight decay). Every rank then holds
         state for the same parameters, which Horovod's ``broadcast_optimizer_state`` needs (it names the tensors by
-        their count) and without which it calls ``step()``: here a reduction."""
+        their count) and without which it calls ``step()``: here a reduction. The zeros are sparse for
+        ``SparseAdam`` and for the parameters in ``sparse`` (an ``nn.Embedding(..., sparse=True)``'s), as Horovod's
+        broadcast makes them."""
         params = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
         missing = [p for p in params if not self.state.get(p)]
         if not missing:
@@ -889,8 +902,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         saved = [p.detach().clone() for p in missing]
         for p in params:
             p.grad = None  # (a step skips a parameter without a gradient)
+        sparse_ids = {id(p) for p in sparse}
         for p in missing:
-            p.grad = torch.zeros_like(p)
+            zeros = torch.zeros_like(p)
+            p.grad = zeros.to_sparse() if isinstance(self, torch.optim.SparseAdam) or id(p) in sparse_ids else zeros
         super().step()  # the wrapped optimizer's own step: no synchronize()
         with torch.no_grad():
             for p, value in zip(missing, saved, strict=True):
@@ -942,16 +957,22 @@ def _to_device(value: Any, device: torch.device) -> Any:
 
 
 def _different_shape(saved: Any, fresh: Any, path: str = "") -> str | None:
-    """The first tensor whose shape differs between a saved method state and a fresh one, where both have it (a
-    state may gain entries and list items as it trains: GraVAC's gains), described for an error message; None if none
-    does."""
+    """Where a saved method state does not fit a fresh one, described for an error message (None where it does): a
+    tensor of another shape, an entry the fresh state has and the saved one lacks, or a list of states (a bucket's
+    members, two-phase's chunks) of another length. A state may gain entries and list items as it trains (GraVAC's
+    gains), which fit."""
     if isinstance(saved, torch.Tensor) and isinstance(fresh, torch.Tensor):
         if saved.shape != fresh.shape:
             return f"{path or 'tensor'} is {list(saved.shape)} there, {list(fresh.shape)} here"
         return None
     if isinstance(saved, dict) and isinstance(fresh, dict):
-        pairs = [(f"{path}[{key!r}]", saved[key], fresh[key]) for key in saved if key in fresh]
+        missing = [key for key in fresh if key not in saved]
+        if missing:
+            return f"{path}[{missing[0]!r}] is missing there"
+        pairs = [(f"{path}[{key!r}]", saved[key], fresh[key]) for key in fresh]
     elif isinstance(saved, list | tuple) and isinstance(fresh, list | tuple):
+        if len(saved) != len(fresh) and any(isinstance(item, dict) for item in (*saved, *fresh)):
+            return f"{path or 'list'} holds {len(saved)} states there, {len(fresh)} here"
         pairs = [(f"{path}[{i}]", a, b) for i, (a, b) in enumerate(zip(saved, fresh, strict=False))]
     else:
         return None

@@ -572,6 +572,19 @@ def horovods_recipe() -> None:
     train(resumed, resumed_optimizer, batches(2, seed=10 + hvd.rank()))
     assert_identical_across_ranks(resumed, "resumed by Horovod's recipe")
     assert resumed_optimizer.steps_done == 2
+    # every rank loads its own checkpoint, with a stateless optimizer (SGD without momentum): the broadcast takes no
+    # step, and the resumed run goes on bit for bit as the uninterrupted one
+    def stateless(net: nn.Module) -> torch.optim.Optimizer:
+        return hvdcomp.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.05),
+                                            named_parameters=net.named_parameters(), compression="topk")
+
+    def broadcast_then_train(net: nn.Module, optimizer: torch.optim.Optimizer, data: list) -> None:
+        hvdcomp.broadcast_optimizer_state(optimizer, root_rank=0)
+        train(net, optimizer, data)
+
+    data = batches(4, seed=hvd.rank())
+    uninterrupted = train_and_resume(mlp, stateless, data, "stateless recipe", resumed_with=broadcast_then_train)
+    assert_identical_across_ranks(uninterrupted, "stateless recipe")
 
 
 def resumed_elsewhere() -> None:
@@ -599,7 +612,11 @@ def resumed_elsewhere() -> None:
     lacking = copy.deepcopy(saved)
     del lacking["hvdcomp"]["0.weight"]
     refusals.append(("topk", lacking, "no hvdcomp state for parameter '0.weight' (a job that did not compress"))
-    trained = mlp()  # (a model of its own: the topk optimizer's hooks are on the first)
+    plain = mlp()  # (models of their own: the topk optimizer's hooks are on the first)
+    without_momentum = make({"method": "topk", "options": {"momentum": 0}}, plain)
+    train(plain, without_momentum, batches(1, seed=hvd.rank()))
+    refusals.append(("topk", without_momentum.state_dict(), "'0.weight': its method state's ['momentum'] is missing"))
+    trained = mlp()
     powersgd = make({"method": "powersgd", "options": {"rank": 1}}, trained)
     train(trained, powersgd, batches(1, seed=hvd.rank()))
     refusals.append(({"method": "powersgd", "options": {"rank": 2}}, powersgd.state_dict(),
@@ -615,9 +632,9 @@ def resumed_elsewhere() -> None:
 
 
 def train_and_resume(model_of: Callable[..., nn.Module], make: Callable[[nn.Module], torch.optim.Optimizer],
-                     data: list, label: str) -> nn.Module:
-    """Trains on ``data`` with a checkpoint halfway, then resumes a fresh model (other initial weights) from it:
-    both must end bitwise equal. Returns the uninterrupted model."""
+                     data: list, label: str, resumed_with: Callable[..., None] = train) -> nn.Module:
+    """Trains on ``data`` with a checkpoint halfway, then resumes a fresh model (other initial weights) from it
+    (``resumed_with`` trains it on the rest): both must end bitwise equal. Returns the uninterrupted model."""
     model = model_of()
     optimizer = make(model)
     half = len(data) // 2
@@ -631,7 +648,7 @@ def train_and_resume(model_of: Callable[..., nn.Module], make: Callable[[nn.Modu
     resumed.load_state_dict(checkpoint["model"])
     resumed_optimizer = make(resumed)
     resumed_optimizer.load_state_dict(checkpoint["optimizer"])
-    train(resumed, resumed_optimizer, data[half:])
+    resumed_with(resumed, resumed_optimizer, data[half:])
     assert torch.equal(flat_params(model), flat_params(resumed)), f"{label}: resumed run differs"
     return model
 
@@ -1231,6 +1248,12 @@ def scenario_sketch() -> None:
     for label in ("sketch-buckets", "sketch-ef-buckets"):
         torch.testing.assert_close(trained[label], trained["none"], rtol=1e-5, atol=1e-5)
     assert not torch.allclose(trained["topk-sketch"], trained["none"]), "top-k kept everything: a weak test"
+    model = bag_model()  # SparseAdam's state, made from sparse zeros (its step refuses dense gradients)
+    optimizer = hvdcomp.DistributedOptimizer(torch.optim.SparseAdam(list(model[0].parameters()), lr=0.01),
+                                             named_parameters=model[0].named_parameters(),
+                                             compression={"method": "sketch", "min_numel": 100})
+    hvdcomp.broadcast_optimizer_state(optimizer, root_rank=0, model=model)
+    assert all(optimizer.state[p] for p in model[0].parameters()), "SparseAdam has no state"
     for densify in (False, True):  # sparse_as_dense: every method densifies, the sketch too (as Horovod's)
         model = bag_model()
         optimizer = hvdcomp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.5),
@@ -1604,6 +1627,17 @@ def scenario_nograd() -> None:
     assert started == ["2.bias", "2.weight", "4.bias", "4.weight"], started
     optimizer.step()
     assert_identical_across_ranks(model, "nograd.frozen")
+    model = mlp()  # frozen when the optimizer is built, then thawed: its parameters get their hooks with a rebuild
+    model[0].requires_grad_(False)
+    optimizer = hvdcomp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                             named_parameters=model.named_parameters(), compression="terngrad")
+    model[0].requires_grad_(True)
+    optimizer.apply_config(optimizer.config)
+    nn.functional.cross_entropy(model(x), y).backward()
+    started = sorted(optimizer._slots[index].name for index in optimizer._work)
+    assert started == ["0.bias", "0.weight", "2.bias", "2.weight", "4.bias", "4.weight"], started
+    optimizer.step()
+    assert_identical_across_ranks(model, "nograd.thawed")
     # the optimizer counted the ranks on this host (all here): more than this rank's cores, its waits poll
     assert hvdcomp.deadlines._oversubscribed[0] == (hvd.size() > len(os.sched_getaffinity(0))), hvd.size()
 
