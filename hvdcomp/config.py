@@ -20,8 +20,9 @@
     seed: 0                     # base seed of the stochastic methods' draws: the same on every rank (checked)
     nonfinite: raise            # raise | skip: what a NaN/Inf compressed gradient does (see DistributedOptimizer)
 
-An override that names a method takes that method's default ``options`` and ``error_feedback``, not the top level's
-(whether a method needs a memory is its own); ``collective`` and ``collective_options`` carry over.
+An override that names a method takes that method's default ``options``, and one that names another method also its
+default ``error_feedback`` (whether a method needs a memory is its own), not the top level's; ``collective`` and
+``collective_options`` carry over.
 
 ``bucket_cap_mb`` (0: off) compresses the gradients that share a method, its options and collective, dtype and
 device in buckets, as PyTorch's DDP buckets them for its communication hooks: in reverse model order (the order
@@ -61,6 +62,7 @@ NONFINITE_CHOICES = ("raise", "skip")
 _METHOD_KEYS = ("method", "options", "error_feedback", "collective", "collective_options")
 _TOP_KEYS = (*_METHOD_KEYS, "min_numel", "bucket_cap_mb", "dense", "overrides", "seed", "nonfinite")
 _OVERRIDE_KEYS = ("match", *_METHOD_KEYS)
+_TOP = "compression config"  # where the top level's keys are, in messages
 #: what auto chooses itself
 _NOT_WITH_AUTO = ("error_feedback", "collective", "collective_options", "overrides")
 
@@ -188,10 +190,12 @@ def _mapping(where: str, key: str, value: Any) -> Mapping[str, Any]:
 
 
 def _rule(where: str, entry: Mapping[str, Any], match: str, defaults: Mapping[str, Any]) -> _Rule:
-    # an override that names a method takes neither the default's options nor its error_feedback (whether a method
-    # needs a memory is the method's: a top-k override of an unbiased default without one would lose what it does not
-    # send); the collective and its options carry over, each reduction taking those it takes
-    inherited = {k: v for k, v in defaults.items() if "method" not in entry or k not in ("options", "error_feedback")}
+    # an override that names a method takes not the default's options, and for another method not its error_feedback
+    # (whether a method needs a memory is the method's: a top-k override of an unbiased default without one would
+    # lose what it does not send); the collective and its options carry over, each reduction taking those it takes
+    dropped = () if "method" not in entry else ("options",) if entry["method"] == defaults.get("method") else (
+        "options", "error_feedback")
+    inherited = {k: v for k, v in defaults.items() if k not in dropped}
     merged = {**inherited, **entry}
     collective = merged.get("collective", "auto")
     if collective not in reductions.selectable():
@@ -207,6 +211,8 @@ def _rule(where: str, entry: Mapping[str, Any], match: str, defaults: Mapping[st
         for name in reductions.resolved(compressor, collective):  # each checks the values it takes
             reductions.make(name, compressor, collective_options)
     except ValueError as error:
+        if where == _TOP:  # (the top level's errors name their key already)
+            raise
         raise ValueError(f"{where}: {error}") from error
     return _Rule(match, compressor, collective, collective_options)
 
@@ -239,7 +245,7 @@ class CompressionConfig:
             if getattr(compression, "__module__", "").startswith("horovod"):  # hvd.Compression.fp16 and the like
                 hint = ' (Horovod\'s own compression classes go to hvd.DistributedOptimizer; here say "fp16" or "none")'
             raise ValueError(f"compression must be a Compressor, a method name or a config mapping; got {got}{hint}")
-        _check_keys("compression config", compression, _TOP_KEYS)
+        _check_keys(_TOP, compression, _TOP_KEYS)
         if compression.get("method") == "auto":
             for key in _NOT_WITH_AUTO:
                 if key in compression:
@@ -249,7 +255,7 @@ class CompressionConfig:
             rest = {key: value for key, value in compression.items() if key not in ("method", "options")}
             return replace(cls.parse({**rest, "method": "none"}), auto=settings, source=dict(compression))
         defaults = {key: compression[key] for key in _METHOD_KEYS if key in compression}
-        default = _rule("compression config", defaults, "*", {})
+        default = _rule(_TOP, defaults, "*", {})
         overrides = []
         entries = compression.get("overrides") or []
         if not isinstance(entries, list | tuple):

@@ -264,6 +264,9 @@ def test_config_choices() -> None:
     memory = CompressionConfig.parse({"method": "randomk", "error_feedback": False,
                                       "overrides": [{"match": "emb*", "method": "topk"}]})
     assert isinstance(memory.choose("emb.weight", (10**6,), 2).compressor, ErrorFeedback)
+    same = CompressionConfig.parse({"method": "topk", "error_feedback": False,  # the same method keeps it
+                                    "overrides": [{"match": "emb*", "method": "topk", "options": {"ratio": 0.1}}]})
+    assert not isinstance(same.choose("emb.weight", (10**6,), 2).compressor, ErrorFeedback)
     # an override of another method inherits the collective's options, taking what its own reduction takes (fp16: none)
     mixed = CompressionConfig.parse({"method": "terngrad", "collective": "two_phase",
                                      "collective_options": {"owner_error_feedback": False},
