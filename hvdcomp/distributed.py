@@ -76,9 +76,9 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
     optimizer: hvdcomp's step reduces, so where only the root loaded a checkpoint the other ranks would wait in that
     step's collectives until the deadline ends the job. This one creates the missing state locally first (a step of
     zeros of the wrapped optimizer alone; a stateless optimizer, SGD without momentum, has none to broadcast, and no
-    step is taken). hvdcomp's method states (residuals, PowerSGD's Q) belong to each rank and
-    are not broadcast: where every rank loaded its own they resume exactly; where only some did, every rank starts
-    them afresh (:meth:`~hvdcomp.optimizer._DistributedOptimizer.align_method_states`).
+    step is taken). hvdcomp's method states (residuals, PowerSGD's Q) belong to each rank and are not broadcast:
+    where every rank loaded its own they resume exactly; where only some did, every rank starts them afresh
+    (:meth:`~hvdcomp.optimizer._DistributedOptimizer.align_method_states`).
     """
     if not isinstance(optimizer, _DistributedOptimizer):
         raise TypeError(f"hvdcomp.broadcast_optimizer_state takes an hvdcomp.DistributedOptimizer; got "

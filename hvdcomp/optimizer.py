@@ -31,8 +31,7 @@ Each step:
 
 Sparse gradients (``nn.Embedding(..., sparse=True)``) go as they are to methods that take them (the homomorphic
 sketch, ``accepts_sparse``) unless ``sparse_as_dense``; every other path densifies them first, as Horovod's
-``sparse_as_dense`` does. Either
-way ``p.grad`` holds the dense average after ``synchronize()``.
+``sparse_as_dense`` does. Either way ``p.grad`` holds the dense average after ``synchronize()``.
 
 Plans change over time inside methods (a ratio, a phase, in the per-parameter state), decided from agreed
 values or the step counter; the vote's plan fingerprint (its max and min across ranks) shows every step
@@ -883,7 +882,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 slot.state = loaded[slot.bucket]
             else:
                 slot.state = loaded[slot.name] = _to_device(saved[slot.name]["state"], slot.param.device)
-
 
     def create_missing_state(self, sparse: Collection[torch.Tensor] = ()) -> None:
         """The wrapped optimizer's state (SGD's momentum buffers, Adam's moments) of the parameters that have none
