@@ -30,9 +30,9 @@ constexpr int64_t kMomentsBlock = 1024;
 
 // Returns float64 [sum, sum of squared deviations from the mean (M2), max |x|, sum |x|] of a float32 tensor, in one
 // pass over memory. M2 is not sum(x^2) - sum(x)^2 / n: in float32 partial sums that difference cancels where the mean
-// is far above the spread. Each block of kMomentsBlock elements
-// takes its deviations from its own mean, and blocks and chunks merge by Chan et al.'s pairwise update (1979):
-// M2 = M2_a + M2_b + (mean_b - mean_a)^2 n_a n_b / (n_a + n_b), in float64.
+// is far above the spread. Each block of kMomentsBlock elements takes its deviations from its own mean, and blocks
+// and chunks merge by Chan et al.'s pairwise update (1979): M2 = M2_a + M2_b + (mean_b - mean_a)^2 n_a n_b / (n_a +
+// n_b), in float64.
 torch::Tensor moments(const torch::Tensor& x) {
   check_float_contiguous(x, "moments: x");
   const float* data = x.data_ptr<float>();
