@@ -12,12 +12,12 @@ requests a reduction yields and receives), :mod:`hvdcomp.compressor` (the interf
 (memory), :mod:`hvdcomp.reductions` (how payloads travel: allreduce, allgather, two-phase, and the registry methods
 add to), :mod:`hvdcomp.methods` (one module per method), :mod:`hvdcomp.deadlines` (a wait past its deadline ends
 the job, saying what it waited for), :mod:`hvdcomp.collectives` (how Horovod runs the requests),
-:mod:`hvdcomp.config` (per-parameter configuration), :mod:`hvdcomp.optimizer` (the Horovod drop-in),
-:mod:`hvdcomp.elastic` (Elastic Horovod's state), then above the optimizer :mod:`hvdcomp.auto` (``compression:
-auto``: the per-tensor choice made on the running job, through the optimizer's interface for a tuner) and
-:mod:`hvdcomp.distributed` (:func:`DistributedOptimizer`, which attaches it, and Horovod's
-:func:`broadcast_optimizer_state` for it); the tools live in :mod:`hvdcomp.tools`
-(train, bench, cluster), :mod:`hvdcomp.perfmodel` and :mod:`hvdcomp.k8s`, with :mod:`hvdcomp.workloads` below them.
+:mod:`hvdcomp.config` (per-parameter configuration), :mod:`hvdcomp.checkpoint` (the method states in a checkpoint),
+:mod:`hvdcomp.optimizer` (the Horovod drop-in), :mod:`hvdcomp.elastic` (Elastic Horovod's state), then above the
+optimizer :mod:`hvdcomp.auto` (``compression: auto``: the per-tensor choice made on the running job, through the
+optimizer's interface for a tuner) and :mod:`hvdcomp.distributed` (:func:`DistributedOptimizer`, which attaches it,
+and Horovod's :func:`broadcast_optimizer_state` for it); the tools live in :mod:`hvdcomp.tools` (train, bench,
+cluster), :mod:`hvdcomp.perfmodel` and :mod:`hvdcomp.k8s`, with :mod:`hvdcomp.workloads` below them.
 ``tests/test_layers.py`` keeps the imports one way.
 
 The compressors, requests, reductions, kernels, configuration, deadlines and ``hvdcomp bench compress`` import no

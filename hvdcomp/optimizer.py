@@ -64,7 +64,7 @@ from typing import Any, Protocol
 import horovod.torch as hvd
 import torch
 
-from hvdcomp import check
+from hvdcomp import check, checkpoint
 from hvdcomp.collectives import Pending, start, start_vote
 from hvdcomp.compressor import AccuracyWarning, Compressor, Context, State, derive_seed, nonfinite
 from hvdcomp.config import Choice, CompressionConfig, edges
@@ -824,49 +824,23 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         rank: save one file per rank to resume exactly.
         """
         state = super().state_dict()
-        state["hvdcomp"] = {slot.name: {"step": slot.step, "state": slot.state, "bucket": slot.bucket,
-                                        "method": _method(slot.choice), "size": self.process_set.size(),
-                                        "rank": self.process_set.rank()}
+        size, rank = self.process_set.size(), self.process_set.rank()
+        state["hvdcomp"] = {slot.name: checkpoint.entry(slot.step, slot.state, slot.bucket, slot.choice, size, rank)
                             for slot in self._slots if slot.choice.reduction is not None}
         return state
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """The wrapped optimizer's state and this rank's method states (:mod:`hvdcomp.checkpoint`: each entry checked
+        against this optimizer before anything is loaded); without an ``"hvdcomp"`` entry the method states start
+        afresh."""
         state_dict = dict(state_dict)
         saved = state_dict.pop("hvdcomp", None)
         compressed = [slot for slot in self._slots if saved is not None and slot.choice.reduction is not None]
-        afresh = "drop the checkpoint's 'hvdcomp' entry to start the method states afresh"
-        for slot in compressed:  # checked before anything is loaded
-            if slot.name not in saved:
-                raise ValueError(f"checkpoint has no hvdcomp state for parameter {slot.name!r} (a job that did not "
-                                 f"compress it saved it: dense, one rank, or compression: auto); {afresh}")
-            entry = saved[slot.name]
-            method, size = entry.get("method", _method(slot.choice)), entry.get("size", self.process_set.size())
-            rank = entry.get("rank", self.process_set.rank())
-            if method != _method(slot.choice):
-                raise ValueError(f"checkpoint's parameter {slot.name!r} was compressed by {method}, here by "
-                                 f"{_method(slot.choice)}: its method state does not carry over. Resume with the "
-                                 "checkpoint's compression config, or drop the checkpoint's 'hvdcomp' entry to start "
-                                 "the method states afresh")
-            if size != self.process_set.size():
-                raise ValueError(f"checkpoint's parameter {slot.name!r} was compressed by a job of {size} ranks, this "
-                                 f"one has {self.process_set.size()}: a rank's method state belongs to its world. "
-                                 f"Resume with as many ranks, or {afresh}")
-            if rank != self.process_set.rank():
-                raise ValueError(f"checkpoint's parameter {slot.name!r} holds rank {rank}'s method state, this is rank "
-                                 f"{self.process_set.rank()}: its residuals would count twice. Each rank resumes from "
-                                 f"the state_dict() it saved, or {afresh}")
-            bucket = entry.get("bucket", "")
-            if bucket != slot.bucket:
-                raise ValueError(f"checkpoint's parameter {slot.name!r} was compressed {_bucket_text(bucket)}, here "
-                                 f"{_bucket_text(slot.bucket)}: the bucket_cap_mb of the compression config must be "
-                                 "the checkpoint's (one saved by an hvdcomp that compressed this method alone whatever "
-                                 "bucket_cap_mb resumes with bucket_cap_mb: 0)")
+        for slot in compressed:
+            checkpoint.check_entry(slot.name, saved.get(slot.name), slot.choice, slot.bucket, self.process_set.size(),
+                                   self.process_set.rank())
         for group in self._groups() if saved is not None else []:  # a bucket's state is its first member's
-            different = _different_shape(saved[group[0].name].get("state", {}), self._new_state(group))
-            if different:
-                raise ValueError(f"checkpoint's parameter {group[0].name!r}: its method state's {different}: an "
-                                 "option that shapes it (PowerSGD's rank, a method's momentum, a bucket's members) "
-                                 f"differs. Resume with the checkpoint's compression config, or {afresh}")
+            checkpoint.check_fits(group[0].name, saved[group[0].name].get("state", {}), self._new_state(group))
         super().load_state_dict(state_dict)
         self._reset_step()
         self._synchronized = False
@@ -881,7 +855,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if slot.bucket and slot.bucket != slot.name:
                 slot.state = loaded[slot.bucket]
             else:
-                slot.state = loaded[slot.name] = _to_device(saved[slot.name]["state"], slot.param.device)
+                slot.state = loaded[slot.name] = checkpoint.to_device(saved[slot.name]["state"], slot.param.device)
 
     def create_missing_state(self, sparse: Collection[torch.Tensor] = ()) -> None:
         """The wrapped optimizer's state (SGD's momentum buffers, Adam's moments) of the parameters that have none
@@ -930,55 +904,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             log.warning("hvdcomp: only some ranks loaded their method states from a checkpoint: every rank starts them "
                         "afresh (residuals, PowerSGD's Q) at rank %d's step counters. Save and load state_dict() on "
                         "every rank to resume them exactly", root_rank)
-
-
-def _method(choice: Choice) -> str:
-    """A compressed parameter's method as its checkpoint names it: the reduction, the compressor (a memory's wrapper
-    too) and the method, e.g. ``allgather:ErrorFeedback:topk``: their states differ, not their options'."""
-    compressor = choice.compressor
-    assert compressor is not None and choice.reduction is not None
-    return f"{choice.reduction.name}:{type(compressor).__name__}:{compressor.unwrapped().name}"
-
-
-def _bucket_text(bucket: str) -> str:
-    return f"in the bucket of {bucket!r}" if bucket else "alone"
-
-
-def _to_device(value: Any, device: torch.device) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.to(device)
-    if isinstance(value, dict):
-        return {key: _to_device(item, device) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_to_device(item, device) for item in value]
-    return value
-
-
-def _different_shape(saved: Any, fresh: Any, path: str = "") -> str | None:
-    """Where a saved method state does not fit a fresh one, described for an error message (None where it does): a
-    tensor of another shape, an entry the fresh state has and the saved one lacks, or a list of states (a bucket's
-    members, two-phase's chunks) of another length. A state may gain entries and list items as it trains (GraVAC's
-    gains), which fit."""
-    if isinstance(saved, torch.Tensor) and isinstance(fresh, torch.Tensor):
-        if saved.shape != fresh.shape:
-            return f"{path or 'tensor'} is {list(saved.shape)} there, {list(fresh.shape)} here"
-        return None
-    if isinstance(saved, dict) and isinstance(fresh, dict):
-        missing = [key for key in fresh if key not in saved]
-        if missing:
-            return f"{path}[{missing[0]!r}] is missing there"
-        pairs = [(f"{path}[{key!r}]", saved[key], fresh[key]) for key in fresh]
-    elif isinstance(saved, list | tuple) and isinstance(fresh, list | tuple):
-        if len(saved) != len(fresh) and any(isinstance(item, dict) for item in (*saved, *fresh)):
-            return f"{path or 'list'} holds {len(saved)} states there, {len(fresh)} here"
-        pairs = [(f"{path}[{i}]", a, b) for i, (a, b) in enumerate(zip(saved, fresh, strict=False))]
-    else:
-        return None
-    for where, a, b in pairs:
-        different = _different_shape(a, b, where)
-        if different:
-            return different
-    return None
 
 
 def _first_difference(mine: str, other: str) -> str:
