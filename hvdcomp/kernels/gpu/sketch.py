@@ -107,15 +107,16 @@ def _filter_kernel(filter_ptr, passed_ptr, n, seed, bits, hashes, BLOCK: tl.cons
 
 @triton.jit
 def _nonzero(x_ptr, row, items, width, ROWS: tl.constexpr, COLS: tl.constexpr):
-    """Which of the ``row`` ([ROWS, 1]) rows of x ([items, width]) hold a value other than 0 (NaN included, -0
-    not), as ``any`` finds them."""
-    found = tl.zeros([ROWS, 1], dtype=tl.int1)
+    """Which of the ``row`` ([ROWS]) rows of x ([items, width]) hold a value other than 0 (NaN included, -0 not), as
+    ``any`` finds them ([ROWS]). One-dimensional, as the scan over it must be: compiled for a GPU, a scan of
+    [ROWS, 1] numbered a row once per column (it passed in the interpreter)."""
+    found = tl.zeros([ROWS], dtype=tl.int1)
     col = tl.arange(0, COLS)[None, :]
     start = 0
     while start < width:  # (while, not range: Triton 3.6's interpreter fails on range(runtime value))
-        tile = (row < items) & (start + col < width)
-        x = tl.load(x_ptr + row * width + start + col, mask=tile, other=0.0)
-        found = found | (tl.max((x != 0).to(tl.int32), axis=1, keep_dims=True) > 0)
+        tile = (row[:, None] < items) & (start + col < width)
+        x = tl.load(x_ptr + row[:, None] * width + start + col, mask=tile, other=0.0)
+        found = found | (tl.max((x != 0).to(tl.int32), axis=1) > 0)
         start += COLS
     return found
 
@@ -123,7 +124,7 @@ def _nonzero(x_ptr, row, items, width, ROWS: tl.constexpr, COLS: tl.constexpr):
 @triton.jit(do_not_specialize=["items", "width"])
 def _row_counts_kernel(x_ptr, counts_ptr, items, width, ROWS: tl.constexpr, COLS: tl.constexpr):
     """Each program's count of nonzero rows among its ROWS."""
-    row = (tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS))[:, None]
+    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     tl.store(counts_ptr + tl.program_id(0), tl.sum(_nonzero(x_ptr, row, items, width, ROWS, COLS).to(tl.int32)))
 
 
@@ -135,16 +136,16 @@ def _place_rows_kernel(x_ptr, found_ptr, values_ptr, rows_ptr, items, width, ROW
     pid = tl.program_id(0)
     before = tl.load(found_ptr + pid - 1, mask=pid > 0, other=0).to(tl.int64)
     if tl.load(found_ptr + pid).to(tl.int64) > before:
-        row = (pid.to(tl.int64) * ROWS + tl.arange(0, ROWS))[:, None]
+        row = pid.to(tl.int64) * ROWS + tl.arange(0, ROWS)
         nonzero = _nonzero(x_ptr, row, items, width, ROWS, COLS)
         slot = before + tl.cumsum(nonzero.to(tl.int32), axis=0).to(tl.int64) - 1
         tl.store(rows_ptr + slot, row.to(rows_ptr.dtype.element_ty), mask=nonzero)
         col = tl.arange(0, COLS)[None, :]
         start = 0
         while start < width:
-            tile = nonzero & (start + col < width)
-            x = tl.load(x_ptr + row * width + start + col, mask=tile, other=0.0)
-            tl.store(values_ptr + slot * width + start + col, x, mask=tile)
+            tile = nonzero[:, None] & (start + col < width)
+            x = tl.load(x_ptr + row[:, None] * width + start + col, mask=tile, other=0.0)
+            tl.store(values_ptr + slot[:, None] * width + start + col, x, mask=tile)
             start += COLS
 
 
@@ -299,9 +300,9 @@ def _bucket_counts_kernel(x_ptr, table_ptr, counts_ptr, programs, ROWS: tl.const
     width = tl.load(table_ptr + programs + pid)
     first = tl.load(table_ptr + 2 * programs + pid)
     end = tl.load(table_ptr + 3 * programs + pid)
-    found = tl.zeros([ROWS, 1], dtype=tl.int32)
+    found = tl.zeros([ROWS], dtype=tl.int32)
     while first < end:
-        row = (first + tl.arange(0, ROWS))[:, None]
+        row = first + tl.arange(0, ROWS)
         found += _nonzero(x_ptr + start, row, end, width, ROWS, COLS).to(tl.int32)
         first += ROWS
     tl.store(counts_ptr + pid, tl.sum(found))
