@@ -106,20 +106,27 @@ def gram_schmidt(matrix: torch.Tensor, epsilon: float = 0.0) -> torch.Tensor:
     projected out) replaced by its spare (:func:`spare_columns`), so projected, normalized. The hook leaves such a
     column zero, or NaN with epsilon 0; zero, it would stay so: where M is zero in one step (a layer with no gradient
     yet, or the zero step of ``hvd.broadcast_optimizer_state``) P = M Q and Q = M^T P are, and with the warm start P =
-    M Q would be zero in every step after, the residual growing and nothing sent."""
+    M Q would be zero in every step after, the residual growing and nothing sent.
+
+    On CPU tensors, where reading a value makes no one wait, a column that is not zero skips its spare's operations
+    (same result); on a GPU every matrix of a batch chooses on the device, with no sync."""
     rank = matrix.shape[-1]
     spares = spare_columns(matrix.shape[-2], rank, matrix.device, matrix.dtype)
+    on_host = matrix.device.type == "cpu"
     for i in range(rank):
         column = matrix[..., i:i + 1]
         norm = torch.linalg.vector_norm(column, dim=-2, keepdim=True)
-        spare = spares[:, i:i + 1]
-        if i:
-            done = matrix[..., :i]
-            spare = spare - done @ (done.transpose(-2, -1) @ spare)
-        spare_norm = torch.linalg.vector_norm(spare, dim=-2, keepdim=True)
-        zero = norm == 0  # (no sync: every matrix of a batch chooses on the device)
-        column.copy_(torch.where(zero, spare, column))
-        column /= torch.where(zero, torch.where(spare_norm > 0, spare_norm, 1.0), norm + epsilon)
+        zero = norm == 0
+        if on_host and not zero.any():
+            column /= norm + epsilon
+        else:
+            spare = spares[:, i:i + 1]
+            if i:
+                done = matrix[..., :i]
+                spare = spare - done @ (done.transpose(-2, -1) @ spare)
+            spare_norm = torch.linalg.vector_norm(spare, dim=-2, keepdim=True)
+            column.copy_(torch.where(zero, spare, column))
+            column /= torch.where(zero, torch.where(spare_norm > 0, spare_norm, 1.0), norm + epsilon)
         if i + 1 < rank:
             rest = matrix[..., i + 1:]
             rest -= torch.sum(column * rest, dim=-2, keepdim=True) * column
@@ -128,12 +135,17 @@ def gram_schmidt(matrix: torch.Tensor, epsilon: float = 0.0) -> torch.Tensor:
 
 def _parts(flat: torch.Tensor, shapes: Sequence[torch.Size]) -> list[torch.Tensor]:
     """``flat`` as tensors of ``shapes``, back to back: views."""
+    if len(shapes) == 1:  # (one matrix: a view without the split, as compress() and a lone gradient take it)
+        return [flat.view(shapes[0])]
     return [part.view(shape) for part, shape in zip(flat.split([math.prod(s) for s in shapes]), shapes, strict=True)]
 
 
 def _products(factors: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """The products a @ b of ``factors`` (matrices, or batches of them), written back to back into one new float32
     buffer: the buffer (one tensor for an allreduce) and each product, a view of it."""
+    if len(factors) == 1:
+        product = torch.matmul(*factors[0]).float()  # (float32 already: M and Q are)
+        return product.view(-1), [product]
     shapes = [torch.Size((*a.shape[:-1], b.shape[-1])) for a, b in factors]
     flat = factors[0][0].new_empty(sum(math.prod(shape) for shape in shapes), dtype=torch.float32)
     parts = _parts(flat, shapes)
@@ -142,11 +154,23 @@ def _products(factors: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> tuple[tor
     return flat, parts
 
 
+def _add_(targets: Sequence[torch.Tensor], others: Sequence[torch.Tensor], alpha: float = 1.0) -> None:
+    """targets[i] += alpha x others[i]: one multi-tensor launch for several, the tensor's own operator for one (CUDA's
+    multi-tensor kernels take a 25 M-element tensor in two launches, each slower than the one elementwise launch)."""
+    if len(targets) == 1:
+        targets[0].add_(others[0], alpha=alpha)
+    else:
+        torch._foreach_add_(list(targets), list(others), alpha=alpha)
+
+
 def _orthogonalize_all(flat: torch.Tensor, parts: Sequence[torch.Tensor], epsilon: float = 0.0) -> None:
     """Orthonormalizes in place the columns of each of ``parts`` (matrices or batches, views of ``flat`` back to back,
     covering it): with the Triton kernels, where all have one rank r <= 2, in one launch for all of them
     (:func:`hvdcomp.kernels.gpu.lowrank.orthogonalize_parts`), else each by :func:`orthogonalize`. (A matrix's rank is
     below the option's where it has fewer rows or columns, which ``min_compression_rate`` < 1 lets it be.)"""
+    if len(parts) == 1:
+        orthogonalize(parts[0], epsilon)
+        return
     rank = parts[0].shape[-1]
     kernels = kernels_for(flat.device)
     if is_triton(kernels) and rank <= 2 and all(part.shape[-1] == rank for part in parts) \
@@ -228,8 +252,8 @@ class PowerSGD(Compressor):
         group's in one launch; a batch's then stacked); Q is last step's (warm start) or a new draw: one matrix's
         orthonormalized where it is, several copied side by side and orthonormalized in one launch."""
         if self.error_feedback:
-            torch._foreach_add_([state["residual"] for _, states, _ in groups for state in states],
-                                [tensor for tensors, _, _ in groups for tensor in tensors])
+            _add_([state["residual"] for _, states, _ in groups for state in states],
+                  [tensor for tensors, _, _ in groups for tensor in tensors])
         matrices, qs = [], []
         for tensors, states, contexts in groups:
             n = tensors[0].shape[0]
@@ -268,7 +292,7 @@ class PowerSGD(Compressor):
         totals = [p @ q.transpose(-2, -1) for p, q in zip(ps, qs, strict=True)]  # M_hat summed: what is returned
         flat.div_(ranks)  # Q (summed above) averaged, as PyTorch's hook keeps it, for the warm start
         if self.error_feedback:  # E <- M - M_hat, in the residual's buffer (a batch: its stacked copy, copied below)
-            torch._foreach_add_([matrix for matrix, _ in started], totals, alpha=-1 / ranks)
+            _add_([matrix for matrix, _ in started], totals, alpha=-1 / ranks)
         for (tensors, states, _), (matrix, _), q in zip(groups, started, qs, strict=True):
             if len(tensors) == 1:
                 states[0]["q"] = q
