@@ -27,16 +27,25 @@ def test_orthogonalize_gives_orthonormal_columns(rank: int) -> None:
 def test_a_zero_column_becomes_its_spare(zero: list[int], epsilon: float, rows: int) -> None:
     """A zero column (a layer no rank used) becomes its spare signs, so orthonormalized: not NaN (PyTorch's hook at
     epsilon 0), not zero (for good, under the warm start), not parallel to the other (2 rows too); a column that is
-    not zero is orthonormalized as ever, as where no column is zero."""
+    not zero is orthonormalized as ever."""
     matrix = torch.randn(2, rows, 2, generator=torch.Generator().manual_seed(1))
     matrix[1][:, zero] = 0
     got = orthogonalize(matrix.clone(), epsilon)
     eye = torch.eye(2).expand(2, 2, 2)
     torch.testing.assert_close(got.transpose(-2, -1) @ got, eye, atol=1e-5, rtol=0)
-    # the batch's other matrix, bit for bit as alone: there (CPU tensors, no zero column) its spare is not computed
-    assert torch.equal(got[0], orthogonalize(matrix[0].clone(), epsilon))
+    torch.testing.assert_close(got[0], orthogonalize(matrix[0].clone(), epsilon))  # the batch's other matrix
     if zero == [1]:
         torch.testing.assert_close(got[1][:, 0], matrix[1][:, 0] / (matrix[1][:, 0].norm() + epsilon))
+
+
+@pytest.mark.parametrize("epsilon", [0.0, 1e-3, 0.5])
+def test_a_matrix_beside_a_zero_one_orthogonalizes_as_alone(epsilon: float) -> None:
+    """Alone, on CPU tensors, a matrix without a zero column skips its spares' operations; in a batch beside a zero
+    matrix it goes through them, and comes out the same, bit for bit, epsilon included."""
+    matrix = torch.randn(2, 40, 2, generator=torch.Generator().manual_seed(3))
+    matrix[1] = 0
+    got = orthogonalize(matrix.clone(), epsilon)
+    assert torch.equal(got[0], orthogonalize(matrix[0].clone(), epsilon))
 
 
 def test_a_step_of_zero_gradients_does_not_stop_compression() -> None:

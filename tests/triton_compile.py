@@ -19,6 +19,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -73,8 +74,27 @@ def recording(launches: set[str]) -> Iterator[None]:
         InterpretedFunction.run = run  # type: ignore[method-assign]
 
 
+def scans_over_unit_dimensions(module: str) -> list[str]:
+    """The scans in ``module`` (Triton IR as text) over a tensor with a dimension of size 1 ([ROWS, 1], say), each as
+    its operand's type. Compiled for a GPU such a tensor's layout can spread one row over several threads, and the scan
+    then counted the row once per thread (the sketch's rows on an H100): the interpreter runs it right, so this looks
+    for the shape instead. A 1-D scan (``tl.cumsum`` of a [ROWS] tensor) is the safe form."""
+    lines = module.splitlines()
+    found = []
+    for i, line in enumerate(lines):
+        if '"tt.scan"(' not in line:
+            continue
+        indent = len(line) - len(line.lstrip())
+        end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith(" " * indent + "})"))
+        operands = re.search(r"\}\) : \(([^)]*)\)", lines[end]).group(1)
+        if any("1" in re.findall(r"(\d+)x", shape) for shape in re.findall(r"tensor<([^>]*)>", operands)):
+            found.append(operands)
+    return found
+
+
 def _compile_all(launches: list[dict[str, Any]], capability: int) -> list[str]:
-    """In the subprocess: each launch through the front end for ``capability`` (90: sm_90); one line per failure."""
+    """In the subprocess: each launch through the front end for ``capability`` (90: sm_90), its scans checked for
+    unit dimensions (:func:`scans_over_unit_dimensions`); one line per failure."""
     import importlib
 
     from triton._C.libtriton import ir
@@ -101,7 +121,11 @@ def _compile_all(launches: list[dict[str, Any]], capability: int) -> list[str]:
             ir.load_dialects(context)
             backend.load_dialects(context)
             codegen = backend.get_codegen_implementation(options)
-            ASTSource(kernel, signature, constants).make_ir(target, options, codegen, backend.get_module_map(), context)
+            module = ASTSource(kernel, signature, constants).make_ir(target, options, codegen,
+                                                                     backend.get_module_map(), context)
+            failures += [f"{launch['module']}.{launch['kernel']} {constants}: a scan over {operands}, a tensor with a "
+                         "dimension of size 1 (scan a 1-D tensor instead)"
+                         for operands in scans_over_unit_dimensions(str(module))]
         except Exception as error:  # every failure is reported, with its kernel and constants
             message = " ".join(str(error).split())
             failures.append(f"{launch['module']}.{launch['kernel']} {constants}: {message[-600:]}")

@@ -24,7 +24,8 @@ cd "$repo"
 # of the kernel stage about 150 s (7 methods' bench);
 # on an H200 the kernel tests past 170 s (8 workers each time, 4 of 160 tests left). On an H100 (2026-11-28, 7
 # methods' bench, 13 s each) the build 261 s, the kernel tests 105 s (all 193), the kernel stage done at 337 s, the
-# multi-rank tests 92 s; 13 s cut the first two methods' bench (their first call compiles the selection's kernels).
+# multi-rank tests 92 s; 13 s cut the first two methods' bench (their first call compiles the selection's kernels):
+# 20 s now, up to 7 s a method more, which stage 4's diagnostics give up first.
 # At these defaults the multi-rank stage has 195 s; the kernel stage runs the bench and the profile first (the
 # issues' targets), its tests in what they leave of 380 s, and its diagnostics (stage 4) in what the tests leave, each
 # stage skipped, and named in its summary, where the time is spent: BENCH_METHODS (fewer methods) or STAGE_TIMEOUT_*
