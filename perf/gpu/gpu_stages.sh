@@ -38,6 +38,9 @@ export STAGE_TIMEOUT_TESTS=${STAGE_TIMEOUT_TESTS:-230} STAGE_TIMEOUT_BUCKETS=${S
     STAGE_TIMEOUT_CHECKS=${STAGE_TIMEOUT_CHECKS:-10} STAGE_TIMEOUT_SELECTION=${STAGE_TIMEOUT_SELECTION:-30} \
     STAGE_TIMEOUT_KERNEL_TIMES=${STAGE_TIMEOUT_KERNEL_TIMES:-40} STAGE_TIMEOUT_BENCH=${STAGE_TIMEOUT_BENCH:-20} \
     STAGE_TIMEOUT_PROFILE=${STAGE_TIMEOUT_PROFILE:-95}
+# the bench of the methods whose targets are open (issue 39's; random-k's is met): all 16 at 20 s each would take
+# most of the share (BENCH_METHODS lists others)
+export BENCH_METHODS=${BENCH_METHODS:-topk threshold dgc gravac sketch powersgd lgc}
 work=$(mktemp -d)
 say() { echo "gpu_stages: $*"; }
 
