@@ -260,6 +260,19 @@ def test_ternary_statistics_and_codes_equal_the_cpu_kernels(cpu: object, n: int)
     assert not gpu.ternarize_pack(*on_device(x), zero, zero, 3).any(), "a zero scaler sends zeros"
 
 
+def test_ternary_codes_of_nan_and_infinite_inputs_equal_the_cpu_kernels(cpu: object) -> None:
+    """NaN sends 0 and an infinite value its sign's code, as the CPU kernel's std::min takes them, with an infinite
+    bound (no clip) and a finite one. (The interpreter's minimum keeps NaN as the CPU does; compiled, tl.minimum
+    returned the bound for NaN, which then sent +scaler: this fails only on a GPU.)"""
+    x = dyadic(256)
+    x[5], x[6], x[200] = float("nan"), float("inf"), float("-inf")
+    scaler = torch.tensor([float(x[torch.isfinite(x)].abs().max())])
+    for bound in (torch.tensor([float("inf")]), torch.tensor([2.0])):
+        for seed in (0, 11):
+            codes = cpu.ternarize_pack(x, scaler.item(), bound.item(), seed)
+            same(codes, gpu.ternarize_pack(*on_device(x, scaler, bound), seed), f"bound {bound.item()}, seed {seed}")
+
+
 @pytest.mark.parametrize(("mean", "spread"), [(1e3, 1.0), (0.0, 1e-24), (0.0, 1e20), (1e35, 1e34)])
 def test_ternary_bound_holds_where_the_mean_is_far_above_the_spread(mean: float, spread: float) -> None:
     """sigma merged from the blocks' deviations (3 blocks), where E[x^2] - E[x]^2 in float32 would cancel, and

@@ -129,7 +129,11 @@ def _orq_levels(x, valid, count, low, high, iterations, NBINS: tl.constexpr, SEA
                               tl.where(upper > lower, upper - lower, 1.0))
                 # the largest non-empty bin i in [first, end) with weight(i) < w_end - k is the bin of the value
                 # of rank r = ceil(w_end - k) - 1 (0-based; at most w_end - 1), or ``first`` when r < w_first
-                r = tl.minimum(tl.ceil(w_end.to(tl.float32) - k).to(tl.int32) - 1, w_end - 1)
+                # (clamped to [0, w_end] as a float: a NaN or infinite k, from bin sums beyond float32, then converts
+                # as the CPU kernel's search takes it, where converting it would saturate on a GPU, wrap elsewhere)
+                rank = w_end.to(tl.float32) - k
+                rank = tl.minimum(tl.maximum(tl.where(rank == rank, rank, 0.0), 0.0), w_end.to(tl.float32))
+                r = tl.ceil(rank).to(tl.int32) - 1
                 lo = first
                 hi = end - 1
                 for _ in tl.static_range(SEARCH_STEPS):  # bisection: the first bin with > r values at or below it

@@ -46,7 +46,7 @@ def _moments_kernel(x_ptr, partial_ptr, n, BLOCK: tl.constexpr):
     top = tl.max(magnitude)
     scaled = x * _scale(top)
     total = tl.sum(scaled)
-    deviation = tl.where(valid, scaled - total / tl.minimum(n - pid * BLOCK, BLOCK).to(tl.float32), 0.0)
+    deviation = tl.where(valid, scaled - tl.div_rn(total, tl.minimum(n - pid * BLOCK, BLOCK).to(tl.float32)), 0.0)
     tl.store(partial_ptr + pid * 4 + 0, total)
     tl.store(partial_ptr + pid * 4 + 1, tl.sum(deviation * deviation))
     tl.store(partial_ptr + pid * 4 + 2, top)
@@ -146,7 +146,11 @@ def _ternarize_kernel(x_ptr, scaler_ptr, bound_ptr, out_ptr, n, nbytes, key, BLO
     offsets = pid * BLOCK + tl.arange(0, BLOCK)
     x = tl.load(x_ptr + offsets, mask=offsets < n, other=0.0)
     scaler = tl.load(scaler_ptr)
-    kept = tl.minimum(tl.abs(x), tl.load(bound_ptr))
+    magnitude = tl.abs(x)
+    bound = tl.load(bound_ptr)
+    # std::min's rule, as the CPU kernel: a NaN stays NaN, and sends 0 (tl.minimum compiles to min.f32, which
+    # returns the other operand: NaN was kept, as +scaler, where the bound is infinite)
+    kept = tl.where(bound < magnitude, bound, magnitude)
     u = tl.reshape(uniforms(key, pid * (BLOCK // 2), 1, BLOCK, 0), [BLOCK])
     keep = ((u * scaler < kept) & (tl.zeros_like(u) + scaler > 0)).to(tl.uint8)  # a zero scaler sends zeros
     codes = keep << (x < 0).to(tl.uint8)  # 0, 1 (+1) or 2 (-1)
