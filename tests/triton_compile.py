@@ -4,11 +4,13 @@ Triton's interpreter runs a kernel's Python, not its compiled form, so it accept
 variable whose type changes across a loop, a non-constexpr value where a constexpr is needed, an operation without a
 lowering. Triton's compiler needs no GPU. So :func:`recording` notes each launch's kernel, argument types and
 compile-time constants while the interpreter tests run, :func:`covering` keeps enough of them to show each kernel with
-every constant and type it was given (each value at least once, not each combination of values), and
-:func:`compile_for` runs the compiler's front end on those (the kernel's Python to Triton's IR, for a Hopper GPU:
-sm_90, the H100 and H200) in subprocesses without ``TRITON_INTERPRET``, where ``@triton.jit`` makes compilable
-kernels. The front end is where those errors show. The later stages (LLVM, ``ptxas``, which run without a GPU too)
-are left to the GPU runs: for ORQ's widest level search they take minutes on a CI core, the front end seconds.
+every constant and type it was given (each value at least once, not each combination of values), and :func:`compile_for`
+runs the compiler's front end on those (the kernel's Python to Triton's IR, for a Hopper GPU: sm_90, the H100 and H200)
+in subprocesses without ``TRITON_INTERPRET``, where ``@triton.jit`` makes compilable kernels. The front end is where
+those errors show; there, too, a scan over a tensor with a dimension of size 1 is refused
+(:func:`scans_over_unit_dimensions`: the interpreter runs it right, a GPU did not). The later stages (LLVM, ``ptxas``,
+which run without a GPU too) are left to the GPU runs: for ORQ's widest level search they take minutes on a CI core, the
+front end seconds.
 
 A launch's signature is typed by Triton's own ``mangle_type``, as its launcher types it (an int of 1 and None are
 constants, unless the kernel names the argument in ``do_not_specialize``), the ``tl.constexpr`` arguments constants.

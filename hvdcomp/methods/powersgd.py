@@ -144,7 +144,7 @@ def _products(factors: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> tuple[tor
     """The products a @ b of ``factors`` (matrices, or batches of them), written back to back into one new float32
     buffer: the buffer (one tensor for an allreduce) and each product, a view of it."""
     if len(factors) == 1:
-        product = torch.matmul(*factors[0]).float()  # (float32 already: M and Q are)
+        product = torch.matmul(*factors[0])  # (float32: M and Q are)
         return product.view(-1), [product]
     shapes = [torch.Size((*a.shape[:-1], b.shape[-1])) for a, b in factors]
     flat = factors[0][0].new_empty(sum(math.prod(shape) for shape in shapes), dtype=torch.float32)
