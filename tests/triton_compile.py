@@ -7,10 +7,10 @@ compile-time constants while the interpreter tests run, :func:`covering` keeps e
 every constant and type it was given (each value at least once, not each combination of values), and :func:`compile_for`
 runs the compiler's front end on those (the kernel's Python to Triton's IR, for a Hopper GPU: sm_90, the H100 and H200)
 in subprocesses without ``TRITON_INTERPRET``, where ``@triton.jit`` makes compilable kernels. The front end is where
-those errors show; there, too, a scan over a tensor with a dimension of size 1 is refused
-(:func:`scans_over_unit_dimensions`: the interpreter runs it right, a GPU did not). The later stages (LLVM, ``ptxas``,
-which run without a GPU too) are left to the GPU runs: for ORQ's widest level search they take minutes on a CI core, the
-front end seconds.
+those errors show. A kernel with a scan goes on to the GPU IR, where its layouts are assigned: a scan whose elements are
+held by several threads off its axis is refused (:func:`replicated_scans`: the interpreter runs it right, a GPU did
+not). The later stages (LLVM, ``ptxas``, which run without a GPU too) are left to the GPU runs: for ORQ's widest level
+search they take minutes on a CI core, the front end seconds.
 
 A launch's signature is typed by Triton's own ``mangle_type``, as its launcher types it (an int of 1 and None are
 constants, unless the kernel names the argument in ``do_not_specialize``), the ``tl.constexpr`` arguments constants.
@@ -76,31 +76,42 @@ def recording(launches: set[str]) -> Iterator[None]:
         InterpretedFunction.run = run  # type: ignore[method-assign]
 
 
-def scans_over_unit_dimensions(module: str) -> list[str]:
-    """The scans in ``module`` (Triton IR as text) over a tensor with a dimension of size 1 ([ROWS, 1], say), each as
-    its operand's type. Compiled for a GPU such a tensor's layout can spread one row over several threads, and the scan
-    then counted the row once per thread (the sketch's rows on an H100): the interpreter runs it right, so this looks
-    for the shape instead. A 1-D scan (``tl.cumsum`` of a [ROWS] tensor) is the safe form."""
+def replicated_scans(module: str) -> list[str]:
+    """The scans in ``module`` (Triton's GPU IR as text, its layouts assigned) whose operand's layout holds an element
+    in more than one thread along a dimension other than the scan's, each as its operand's type and layout. Compiled
+    so, a scan of the sketch's rows ([ROWS, 1], each row in 4 threads) gave each of those threads its own slot on an
+    H100, where the interpreter, which has no layouts, ran it right. A 1-D scan (``tl.cumsum`` of a [ROWS] tensor) gets
+    a layout of one thread an element."""
+    layouts = dict(re.findall(r"^(#\w+) = #ttg\.blocked<\{(.*)\}>", module, re.MULTILINE))
     lines = module.splitlines()
     found = []
     for i, line in enumerate(lines):
         if '"tt.scan"(' not in line:
             continue
+        axis = int(re.search(r"axis = (\d+)", line).group(1))
         indent = len(line) - len(line.lstrip())
         end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith(" " * indent + "})"))
-        operands = re.search(r"\}\) : \(([^)]*)\)", lines[end]).group(1)
-        if any("1" in re.findall(r"(\d+)x", shape) for shape in re.findall(r"tensor<([^>]*)>", operands)):
-            found.append(operands)
+        for shape, name in re.findall(r"tensor<([\dx]+)x\w+, (#\w+)>", re.search(r"\}\) : \(([^)]*)\)",
+                                                                            lines[end]).group(1)):
+            if name not in layouts:  # not a blocked layout: reported, as it was not checked
+                found.append(f"tensor<{shape}> in {name}, a layout this check does not read")
+                continue
+            per = {key: [int(v) for v in values.split(",")] for key, values in
+                   re.findall(r"(sizePerThread|threadsPerWarp|warpsPerCTA) = \[([\d, ]+)\]", layouts[name])}
+            dims = [int(d) for d in shape.split("x")]
+            if any(d != axis and per["sizePerThread"][d] * per["threadsPerWarp"][d] * per["warpsPerCTA"][d] > size
+                   for d, size in enumerate(dims)):
+                found.append(f"tensor<{shape}> in {layouts[name]}")
     return found
 
 
 def _compile_all(launches: list[dict[str, Any]], capability: int) -> list[str]:
-    """In the subprocess: each launch through the front end for ``capability`` (90: sm_90), its scans checked for
-    unit dimensions (:func:`scans_over_unit_dimensions`); one line per failure."""
+    """In the subprocess: each launch through the front end for ``capability`` (90: sm_90), and those with a scan on
+    to the GPU IR, their scans' layouts checked (:func:`replicated_scans`); one line per failure."""
     import importlib
 
     from triton._C.libtriton import ir
-    from triton.backends.compiler import GPUTarget
+    from triton.backends.compiler import GPUTarget, Language
     from triton.compiler import ASTSource
     from triton.compiler.compiler import make_backend
 
@@ -125,9 +136,14 @@ def _compile_all(launches: list[dict[str, Any]], capability: int) -> list[str]:
             codegen = backend.get_codegen_implementation(options)
             module = ASTSource(kernel, signature, constants).make_ir(target, options, codegen,
                                                                      backend.get_module_map(), context)
-            failures += [f"{launch['module']}.{launch['kernel']} {constants}: a scan over {operands}, a tensor with a "
-                         "dimension of size 1 (scan a 1-D tensor instead)"
-                         for operands in scans_over_unit_dimensions(str(module))]
+            if '"tt.scan"(' in str(module):  # its layouts: the GPU IR, a few more passes
+                stages: dict[str, Any] = {}
+                backend.add_stages(stages, options, Language.TRITON)
+                metadata: dict[str, Any] = {}
+                gpu_ir = stages["ttgir"](stages["ttir"](module, metadata), metadata)
+                failures += [f"{launch['module']}.{launch['kernel']} {constants}: a scan over {operand}, held by "
+                             "several threads off the scan's axis (scan a 1-D tensor instead)"
+                             for operand in replicated_scans(str(gpu_ir))]
         except Exception as error:  # every failure is reported, with its kernel and constants
             message = " ".join(str(error).split())
             failures.append(f"{launch['module']}.{launch['kernel']} {constants}: {message[-600:]}")
