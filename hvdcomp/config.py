@@ -193,8 +193,12 @@ def _rule(where: str, entry: Mapping[str, Any], match: str, defaults: Mapping[st
     # an override that names a method takes not the default's options, and for another method not its error_feedback
     # (whether a method needs a memory is the method's: a top-k override of an unbiased default without one would
     # lose what it does not send); the collective and its options carry over, each reduction taking those it takes
-    dropped = () if "method" not in entry else ("options",) if entry["method"] == defaults.get("method") else (
-        "options", "error_feedback")
+    if "method" not in entry:
+        dropped: tuple[str, ...] = ()
+    elif entry["method"] == defaults.get("method"):
+        dropped = ("options",)
+    else:
+        dropped = ("options", "error_feedback")
     inherited = {k: v for k, v in defaults.items() if k not in dropped}
     merged = {**inherited, **entry}
     collective = merged.get("collective", "auto")
