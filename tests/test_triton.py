@@ -715,6 +715,72 @@ def test_orthogonalization_of_matrices_side_by_side_equals_each_alone(rank: int)
         gpu.orthogonalize_parts(flat.to(DEVICE), rows[:-1], rank)
 
 
+@pytest.mark.parametrize("rank", [1, 2, 3])
+def test_products_of_several_matrices_in_one_launch_equal_pytorchs(rank: int) -> None:
+    """PowerSGD's products of a bucket's matrices, one launch each (shapes over a tile's rows and columns, a single
+    row, a single column): M Q, M^T P and P Q^T as PyTorch's matmul to float rounding, and the residual's update
+    M + s P Q^T in the same launch, written into each matrix where it lies."""
+    shapes = [(7, 100), (40, 3), (1, 5), (65, 130), (33, 1)]
+    matrices = [gaussian(n * m, seed).view(n, m) for seed, (n, m) in enumerate(shapes)]
+    qs = [gaussian(m * rank, 10 + seed).view(m, rank) for seed, (_, m) in enumerate(shapes)]
+    ps = [gaussian(n * rank, 20 + seed).view(n, rank) for seed, (n, _) in enumerate(shapes)]
+    q_flat, p_flat = (torch.cat([f.reshape(-1) for f in factors]) for factors in (qs, ps))
+    on = on_device(*matrices)
+    for got, want in ((gpu.products(on, q_flat.to(DEVICE), rank), [m @ q for m, q in zip(matrices, qs, strict=True)]),
+                      (gpu.products(on, p_flat.to(DEVICE), rank, transpose=True),
+                       [m.t() @ p for m, p in zip(matrices, ps, strict=True)])):
+        torch.testing.assert_close(got.cpu(), torch.cat([w.reshape(-1) for w in want]), rtol=1e-5, atol=1e-5)
+    approximations = [p @ q.t() for p, q in zip(ps, qs, strict=True)]
+    residuals = [m - 0.5 * a for m, a in zip(matrices, approximations, strict=True)]  # (on CPU, on is matrices)
+    got = gpu.approximations(on, p_flat.to(DEVICE), q_flat.to(DEVICE), rank, residual_scale=-0.5)
+    torch.testing.assert_close(got.cpu(), torch.cat([a.reshape(-1) for a in approximations]), rtol=1e-5, atol=1e-5)
+    for updated, residual in zip(on, residuals, strict=True):
+        torch.testing.assert_close(updated.cpu(), residual, rtol=1e-5, atol=1e-5)
+    kept = [m.clone() for m in on]
+    gpu.approximations(on, p_flat.to(DEVICE), q_flat.to(DEVICE), rank)
+    assert all(torch.equal(a, b) for a, b in zip(on, kept, strict=True)), "no residual_scale: the matrices unchanged"
+    with pytest.raises(ValueError, match="hold 5 elements, got 3"):
+        gpu.products(on[2:3], torch.zeros(3, device=DEVICE), 1)
+    with pytest.raises(ValueError, match="not contiguous"):
+        gpu.products([on[0].t()], torch.zeros(7 * rank, device=DEVICE), rank)
+
+
+@pytest.mark.parametrize("error_feedback", [True, False])
+def test_powersgd_bucket_in_a_launch_a_product_equals_its_cpu_path(error_feedback: bool,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A PowerSGD bucket of matrices of one rank, of several shapes (two of one shape, as a batch with
+    ``batch_tensors_with_same_shape``): the Triton path takes each product of the bucket in one launch; its sums,
+    next Qs and residuals equal the CPU path's to float rounding, three steps running."""
+    from hvdcomp.methods.powersgd import PowerSGD, PowerSGDReduction
+
+    def steps(grads: list[torch.Tensor], batch: bool) -> list[torch.Tensor]:
+        reduction = PowerSGDReduction(PowerSGD(start_iter=0, error_feedback=error_feedback,
+                                               batch_tensors_with_same_shape=batch))
+        ctx = Context.local(grads[0], seed=4, name="bucket")
+        state = reduction.init_bucket_state(grads, ctx)
+        results = []
+        for step in range(3):
+            results += run_one_rank(reduction.reduce_bucket([g.clone() for g in grads], state,
+                                                            Context.local(grads[0], seed=4, name="bucket", step=step)))
+        return [*results, *(member[key] for member in state[MEMBERS] for key in sorted(member))]
+
+    grads = [gaussian(50 * 40, 1).view(50, 40), gaussian(30 * 20, 2).view(30, 20), gaussian(96 * 70, 3).view(96, 70),
+             gaussian(30 * 20, 4).view(30, 20), gaussian(8 * 3 * 3 * 3, 5).view(8, 3, 3, 3)]
+    launches = []
+    products = gpu.products
+    monkeypatch.setattr(gpu, "products", lambda matrices, *args, **kwargs: launches.append(len(matrices)) or
+                        products(matrices, *args, **kwargs))
+    for batch in (False, True):
+        monkeypatch.delenv("HVDCOMP_KERNELS", raising=False)
+        reference = steps(grads, batch)
+        if not CUDA:
+            monkeypatch.setenv("HVDCOMP_KERNELS", "triton")
+        launches.clear()
+        for expected, got in zip(reference, steps(on_device(*grads), batch), strict=True):
+            torch.testing.assert_close(got.cpu(), expected, rtol=1e-4, atol=1e-5)
+        assert launches == [5] * 6, "each step's two products: one launch each for the bucket's 5 matrices"
+
+
 @pytest.mark.parametrize("k", [1, 100, 5000])
 def test_lgc_guard_projection_equals_its_pytorch_path(k: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """LGC's guard in one launch each: S x with the PyTorch path's signs (sums of ones, exact, equal), the same sums

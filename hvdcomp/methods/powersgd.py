@@ -44,7 +44,10 @@ ready, and it reduces the bucket as PyTorch's hook reduces a DDP bucket: each ma
 ``batch_tensors_with_same_shape``, the bucket's matrices of one shape as one batch), the Ps of the whole bucket summed
 in one allreduce and its Qs in another. A step's Ps lie side by side in one buffer, the allreduce's one tensor, and so
 do its Qs: on CUDA each buffer's matrices are orthonormalized in one launch, whatever their shapes, where all have one
-rank r <= 2.
+rank r <= 2, and each of the step's products (M Q, M^T P, and P Q^T with the residual's update) is one launch for all
+of its matrices where all have one rank r <= 4 (:mod:`hvdcomp.kernels.gpu.lowrank`): a bucket's step is then a
+dozen launches, not three or more a matrix. Those products sum in another order than cuBLAS's, so the two agree to
+float rounding; every rank runs the same kernels.
 
 Orthogonalization is Gram-Schmidt for r <= 2 and QR above (as PyTorch). The first Q is drawn from the
 parameter's rank-independent seed, so every rank starts from the same Q with no broadcast.
@@ -55,6 +58,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Generator, Hashable, Sequence
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -182,6 +186,26 @@ def _orthogonalize_all(flat: torch.Tensor, parts: Sequence[torch.Tensor], epsilo
         orthogonalize(part, epsilon)
 
 
+def _matrices(started: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
+    """The matrices of ``started`` (:meth:`PowerSGD.start`), a batch's one by one: views, in their factors' order."""
+    return [member for matrix, _ in started for member in (matrix.unbind(0) if matrix.dim() == 3 else (matrix,))]
+
+
+def _grouped(started: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> ModuleType | None:
+    """The Triton kernels where a step's several matrices take each product in one launch
+    (:func:`hvdcomp.kernels.gpu.lowrank.products`): float32 and contiguous, as M is, with factors of one rank. One
+    matrix takes PyTorch's ``matmul`` (cuBLAS on a GPU, a launch a product either way)."""
+    if len(started) == 1 and started[0][0].dim() == 2:
+        return None
+    kernels = kernels_for(started[0][0].device)
+    rank = started[0][1].shape[-1]
+    if not is_triton(kernels) or rank > kernels.MAX_PRODUCT_RANK or any(
+            q.shape[-1] != rank or matrix.dtype != torch.float32 or not matrix.is_contiguous()
+            for matrix, q in started):
+        return None
+    return kernels
+
+
 class PowerSGD(Compressor):
     """Rank-``rank`` PowerSGD with warm start and error feedback (see the module docstring for each knob)."""
 
@@ -246,11 +270,12 @@ class PowerSGD(Compressor):
             state["residual"] = torch.zeros(tensor.shape, dtype=torch.float32, device=tensor.device)
         return state
 
-    def start(self, groups: Sequence[Group]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def start(self, groups: Sequence[Group]) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
         """Each group's M (float32, n x m; a batch b x n x m for several tensors of one shape) and starting Q (m x r, or
-        b x m x r), orthonormalized. M is the gradient plus the residual, built in the residual's buffer (every
-        group's in one launch; a batch's then stacked); Q is last step's (warm start) or a new draw: one matrix's
-        orthonormalized where it is, several copied side by side and orthonormalized in one launch."""
+        b x m x r), orthonormalized, and the buffer that holds the Qs back to back. M is the gradient plus the
+        residual, built in the residual's buffer (every group's in one launch; a batch's then stacked); Q is last
+        step's (warm start) or a new draw: one matrix's orthonormalized where it is, several copied side by side and
+        orthonormalized in one launch."""
         if self.error_feedback:
             _add_([state["residual"] for _, states, _ in groups for state in states],
                   [tensor for tensors, _, _ in groups for tensor in tensors])
@@ -272,7 +297,7 @@ class PowerSGD(Compressor):
         flat = qs[0].view(-1) if len(qs) == 1 else torch.cat([q.reshape(-1) for q in qs])
         started = _parts(flat, shapes)
         _orthogonalize_all(flat, started, self.orthogonalization_epsilon)
-        return list(zip(matrices, started, strict=True))
+        return list(zip(matrices, started, strict=True)), flat
 
     def power_step(self, groups: Sequence[Group], ranks: int
                    ) -> Generator[Allreduce, Payload, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]]:
@@ -281,17 +306,31 @@ class PowerSGD(Compressor):
         every group's Q, each side by side in one buffer, one tensor of one request, orthonormalized in one launch)
         and returns, per group, (P, Q averaged over the ranks, M_hat summed over them), each stacked for a batch.
         :class:`PowerSGDReduction` runs it across ranks; :meth:`compress` on one rank."""
-        started = self.start(groups)
-        flat, ps = _products(started)  # P = M Q, summed: its scale is lost next
+        started, flat = self.start(groups)
+        grouped = _grouped(started)
+        if grouped:  # P = M Q, summed: its scale is lost next
+            flat = grouped.products(_matrices(started), flat, started[0][1].shape[-1])
+            ps = _parts(flat, [torch.Size((*matrix.shape[:-1], q.shape[-1])) for matrix, q in started])
+        else:
+            flat, ps = _products(started)
         (flat,) = yield Allreduce([flat])
         ps = _parts(flat, [p.shape for p in ps])
         _orthogonalize_all(flat, ps, self.orthogonalization_epsilon)
-        flat, qs = _products([(matrix.transpose(-2, -1), p) for (matrix, _), p in zip(started, ps, strict=True)])
+        if grouped:
+            p_flat, flat = flat, grouped.products(_matrices(started), flat, ps[0].shape[-1], transpose=True)
+            qs = _parts(flat, [q.shape for _, q in started])
+        else:
+            flat, qs = _products([(matrix.transpose(-2, -1), p) for (matrix, _), p in zip(started, ps, strict=True)])
         (flat,) = yield Allreduce([flat])
         qs = _parts(flat, [q.shape for q in qs])
-        totals = [p @ q.transpose(-2, -1) for p, q in zip(ps, qs, strict=True)]  # M_hat summed: what is returned
+        if grouped:  # M_hat summed (what is returned) and E <- M - M_hat / ranks in one launch
+            totals = _parts(grouped.approximations(_matrices(started), p_flat, flat, ps[0].shape[-1],
+                                                   -1 / ranks if self.error_feedback else None),
+                            [matrix.shape for matrix, _ in started])
+        else:
+            totals = [p @ q.transpose(-2, -1) for p, q in zip(ps, qs, strict=True)]  # M_hat summed: what is returned
         flat.div_(ranks)  # Q (summed above) averaged, as PyTorch's hook keeps it, for the warm start
-        if self.error_feedback:  # E <- M - M_hat, in the residual's buffer (a batch: its stacked copy, copied below)
+        if self.error_feedback and not grouped:  # E <- M - M_hat in the residual's buffer (a batch's: copied below)
             _add_([matrix for matrix, _ in started], totals, alpha=-1 / ranks)
         for (tensors, states, _), (matrix, _), q in zip(groups, started, qs, strict=True):
             if len(tensors) == 1:

@@ -2,9 +2,10 @@
 format and draws as the CPU kernels of ``hvdcomp/kernels/*.cpp`` (``ternary.py`` for TernGrad and the tensor-wide
 moments, ``quant.py`` for the bucketed quantizers, ``randomk.py`` for random-k's selection, ``common.py`` for the
 generator and the bit packing), the sparsifiers' exact top-k selection on the device (``select.py``), the homomorphic
-sketch's rows, deterministic encoding and peeling (``sketch.py``), PowerSGD's orthogonalization (``lowrank.py``), the
-memory's update, momentum correction with error feedback's accumulation, and DGC's release (``memory.py``),
-GraVAC's squared norms of several tensors at once (``norms.py``), and LGC's guard's projection (``projection.py``).
+sketch's rows, deterministic encoding and peeling (``sketch.py``), PowerSGD's orthogonalization and its products
+of several matrices in one launch (``lowrank.py``), the memory's update, momentum correction with error feedback's
+accumulation, and DGC's release (``memory.py``), GraVAC's squared norms of several tensors at once (``norms.py``),
+and LGC's guard's projection (``projection.py``).
 
 Scalars the CPU kernels take or return as host values (TernGrad's scaler and clip bound, the sign family's scale)
 stay on the device here, so nothing waits for the GPU. Sizes, seeds and counts are not specialized on
@@ -21,7 +22,13 @@ kernels on CPU tensors: that is how they are tested without a GPU, and tests/tes
 the launches those tests made through Triton's compiler front end for a Hopper GPU (sm_90), which needs no GPU either.
 """
 
-from hvdcomp.kernels.gpu.lowrank import orthogonalize, orthogonalize_parts
+from hvdcomp.kernels.gpu.lowrank import (
+    MAX_PRODUCT_RANK,
+    approximations,
+    orthogonalize,
+    orthogonalize_parts,
+    products,
+)
 from hvdcomp.kernels.gpu.memory import momentum_step, release
 from hvdcomp.kernels.gpu.norms import MAX_NORMS, squared_norms
 from hvdcomp.kernels.gpu.projection import projection, projection_error
@@ -46,8 +53,9 @@ from hvdcomp.kernels.gpu.sketch import (
 )
 from hvdcomp.kernels.gpu.ternary import abs_mean, ternarize_pack, ternary_statistics, unpack_sum
 
-__all__ = ["MAX_BUCKET", "MAX_NORMS", "abs_mean", "decode_subtract", "decode_sum", "excess_moments", "momentum_step",
-           "orthogonalize", "orthogonalize_parts", "pack_signs", "pack_signs_abs_mean", "projection",
-           "projection_error", "quantize_binary", "quantize_levels", "randomk_select", "release", "sign_vote",
-           "sketch_bucket_counts", "sketch_candidates", "sketch_encode", "sketch_peel", "sketch_rows", "squared_norms",
-           "ternarize_pack", "ternary_statistics", "threshold_fit", "topk", "unpack_sum"]
+__all__ = ["MAX_BUCKET", "MAX_NORMS", "MAX_PRODUCT_RANK", "abs_mean", "approximations", "decode_subtract",
+           "decode_sum", "excess_moments", "momentum_step", "orthogonalize", "orthogonalize_parts", "pack_signs",
+           "pack_signs_abs_mean", "products", "projection", "projection_error", "quantize_binary", "quantize_levels",
+           "randomk_select", "release", "sign_vote", "sketch_bucket_counts", "sketch_candidates", "sketch_encode",
+           "sketch_peel", "sketch_rows", "squared_norms", "ternarize_pack", "ternary_statistics", "threshold_fit",
+           "topk", "unpack_sum"]

@@ -12,6 +12,15 @@ replaced, as on the PyTorch path, by its spare vector of signs (:func:`hvdcomp.m
 projected (for column 1, an extra pass finds that norm) and normalized. The sums run in another order than PyTorch's,
 so the results agree to float rounding, not bit for bit.
 The matrices PowerSGD orthogonalizes are its factors P (n x r) and Q (m x r): small beside the gradient.
+
+The products of a step whose matrices are several (a bucket's, a batch's) are one launch each, whatever the
+matrices' shapes, where PyTorch takes one ``matmul`` a matrix (and on a GPU the host's time issuing them is the
+step's time: about 100 us a matrix): P = M Q (:func:`products`), Q = M^T P (``transpose``), and the approximation
+M_hat = P Q^T with the residual's update E <- M - M_hat / ranks fused in (:func:`approximations`). The matrices stay
+where they are (each its own tensor: its address is in the launch's table), their factors and products lie back to
+back in one buffer each, as the allreduces take them. Each program takes a block of one matrix's rows (or of its
+columns, for M^T P) and sums in a fixed order, so every rank computes the same bits; the order is not PyTorch's, so
+the results agree with its products to float rounding.
 """
 
 from __future__ import annotations
@@ -26,6 +35,9 @@ import triton.language as tl
 from hvdcomp.kernels.gpu.common import kept_table
 
 _BLOCK = 1024
+_ROWS = 32  # the products' tiles: rows of a matrix by columns (BLOCK_C: 64 x 2 / r, rounded up to a power of 2)
+#: the factors' largest rank the products take (orthogonalization here takes 1 or 2)
+MAX_PRODUCT_RANK = 4
 
 
 @triton.jit
@@ -153,3 +165,165 @@ def _layout(device: torch.device, rows: tuple[int, ...], rank: int) -> torch.Ten
     for n in rows[:-1]:
         starts.append(starts[-1] + n * rank)
     return kept_table(starts + list(rows), device)
+
+
+@triton.jit
+def _matrix(table_ptr, count, matrix):
+    """Matrix ``matrix`` of the table (:func:`_matrices_table`): its first element, rows and columns, and where its
+    factor of m rows (Q), its factor of n rows (P) and its product (n x m) start in their buffers."""
+    m_ptr = tl.load(table_ptr + matrix).to(tl.pointer_type(tl.float32))
+    return (m_ptr, tl.load(table_ptr + count + matrix), tl.load(table_ptr + 2 * count + matrix),
+            tl.load(table_ptr + 3 * count + matrix), tl.load(table_ptr + 4 * count + matrix),
+            tl.load(table_ptr + 5 * count + matrix))
+
+
+@triton.jit(do_not_specialize=["count"])
+def _products_kernel(table_ptr, count, factor_ptr, out_ptr, R: tl.constexpr, RP: tl.constexpr,
+                     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """P = M Q: program (i, j) takes rows [j BLOCK_R, (j + 1) BLOCK_R) of matrix i, over its columns in blocks."""
+    m_ptr, n, m, q_start, p_start, _ = _matrix(table_ptr, count, tl.program_id(0))
+    first = tl.program_id(1) * BLOCK_R
+    if first < n:
+        rows = first + tl.arange(0, BLOCK_R).to(tl.int64)
+        ranks = tl.arange(0, RP)
+        acc = tl.zeros([BLOCK_R, RP], dtype=tl.float32)
+        start = 0
+        while start < m:  # (while, not range: Triton 3.6's interpreter fails on range(runtime value))
+            columns = start + tl.arange(0, BLOCK_C)
+            tile = tl.load(m_ptr + rows[:, None] * m + columns[None, :],
+                           mask=(rows[:, None] < n) & (columns[None, :] < m), other=0.0)
+            q = tl.load(factor_ptr + q_start + columns[:, None] * R + ranks[None, :],
+                        mask=(columns[:, None] < m) & (ranks[None, :] < R), other=0.0)
+            acc += tl.sum(tile[:, :, None] * q[None, :, :], axis=1)
+            start += BLOCK_C
+        tl.store(out_ptr + p_start + rows[:, None] * R + ranks[None, :], acc,
+                 mask=(rows[:, None] < n) & (ranks[None, :] < R))
+
+
+@triton.jit(do_not_specialize=["count"])
+def _transposed_products_kernel(table_ptr, count, factor_ptr, out_ptr, R: tl.constexpr, RP: tl.constexpr,
+                                BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Q = M^T P: program (i, j) takes columns [j BLOCK_C, (j + 1) BLOCK_C) of matrix i, over its rows in blocks."""
+    m_ptr, n, m, q_start, p_start, _ = _matrix(table_ptr, count, tl.program_id(0))
+    first = tl.program_id(1) * BLOCK_C
+    if first < m:
+        columns = first + tl.arange(0, BLOCK_C).to(tl.int64)
+        ranks = tl.arange(0, RP)
+        acc = tl.zeros([BLOCK_C, RP], dtype=tl.float32)
+        start = 0
+        while start < n:
+            rows = start + tl.arange(0, BLOCK_R)
+            tile = tl.load(m_ptr + rows[:, None] * m + columns[None, :],
+                           mask=(rows[:, None] < n) & (columns[None, :] < m), other=0.0)
+            p = tl.load(factor_ptr + p_start + rows[:, None] * R + ranks[None, :],
+                        mask=(rows[:, None] < n) & (ranks[None, :] < R), other=0.0)
+            acc += tl.sum(tile[:, :, None] * p[:, None, :], axis=0)
+            start += BLOCK_R
+        tl.store(out_ptr + q_start + columns[:, None] * R + ranks[None, :], acc,
+                 mask=(columns[:, None] < m) & (ranks[None, :] < R))
+
+
+@triton.jit(do_not_specialize=["count", "scale"])
+def _approximations_kernel(table_ptr, count, p_ptr, q_ptr, out_ptr, scale, R: tl.constexpr, RP: tl.constexpr,
+                           BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, RESIDUAL: tl.constexpr):
+    """M_hat = P Q^T, and with RESIDUAL M <- M + scale M_hat: program (i, j) takes rows [j BLOCK_R, (j + 1) BLOCK_R)
+    of matrix i, over its columns in blocks."""
+    m_ptr, n, m, q_start, p_start, out_start = _matrix(table_ptr, count, tl.program_id(0))
+    first = tl.program_id(1) * BLOCK_R
+    if first < n:
+        rows = first + tl.arange(0, BLOCK_R).to(tl.int64)
+        ranks = tl.arange(0, RP)
+        p = tl.load(p_ptr + p_start + rows[:, None] * R + ranks[None, :],
+                    mask=(rows[:, None] < n) & (ranks[None, :] < R), other=0.0)
+        start = 0
+        while start < m:
+            columns = start + tl.arange(0, BLOCK_C)
+            q = tl.load(q_ptr + q_start + columns[:, None] * R + ranks[None, :],
+                        mask=(columns[:, None] < m) & (ranks[None, :] < R), other=0.0)
+            approximation = tl.sum(p[:, None, :] * q[None, :, :], axis=2)
+            at = rows[:, None] * m + columns[None, :]
+            mask = (rows[:, None] < n) & (columns[None, :] < m)
+            tl.store(out_ptr + out_start + at, approximation, mask=mask)
+            if RESIDUAL:
+                matrix = tl.load(m_ptr + at, mask=mask, other=0.0)
+                tl.store(m_ptr + at, matrix + scale * approximation, mask=mask)
+            start += BLOCK_C
+
+
+def _checked(matrices: Sequence[torch.Tensor], factors: torch.Tensor, rank: int, what: str) -> None:
+    if not 1 <= rank <= MAX_PRODUCT_RANK:
+        raise ValueError(f"{what}: factors of 1 to {MAX_PRODUCT_RANK} columns, got {rank}")
+    for matrix in matrices:
+        if matrix.dim() != 2 or matrix.dtype != torch.float32 or not matrix.is_contiguous() \
+                or matrix.device != factors.device:
+            raise ValueError(f"{what}: contiguous float32 matrices on {factors.device}, got {matrix.dtype} of shape "
+                             f"{tuple(matrix.shape)} on {matrix.device}"
+                             f"{'' if matrix.is_contiguous() else ', not contiguous'}")
+    if factors.dtype != torch.float32 or not factors.is_contiguous():
+        raise ValueError(f"{what}: factors in a contiguous float32 tensor, got {factors.dtype}")
+
+
+def _launch(kernel: triton.JITFunction, matrices: Sequence[torch.Tensor], rank: int, blocks: int, *args: object,
+            **constants: object) -> None:
+    """``kernel`` over ``matrices``, one program per block of ``blocks`` of each matrix's rows (``blocks`` 0) or
+    columns (1) and one row of the grid per matrix, with the tiles the rank gives."""
+    padded = triton.next_power_of_2(rank)
+    columns = max(16, 128 // padded)
+    largest = max(matrix.shape[blocks] for matrix in matrices)
+    block = _ROWS if blocks == 0 else columns
+    if largest:
+        kernel[(len(matrices), triton.cdiv(largest, block))](
+            _matrices_table(matrices[0].device, tuple((m.data_ptr(), *m.shape) for m in matrices), rank),
+            len(matrices), *args, R=rank, RP=padded, BLOCK_R=_ROWS, BLOCK_C=columns, enable_fp_fusion=False,
+            **constants)
+
+
+def products(matrices: Sequence[torch.Tensor], factors: torch.Tensor, rank: int,
+             transpose: bool = False) -> torch.Tensor:
+    """P_i = M_i Q_i for every matrix M_i (n_i x m_i, float32, contiguous) of ``matrices``, their Q_i (m_i x
+    ``rank``) back to back in ``factors``, in one launch; with ``transpose``, Q_i = M_i^T P_i, their P_i (n_i x
+    ``rank``) back to back in ``factors``. Returns the products back to back in a new buffer."""
+    what = "products"
+    _checked(matrices, factors, rank, what)
+    given, made = (1, 0) if not transpose else (0, 1)
+    if factors.numel() != sum(m.shape[given] for m in matrices) * rank:
+        raise ValueError(f"{what}: the factors ({rank} columns) of {len(matrices)} matrices hold "
+                         f"{sum(m.shape[given] for m in matrices) * rank} elements, got {factors.numel()}")
+    out = factors.new_empty(sum(m.shape[made] for m in matrices) * rank)
+    if matrices:
+        _launch(_transposed_products_kernel if transpose else _products_kernel, matrices, rank, made, factors, out)
+    return out
+
+
+def approximations(matrices: Sequence[torch.Tensor], ps: torch.Tensor, qs: torch.Tensor, rank: int,
+                   residual_scale: float | None = None) -> torch.Tensor:
+    """M_hat_i = P_i Q_i^T for every matrix M_i (n_i x m_i, float32, contiguous) of ``matrices``, their P_i (n_i x
+    ``rank``) back to back in ``ps``, their Q_i (m_i x ``rank``) in ``qs``, in one launch; returns them back to back
+    in a new buffer. With ``residual_scale`` s, each M_i <- M_i + s M_hat_i in the same launch (PowerSGD's residual,
+    s = -1 / ranks)."""
+    what = "approximations"
+    for factors in (ps, qs):
+        _checked(matrices, factors, rank, what)
+    for factors, dim, name in ((ps, 0, "ps"), (qs, 1, "qs")):
+        if factors.numel() != sum(m.shape[dim] for m in matrices) * rank:
+            raise ValueError(f"{what}: the {name} ({rank} columns) of {len(matrices)} matrices hold "
+                             f"{sum(m.shape[dim] for m in matrices) * rank} elements, got {factors.numel()}")
+    out = ps.new_empty(sum(m.numel() for m in matrices))
+    if matrices:
+        _launch(_approximations_kernel, matrices, rank, 0, ps, qs, out, 0.0 if residual_scale is None
+                else float(residual_scale), RESIDUAL=residual_scale is not None)
+    return out
+
+
+@lru_cache(maxsize=256)
+def _matrices_table(device: torch.device, matrices: tuple[tuple[int, int, int], ...], rank: int) -> torch.Tensor:
+    """The products' table of ``matrices`` (address, rows, columns each): those three, then where each one's Q, P and
+    product start in their buffers (back to back), six rows of int64 on ``device``. A step's matrices (a bucket's
+    residuals) are the same tensors every step, so its table is made once and kept."""
+    starts, q, p, product = [], 0, 0, 0
+    for _, n, m in matrices:
+        starts.append((q, p, product))
+        q, p, product = q + m * rank, p + n * rank, product + n * m
+    fields = range(3)
+    return kept_table([entry[f] for f in fields for entry in matrices] + [entry[f] for f in fields for entry in starts],
+                      device)
