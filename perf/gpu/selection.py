@@ -7,11 +7,12 @@ programs looping over the blocks against one program a block.
 threshold's t, from ``_GATHER_MIN`` entries on, where k is small enough (its module docstring). This times both ways
 on Gaussian float32 tensors of each size and density, the gathering included, beside a copy of the tensor
 (``x.clone()``), with ``hvdcomp.tools.bench.timed`` (CUDA events, L2 flushed, interleaved rounds): top-k with k =
-density x n, and threshold as its defaults have it (k = 4 x density x n, t passed by density x n entries). Where the
-gathered way is the faster one is where ``_GATHER_MIN`` belongs. Each way runs twice more with one program a block
-(the grid before the digit passes, the counts and the compaction looped over the blocks with 4 programs an SM):
-``looped_over_one_a_block`` is the looping programs' time over that. Every way must select the same entries in the
-same order; the script checks that first. One JSON line per selection, size and density goes to
+density x n, and threshold as its defaults have it (k = 4 x density x n, t passed by density x n entries), at any
+density (``topk_gathers``: whether ``topk`` itself gathers there). Where the gathered way is the faster one is where
+``_GATHER_MIN`` (the size) and ``_GATHER_SHARE`` (the candidates' share of the entries) belong. Each way runs twice
+more with one program a block (the grid before the digit passes, the counts and the compaction looped over the blocks
+with 4 programs an SM): ``looped_over_one_a_block`` is the looping programs' time over that. Every way must select the
+same entries in the same order; the script checks that first. One JSON line per selection, size and density goes to
 perf/results/selection.jsonl. It needs a CUDA device: on CPU the kernels run only in Triton's interpreter
 (``TRITON_INTERPRET=1`` runs the script there, to check it; its times say nothing of a GPU's).
 """
@@ -76,10 +77,10 @@ def main(argv: list[str] | None = None) -> int:
             threshold = None
             if selection == "threshold":
                 threshold = x.abs().kthvalue(n - max(1, int(density * n))).values.reshape(1)
-            plan = select._gathering(n, k, threshold is not None)
-            if plan is None:
+            plan = select._plan(n, k, threshold is not None)
+            if plan[1] > n:
                 print(json.dumps({"numel": n, "k": k, "selection": selection,
-                                  "skipped": "the plan would gather more than n / 8"}))
+                                  "skipped": f"the candidates' capacity {plan[1]} passes n"}))
                 continue
             values, indices = torch.empty(k, device=device), torch.empty(k, dtype=torch.int64, device=device)
             whole = partial(select._select_blocks, x, k, values, indices, threshold, None)
@@ -95,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
             row: dict[str, Any] = {
                 "selection": selection, "numel": n, "k": k, "density": density, "rank": plan[0],
                 "capacity": plan[1], "candidates": candidates,
+                "topk_gathers": n >= select._GATHER_MIN and select._gathering(n, k, threshold is not None) is not None,
                 **clock_fields(device), "interpreted": interpreted, "repeats": args.repeats,
                 **timing_fields(timings, "us"),
                 "gathered_over_whole": round(timings["gathered"].median / timings["whole"].median, 3),

@@ -59,6 +59,11 @@ _SAMPLE = 4096
 #: 0.61 to 0.72 of the whole tensor's selection time from 2^24 entries on, and 1.4 to 1.9 times it at 2^22 and below
 #: (perf/gpu/selection.py; docs/gpu.md)
 _GATHER_MIN = 1 << 24
+#: ... where the candidates' buffer holds at most 1 / _GATHER_SHARE of them (top-k's k up to about 19% of the entries,
+#: threshold's up to n / 8): over the whole tensor every digit pass, the counts and the compaction take each entry,
+#: where the gathering reads each twice and the passes then take the candidates alone (perf/gpu/selection.py times
+#: both ways at any density)
+_GATHER_SHARE = 4
 #: programs an SM for the kernels that loop over the blocks: at _WARPS warps (512 threads) an SM's threads hold at most
 #: 4; where registers hold fewer (the compaction's 99 to 110 a thread: 1), the others wait their turn
 _PROGRAMS_PER_SM = 4
@@ -379,20 +384,24 @@ class _Gathered(NamedTuple):
     capacity: int
 
 
-def _gathering(n: int, k: int, threshold: bool = False) -> tuple[int, int] | None:
-    """(rank, capacity) of the candidates' gathering for the top ``k`` of ``n`` entries, None where it would gather
-    more than an eighth of them. The bound is the sample's rank-th largest key: of its :data:`_SAMPLE` keys, s = k
-    _SAMPLE / n are expected among the top k, and rank = s + 4 sqrt(s) + 4 (a binomial's mean and 4 standard
-    deviations, and some), so that fewer than k entries reach the bound only in that far a tail. The capacity holds
-    the n rank / _SAMPLE entries expected at or above it, with the same margin. With a ``threshold`` the candidates
-    are the entries above it (rank 0: no sample), 2k of them at most: threshold's fit aims below k."""
+def _plan(n: int, k: int, threshold: bool = False) -> tuple[int, int]:
+    """(rank, capacity) of the candidates' gathering for the top ``k`` of ``n`` entries. The bound is the sample's
+    rank-th largest key: of its :data:`_SAMPLE` keys, s = k _SAMPLE / n are expected among the top k, and rank = s + 4
+    sqrt(s) + 4 (a binomial's mean and 4 standard deviations, and some), so that fewer than k entries reach the bound
+    only in that far a tail. The capacity holds the n rank / _SAMPLE entries expected at or above it, with the same
+    margin. With a ``threshold`` the candidates are the entries above it (rank 0: no sample), 2k of them at most:
+    threshold's fit aims below k."""
     if threshold:
-        rank, capacity = 0, 2 * k
-    else:
-        expected = _SAMPLE * k / n
-        rank = math.ceil(expected + 4 * math.sqrt(expected) + 4)
-        capacity = math.ceil(n * (rank + 4 * math.sqrt(rank) + 4) / _SAMPLE)
-    return (rank, capacity) if n >= _SAMPLE and capacity <= n // 8 else None
+        return 0, 2 * k
+    expected = _SAMPLE * k / n
+    rank = math.ceil(expected + 4 * math.sqrt(expected) + 4)
+    return rank, math.ceil(n * (rank + 4 * math.sqrt(rank) + 4) / _SAMPLE)
+
+
+def _gathering(n: int, k: int, threshold: bool = False) -> tuple[int, int] | None:
+    """:func:`_plan`'s (rank, capacity), None where the capacity would pass n / :data:`_GATHER_SHARE`."""
+    rank, capacity = _plan(n, k, threshold)
+    return (rank, capacity) if n >= _SAMPLE and capacity <= n // _GATHER_SHARE else None
 
 
 def _gather(x: torch.Tensor, k: int, threshold: torch.Tensor | None, plan: tuple[int, int]) -> _Gathered:
