@@ -138,9 +138,13 @@ def gram_schmidt(matrix: torch.Tensor, epsilon: float = 0.0) -> torch.Tensor:
 
 
 def _parts(flat: torch.Tensor, shapes: Sequence[torch.Size]) -> list[torch.Tensor]:
-    """``flat`` as tensors of ``shapes``, back to back: views."""
+    """``flat`` as tensors of ``shapes``, back to back: views. Matrices of one number of columns (a step's factors)
+    are one view of ``flat`` split by rows, so that a bucket's many matrices cost two operations, not one each."""
     if len(shapes) == 1:  # (one matrix: a view without the split, as compress() and a lone gradient take it)
         return [flat.view(shapes[0])]
+    columns = shapes[0][-1]
+    if columns and all(len(shape) == 2 and shape[1] == columns for shape in shapes):
+        return list(flat.view(-1, columns).split([shape[0] for shape in shapes]))
     return [part.view(shape) for part, shape in zip(flat.split([math.prod(s) for s in shapes]), shapes, strict=True)]
 
 
@@ -395,23 +399,23 @@ class PowerSGDReduction(ReductionMethod):
         for i, tensor in enumerate(tensors):
             key = tensor.shape if self.compressor.batch_tensors_with_same_shape else i
             groups.setdefault(key, []).append(i)
-        totals = yield from self._reduce(list(groups.values()), tensors, state[MEMBERS], contexts)
-        return [total.reshape(-1) for total in totals]
+        return (yield from self._reduce(list(groups.values()), tensors, state[MEMBERS], contexts, flat=True))
 
     def _reduce(self, groups: Sequence[Sequence[int]], tensors: Sequence[torch.Tensor], states: Sequence[State],
-                contexts: Sequence[Context]) -> Generator[Allreduce, Payload, list[torch.Tensor]]:
-        """The sums over ranks of ``tensors`` by :meth:`PowerSGD.power_step` on ``groups`` of them (positions; those of
-        a group share a shape and are stacked as one batch); during the dense warm-up, one allreduce of the gradients
-        themselves."""
+                contexts: Sequence[Context], flat: bool = False) -> Generator[Allreduce, Payload, list[torch.Tensor]]:
+        """The sums over ranks of ``tensors`` (each in its tensor's shape, or with ``flat`` 1-D) by
+        :meth:`PowerSGD.power_step` on ``groups`` of them (positions; those of a group share a shape and are stacked as
+        one batch); during the dense warm-up, one allreduce of the gradients themselves."""
         if contexts[0].step < self.compressor.start_iter:  # dense warm-up: the gradients themselves, summed
-            return (yield Allreduce([dense_copy(tensor) for tensor in tensors]))
+            summed = yield Allreduce([dense_copy(tensor) for tensor in tensors])
+            return [total.reshape(-1) for total in summed] if flat else summed
         factored = yield from self.compressor.power_step(
             [([tensors[i] for i in g], [states[i] for i in g], [contexts[i] for i in g]) for g in groups],
             contexts[0].size)
         totals: list[torch.Tensor] = list(tensors)
         for group, (*_, total) in zip(groups, factored, strict=True):
             for j, i in enumerate(group):
-                totals[i] = (total if len(group) == 1 else total[j]).view(tensors[i].shape)
+                totals[i] = (total if len(group) == 1 else total[j]).view(-1 if flat else tensors[i].shape)
         return totals
 
     # Costs for the performance model: the compressor's measured encode (M Q, orthogonalizations, M^T P) is
