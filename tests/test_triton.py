@@ -745,24 +745,27 @@ def test_products_of_several_matrices_in_one_launch_equal_pytorchs(rank: int) ->
         gpu.products([on[0].t()], torch.zeros(7 * rank, device=DEVICE), rank)
 
 
-@pytest.mark.parametrize("error_feedback", [True, False])
-def test_powersgd_bucket_in_a_launch_a_product_equals_its_cpu_path(error_feedback: bool,
+@pytest.mark.parametrize(("error_feedback", "rank"), [(True, 2), (False, 2), (True, 3)])
+def test_powersgd_bucket_in_a_launch_a_product_equals_its_cpu_path(error_feedback: bool, rank: int,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """A PowerSGD bucket of matrices of one rank, of several shapes (two of one shape, as a batch with
-    ``batch_tensors_with_same_shape``): the Triton path takes each product of the bucket in one launch, with no host
-    sync on CUDA; its sums, next Qs and residuals equal the CPU path's to float rounding, three steps running."""
+    """A PowerSGD bucket of matrices of one rank (2: Gram-Schmidt; 3: QR), of several shapes (two of one shape, as a
+    batch with ``batch_tensors_with_same_shape``): the Triton path takes each product of the bucket in one launch, with
+    no host sync on CUDA, and leaves the gradients as they were; its sums, next Qs and residuals equal the CPU path's
+    to float rounding, three steps running. A matrix with a side past ``MAX_PRODUCT_SIDE`` is refused by name."""
     from hvdcomp.methods.powersgd import PowerSGD, PowerSGDReduction
 
     def steps(grads: list[torch.Tensor], batch: bool) -> list[torch.Tensor]:
-        reduction = PowerSGDReduction(PowerSGD(start_iter=0, error_feedback=error_feedback,
+        reduction = PowerSGDReduction(PowerSGD(rank=rank, start_iter=0, error_feedback=error_feedback,
                                                batch_tensors_with_same_shape=batch))
         ctx = Context.local(grads[0], seed=4, name="bucket")
         state = reduction.init_bucket_state(grads, ctx)  # (its Qs drawn on the host: set-up, which synchronizes)
+        kept = [grad.clone() for grad in grads]
         results = []
         with no_sync():
             for step in range(3):
                 results += run_one_rank(reduction.reduce_bucket(
-                    [g.clone() for g in grads], state, Context.local(grads[0], seed=4, name="bucket", step=step)))
+                    grads, state, Context.local(grads[0], seed=4, name="bucket", step=step)))
+        assert all(torch.equal(grad, same) for grad, same in zip(grads, kept, strict=True)), "a gradient was written"
         return [*results, *(member[key] for member in state[MEMBERS] for key in sorted(member))]
 
     grads = [gaussian(50 * 40, 1).view(50, 40), gaussian(30 * 20, 2).view(30, 20), gaussian(96 * 70, 3).view(96, 70),
@@ -780,6 +783,9 @@ def test_powersgd_bucket_in_a_launch_a_product_equals_its_cpu_path(error_feedbac
         for expected, got in zip(reference, steps(on_device(*grads), batch), strict=True):
             torch.testing.assert_close(got.cpu(), expected, rtol=1e-4, atol=1e-5)
         assert launches == [5] * 6, "each step's two products: one launch each for the bucket's 5 matrices"
+    tall = torch.zeros(gpu.MAX_PRODUCT_SIDE + 1, 1, device=DEVICE)
+    with pytest.raises(ValueError, match=f"at most {gpu.MAX_PRODUCT_SIDE} rows and columns"):
+        gpu.products([tall], torch.zeros(rank, device=DEVICE), rank)
 
 
 @pytest.mark.parametrize("k", [1, 100, 5000])

@@ -44,10 +44,10 @@ ready, and it reduces the bucket as PyTorch's hook reduces a DDP bucket: each ma
 ``batch_tensors_with_same_shape``, the bucket's matrices of one shape as one batch), the Ps of the whole bucket summed
 in one allreduce and its Qs in another. A step's Ps lie side by side in one buffer, the allreduce's one tensor, and so
 do its Qs: on CUDA each buffer's matrices are orthonormalized in one launch, whatever their shapes, where all have one
-rank r <= 2, and each of the step's products (M Q, M^T P, and P Q^T with the residual's update) is one launch for all
-of its matrices where all have one rank r <= 4 (:mod:`hvdcomp.kernels.gpu.lowrank`): a bucket's step is then a
-dozen launches, not three or more a matrix. Those products sum in another order than cuBLAS's, so the two agree to
-float rounding; every rank runs the same kernels.
+rank r <= 2, and each of the step's products (M Q, M^T P, and P Q^T with the residual's update) is one launch for all of
+its matrices where all have one rank r <= 4 and sides of at most 16,384 (:mod:`hvdcomp.kernels.gpu.lowrank`): a bucket's
+step is then a dozen launches, not three or more a matrix. Those products sum in another order than cuBLAS's, so the two
+agree to float rounding; every rank runs the same kernels.
 
 Orthogonalization is Gram-Schmidt for r <= 2 and QR above (as PyTorch). The first Q is drawn from the
 parameter's rank-independent seed, so every rank starts from the same Q with no broadcast.
@@ -197,15 +197,16 @@ def _matrices(started: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> list[torc
 
 def _grouped(started: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> ModuleType | None:
     """The Triton kernels where a step's several matrices take each product in one launch
-    (:func:`hvdcomp.kernels.gpu.lowrank.products`): float32 and contiguous, as M is, with factors of one rank. One
-    matrix takes PyTorch's ``matmul`` (cuBLAS on a GPU, a launch a product either way)."""
+    (:func:`hvdcomp.kernels.gpu.lowrank.products`): float32 and contiguous, as M is, with factors of one rank and sides
+    of at most ``MAX_PRODUCT_SIDE``. One matrix takes PyTorch's ``matmul`` (cuBLAS on a GPU, a launch a product
+    either way), as does a step with a longer side (an embedding's rows), where cuBLAS spreads the product wider."""
     if len(started) == 1 and started[0][0].dim() == 2:
         return None
     kernels = kernels_for(started[0][0].device)
     rank = started[0][1].shape[-1]
     if not is_triton(kernels) or rank > kernels.MAX_PRODUCT_RANK or any(
             q.shape[-1] != rank or matrix.dtype != torch.float32 or not matrix.is_contiguous()
-            for matrix, q in started):
+            or max(matrix.shape[-2:]) > kernels.MAX_PRODUCT_SIDE for matrix, q in started):
         return None
     return kernels
 

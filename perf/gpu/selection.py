@@ -78,9 +78,10 @@ def main(argv: list[str] | None = None) -> int:
             if selection == "threshold":
                 threshold = x.abs().kthvalue(n - max(1, int(density * n))).values.reshape(1)
             plan = select._plan(n, k, threshold is not None)
-            if plan[1] > n:
+            if plan[1] > n or n < select._SAMPLE:
                 print(json.dumps({"numel": n, "k": k, "selection": selection,
-                                  "skipped": f"the candidates' capacity {plan[1]} passes n"}))
+                                  "skipped": f"the candidates' capacity {plan[1]} passes n, or n is under the sample's "
+                                             f"{select._SAMPLE}"}))
                 continue
             values, indices = torch.empty(k, device=device), torch.empty(k, dtype=torch.int64, device=device)
             whole = partial(select._select_blocks, x, k, values, indices, threshold, None)

@@ -24,6 +24,7 @@ the launches those tests made through Triton's compiler front end for a Hopper G
 
 from hvdcomp.kernels.gpu.lowrank import (
     MAX_PRODUCT_RANK,
+    MAX_PRODUCT_SIDE,
     approximations,
     orthogonalize,
     orthogonalize_parts,
@@ -53,9 +54,9 @@ from hvdcomp.kernels.gpu.sketch import (
 )
 from hvdcomp.kernels.gpu.ternary import abs_mean, ternarize_pack, ternary_statistics, unpack_sum
 
-__all__ = ["MAX_BUCKET", "MAX_NORMS", "MAX_PRODUCT_RANK", "abs_mean", "approximations", "decode_subtract",
-           "decode_sum", "excess_moments", "momentum_step", "orthogonalize", "orthogonalize_parts", "pack_signs",
-           "pack_signs_abs_mean", "products", "projection", "projection_error", "quantize_binary", "quantize_levels",
-           "randomk_select", "release", "sign_vote", "sketch_bucket_counts", "sketch_candidates", "sketch_encode",
-           "sketch_peel", "sketch_rows", "squared_norms", "ternarize_pack", "ternary_statistics", "threshold_fit",
-           "topk", "unpack_sum"]
+__all__ = ["MAX_BUCKET", "MAX_NORMS", "MAX_PRODUCT_RANK", "MAX_PRODUCT_SIDE", "abs_mean", "approximations",
+           "decode_subtract", "decode_sum", "excess_moments", "momentum_step", "orthogonalize", "orthogonalize_parts",
+           "pack_signs", "pack_signs_abs_mean", "products", "projection", "projection_error", "quantize_binary",
+           "quantize_levels", "randomk_select", "release", "sign_vote", "sketch_bucket_counts", "sketch_candidates",
+           "sketch_encode", "sketch_peel", "sketch_rows", "squared_norms", "ternarize_pack", "ternary_statistics",
+           "threshold_fit", "topk", "unpack_sum"]

@@ -35,9 +35,13 @@ import triton.language as tl
 from hvdcomp.kernels.gpu.common import kept_table
 
 _BLOCK = 1024
-_ROWS = 32  # the products' tiles: rows of a matrix by columns (BLOCK_C: 64 x 2 / r, rounded up to a power of 2)
+_ROWS = 32  # the products' tiles: 32 rows of a matrix by 128 / r columns (r rounded up to a power of 2)
 #: the factors' largest rank the products take (orthogonalization here takes 1 or 2)
 MAX_PRODUCT_RANK = 4
+#: the products' largest matrix side (rows or columns): a program walks a whole side of its matrix alone (M Q a block
+#: of rows across every column, M^T P a block of columns down every row), up to 4 MiB at this bound; a longer side,
+#: whose few programs would each read more, takes PyTorch's matmul (:func:`hvdcomp.methods.powersgd.power_step`)
+MAX_PRODUCT_SIDE = 1 << 14
 
 
 @triton.jit
@@ -254,6 +258,9 @@ def _checked(matrices: Sequence[torch.Tensor], factors: torch.Tensor, rank: int,
     if not 1 <= rank <= MAX_PRODUCT_RANK:
         raise ValueError(f"{what}: factors of 1 to {MAX_PRODUCT_RANK} columns, got {rank}")
     for matrix in matrices:
+        if max(matrix.shape, default=0) > MAX_PRODUCT_SIDE:
+            raise ValueError(f"{what}: matrices of at most {MAX_PRODUCT_SIDE} rows and columns, got shape "
+                             f"{tuple(matrix.shape)}")
         if matrix.dim() != 2 or matrix.dtype != torch.float32 or not matrix.is_contiguous() \
                 or matrix.device != factors.device:
             raise ValueError(f"{what}: contiguous float32 matrices on {factors.device}, got {matrix.dtype} of shape "
@@ -318,8 +325,9 @@ def approximations(matrices: Sequence[torch.Tensor], ps: torch.Tensor, qs: torch
 @lru_cache(maxsize=256)
 def _matrices_table(device: torch.device, matrices: tuple[tuple[int, int, int], ...], rank: int) -> torch.Tensor:
     """The products' table of ``matrices`` (address, rows, columns each): those three, then where each one's Q, P and
-    product start in their buffers (back to back), six rows of int64 on ``device``. A step's matrices (a bucket's
-    residuals) are the same tensors every step, so its table is made once and kept."""
+    product start in their buffers (back to back), six rows of int64 on ``device``. A bucket's matrices (its members'
+    residuals) are the same tensors every step, so its table is made once and kept; a batch's stack, or gradients
+    copied to float32, are new tensors each step, whose table is made again unless they land where the last did."""
     starts, q, p, product = [], 0, 0, 0
     for _, n, m in matrices:
         starts.append((q, p, product))
