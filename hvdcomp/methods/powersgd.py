@@ -314,7 +314,8 @@ class PowerSGD(Compressor):
         started, flat = self.start(groups)
         grouped = _grouped(started)
         if grouped:  # P = M Q, summed: its scale is lost next
-            flat = grouped.products(_matrices(started), flat, started[0][1].shape[-1])
+            matrices, rank = _matrices(started), started[0][1].shape[-1]
+            flat = grouped.products(matrices, flat, rank)
             ps = _parts(flat, [torch.Size((*matrix.shape[:-1], q.shape[-1])) for matrix, q in started])
         else:
             flat, ps = _products(started)
@@ -322,14 +323,14 @@ class PowerSGD(Compressor):
         ps = _parts(flat, [p.shape for p in ps])
         _orthogonalize_all(flat, ps, self.orthogonalization_epsilon)
         if grouped:
-            p_flat, flat = flat, grouped.products(_matrices(started), flat, ps[0].shape[-1], transpose=True)
+            p_flat, flat = flat, grouped.products(matrices, flat, rank, transpose=True)
             qs = _parts(flat, [q.shape for _, q in started])
         else:
             flat, qs = _products([(matrix.transpose(-2, -1), p) for (matrix, _), p in zip(started, ps, strict=True)])
         (flat,) = yield Allreduce([flat])
         qs = _parts(flat, [q.shape for q in qs])
         if grouped:  # M_hat summed (what is returned) and E <- M - M_hat / ranks in one launch
-            totals = _parts(grouped.approximations(_matrices(started), p_flat, flat, ps[0].shape[-1],
+            totals = _parts(grouped.approximations(matrices, p_flat, flat, rank,
                                                    -1 / ranks if self.error_feedback else None),
                             [matrix.shape for matrix, _ in started])
         else:

@@ -117,16 +117,24 @@ def _reducer(choice: Choice, members: list[torch.Tensor], seed: str) -> Callable
     return lambda grads: reduction.reduce_bucket(grads, bucket_state, ctx)
 
 
-def measure(method: str, device: torch.device, cap_mb: float, repeats: int) -> dict[str, Any]:
+def planned(method: str, device: torch.device, cap_mb: float
+            ) -> tuple[list[tuple[str, torch.Tensor, Choice]], list[list[int]]]:
+    """ResNet-50's gradients that ``method`` compresses (Gaussian values on ``device``, in reverse model order: the
+    order backward readies them in), each with its name and choice, and the config's buckets of them (positions)."""
     config = CompressionConfig.parse({"method": method, "bucket_cap_mb": cap_mb})
     generator = torch.Generator().manual_seed(0)
-    planned = []  # reverse model order: the order backward readies the gradients in
     edge = edges([name for name, _ in resnet50_shapes()])  # what LGC (dense_edges) leaves dense, as in training
+    compressed = []
     for name, shape in reversed(resnet50_shapes()):
         grad = torch.randn(shape, generator=generator).to(device)
-        planned.append((name, grad, config.choose(name, grad.shape, 2, edge=name in edge)))
-    compressed = [(name, grad, choice) for name, grad, choice in planned if choice.compressor is not None]
-    buckets = config.buckets([(grad, choice) for _, grad, choice in compressed])
+        choice = config.choose(name, grad.shape, 2, edge=name in edge)
+        if choice.compressor is not None:
+            compressed.append((name, grad, choice))
+    return compressed, config.buckets([(grad, choice) for _, grad, choice in compressed])
+
+
+def measure(method: str, device: torch.device, cap_mb: float, repeats: int) -> dict[str, Any]:
+    compressed, buckets = planned(method, device, cap_mb)
     in_bucket = {position for bucket in buckets for position in bucket}
     if not compressed:
         raise SystemExit(f"{method} compresses none of ResNet-50's gradients")

@@ -19,17 +19,12 @@ out=${1:?usage: perf/gpu/gpu_stages.sh OUT_DIR}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 cd "$repo"
-# Measured 2026-11-27 (docs/gpu.md): on an H100 the staged build 222 s, the multi-rank stage's set-up (rerun, the
-# build made; now skipped: SETUP_DONE) and checks 75 s and its tests 105 s, the kernel tests past 140 s, and the rest
-# of the kernel stage about 150 s (7 methods' bench);
-# on an H200 the kernel tests past 170 s (8 workers each time, 4 of 160 tests left). On an H100 (2026-11-28, 7
-# methods' bench, 13 s each) the build 261 s, the kernel tests 105 s (all 193), the kernel stage done at 337 s, the
-# multi-rank tests 92 s; 13 s cut the first two methods' bench (their first call compiles the selection's kernels):
-# 20 s now, up to 7 s a method more, which stage 4's diagnostics give up first.
-# At these defaults the multi-rank stage has 195 s; the kernel stage runs the bench and the profile first (the
-# issues' targets), its tests in what they leave of 380 s, and its diagnostics (stage 4) in what the tests leave, each
-# stage skipped, and named in its summary, where the time is spent: BENCH_METHODS (fewer methods) or STAGE_TIMEOUT_*
-# choose.
+# The defaults fit one call: the staged build takes 220 to 260 s beside the kernel stage, the kernel tests about
+# 100 s on 8 workers, a method's bench up to 20 s (its first call compiles the selection's kernels); the times of each
+# run are in docs/gpu.md. At these defaults the multi-rank stage has 195 s; the kernel stage runs the bench and the
+# profile first (the issues' targets), its tests in what they leave of 380 s, and its diagnostics (stage 4) in what the
+# tests leave, each stage skipped, and named in its summary, where the time is spent: BENCH_METHODS (fewer methods) or
+# STAGE_TIMEOUT_* choose.
 DEADLINE_S=${DEADLINE_S:-590}
 KERNELS_S=${KERNELS_S:-380}  # the kernel stage's share of DEADLINE_S; the multi-rank stage has the rest
 # the kernel stage's limits (perf/gpu/gpu_kernels.sh), shorter than its own defaults to fit the share; the bench

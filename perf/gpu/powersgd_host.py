@@ -33,7 +33,6 @@ sys.path.insert(0, str(Path(__file__).parent))
 import buckets  # noqa: E402
 
 import hvdcomp  # noqa: E402
-from hvdcomp.config import CompressionConfig, edges  # noqa: E402
 from hvdcomp.kernels import gpu  # noqa: E402
 from hvdcomp.requests import run_one_rank_step  # noqa: E402
 from hvdcomp.tools.bench import record  # noqa: E402
@@ -63,15 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="powersgd_host.jsonl")
     args = parser.parse_args(argv)
     _stand_ins()
-    config = CompressionConfig.parse({"method": "powersgd", "bucket_cap_mb": args.cap_mb})
-    generator = torch.Generator().manual_seed(0)
-    shapes = buckets.resnet50_shapes()
-    edge = edges([name for name, _ in shapes])
-    planned = [(name, torch.randn(shape, generator=generator)) for name, shape in reversed(shapes)]
-    compressed = [(name, grad, choice) for name, grad in planned
-                  if (choice := config.choose(name, grad.shape, 2, edge=name in edge)).compressor is not None]
+    compressed, bucketed = buckets.planned("powersgd", torch.device("cpu"), args.cap_mb)
     units = []
-    for bucket in config.buckets([(grad, choice) for _, grad, choice in compressed]):
+    for bucket in bucketed:
         grads = [compressed[position][1] for position in bucket]
         units.append((grads, buckets._reducer(compressed[bucket[0]][2], grads, compressed[bucket[0]][0])))
 

@@ -254,20 +254,24 @@ def _approximations_kernel(table_ptr, count, p_ptr, q_ptr, out_ptr, scale, R: tl
             start += BLOCK_C
 
 
-def _checked(matrices: Sequence[torch.Tensor], factors: torch.Tensor, rank: int, what: str) -> None:
+def _checked(matrices: Sequence[torch.Tensor], factors: Sequence[torch.Tensor], rank: int, what: str) -> None:
+    """Refuses, naming what is wrong, a rank past MAX_PRODUCT_RANK, a matrix that is not a contiguous float32 matrix on
+    the factors' device with sides up to MAX_PRODUCT_SIDE, and factors that are not contiguous float32."""
     if not 1 <= rank <= MAX_PRODUCT_RANK:
         raise ValueError(f"{what}: factors of 1 to {MAX_PRODUCT_RANK} columns, got {rank}")
+    device = factors[0].device
     for matrix in matrices:
         if max(matrix.shape, default=0) > MAX_PRODUCT_SIDE:
             raise ValueError(f"{what}: matrices of at most {MAX_PRODUCT_SIDE} rows and columns, got shape "
                              f"{tuple(matrix.shape)}")
-        if matrix.dim() != 2 or matrix.dtype != torch.float32 or not matrix.is_contiguous() \
-                or matrix.device != factors.device:
-            raise ValueError(f"{what}: contiguous float32 matrices on {factors.device}, got {matrix.dtype} of shape "
+        if matrix.dim() != 2 or matrix.dtype != torch.float32 or not matrix.is_contiguous() or matrix.device != device:
+            raise ValueError(f"{what}: contiguous float32 matrices on {device}, got {matrix.dtype} of shape "
                              f"{tuple(matrix.shape)} on {matrix.device}"
                              f"{'' if matrix.is_contiguous() else ', not contiguous'}")
-    if factors.dtype != torch.float32 or not factors.is_contiguous():
-        raise ValueError(f"{what}: factors in a contiguous float32 tensor, got {factors.dtype}")
+    for tensor in factors:
+        if tensor.dtype != torch.float32 or not tensor.is_contiguous() or tensor.device != device:
+            raise ValueError(f"{what}: factors in a contiguous float32 tensor on {device}, got {tensor.dtype} on "
+                             f"{tensor.device}")
 
 
 def _launch(kernel: triton.JITFunction, matrices: Sequence[torch.Tensor], rank: int, blocks: int, *args: object,
@@ -291,7 +295,7 @@ def products(matrices: Sequence[torch.Tensor], factors: torch.Tensor, rank: int,
     ``rank``) back to back in ``factors``, in one launch; with ``transpose``, Q_i = M_i^T P_i, their P_i (n_i x
     ``rank``) back to back in ``factors``. Returns the products back to back in a new buffer."""
     what = "products"
-    _checked(matrices, factors, rank, what)
+    _checked(matrices, [factors], rank, what)
     given, made = (1, 0) if not transpose else (0, 1)
     if factors.numel() != sum(m.shape[given] for m in matrices) * rank:
         raise ValueError(f"{what}: the factors ({rank} columns) of {len(matrices)} matrices hold "
@@ -309,8 +313,7 @@ def approximations(matrices: Sequence[torch.Tensor], ps: torch.Tensor, qs: torch
     in a new buffer. With ``residual_scale`` s, each M_i <- M_i + s M_hat_i in the same launch (PowerSGD's residual,
     s = -1 / ranks)."""
     what = "approximations"
-    for factors in (ps, qs):
-        _checked(matrices, factors, rank, what)
+    _checked(matrices, [ps, qs], rank, what)
     for factors, dim, name in ((ps, 0, "ps"), (qs, 1, "qs")):
         if factors.numel() != sum(m.shape[dim] for m in matrices) * rank:
             raise ValueError(f"{what}: the {name} ({rank} columns) of {len(matrices)} matrices hold "

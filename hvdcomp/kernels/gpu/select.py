@@ -62,8 +62,8 @@ _GATHER_MIN = 1 << 24
 #: ... where the candidates' buffer holds at most 1 / _GATHER_SHARE of them (top-k's k up to about 41% of the entries,
 #: threshold's up to n / 4; the buffer, 12 bytes a candidate, then up to 1.5 times x's float32): over the whole tensor
 #: every digit pass, the counts and the compaction take each entry, where the gathering reads each twice and the
-#: passes then take the candidates alone. On 25 M entries an H200 took 0.33 to 0.49 of the whole tensor's time with
-#: top-k's capacity at 0.08 to 0.26 n, 0.25 and 0.28 with threshold's at 0.4 and 0.8 n (perf/gpu/selection.py)
+#: passes then take the candidates alone: the gathered way was the faster at every share measured, to 0.8 n
+#: (perf/gpu/selection.py; docs/gpu.md)
 _GATHER_SHARE = 2
 #: programs an SM for the kernels that loop over the blocks: at _WARPS warps (512 threads) an SM's threads hold at most
 #: 4; where registers hold fewer (the compaction's 99 to 110 a thread: 1), the others wait their turn
