@@ -1,5 +1,5 @@
 """Shared helpers: start real Horovod ranks with mpirun (MPI controller) or horovodrun --gloo (Gloo); run a test
-on a method's fused CPU kernels and on its pure-PyTorch path."""
+on a method's fused CPU kernels and on its pure-PyTorch path; a gradient at float32's largest magnitudes."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 
 from hvdcomp.kernels import cpu_kernels
 
@@ -29,6 +30,16 @@ def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
     else:
         monkeypatch.setenv("HVDCOMP_KERNELS", "0")
     return request.param
+
+
+def huge_gradient() -> torch.Tensor:
+    """4,096 Gaussian entries in buckets of 512 at magnitudes up to 1e38 (where float32 sums of a bucket overflow, from
+    about 1e36; a sum over 2 ranks does not), 1e20 (float32 squares overflow), 1 and 1e-20."""
+    x = torch.randn(4096, generator=torch.Generator().manual_seed(0)).double()
+    for bucket, top in enumerate((1e38, 1e36, 1e20, 1.0, 1e-20, 1.0, 3e37, 1.0)):
+        part = x[512 * bucket:512 * (bucket + 1)]
+        part *= top / part.abs().max()
+    return x.float()
 
 
 @dataclass

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from conftest import huge_gradient
 from torch import nn
 
 from hvdcomp import ORQ, QSGD, BinGrad, Context, ErrorFeedback, OneBit, SignSGD, make_compressor, wire
@@ -348,6 +349,28 @@ def test_the_cpu_decoder_reads_no_byte_past_a_short_payload() -> None:
 
     done = subprocess.run([sys.executable, "-c", GUARDED_DECODE], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "decoded every payload" in done.stdout, (done.returncode, done.stderr[-2000:])
+
+
+@pytest.mark.parametrize("method", ["signsgd", "efsignsgd", "onebit", "bingrad"])
+def test_sign_scales_and_binary_levels_hold_beyond_float32_sums(path: str, method: str) -> None:
+    """Sums of |x| overflow float32 from |x| ~ 1e36 in a bucket of 512 (~2.6e36 in the CPU kernels' lanes): the sign
+    family's scale and 1-bit SGD's and BinGrad's levels are summed in float64 there (scaled, in the Triton kernels),
+    so a gradient at any magnitude whose 2-rank sum float32 holds decodes finite, with what the method keeps kept: the
+    L1 norm (the sign family) or each bucket's sum (the binary quantizers' levels are their sides' means); and the
+    residual of error feedback stays finite."""
+    x = huge_gradient()
+    compressor = make_compressor(method, {"momentum": 0} if "sign" in method else {})  # (a gain of 10 would overflow)
+    ctx = Context.local(x)
+    state = compressor.init_state(x, ctx)
+    payload, meta = compressor.compress(x.clone(), state, ctx)
+    decoded = compressor.decompress(payload, meta).double()
+    assert torch.isfinite(decoded).all() and torch.isfinite(state.get("residual", decoded)).all()
+    if "sign" in method:
+        sums, expected, magnitude = decoded.abs().sum(), x.double().abs().sum(), x.double().abs().sum()
+    else:
+        sums, expected = decoded.view(-1, 512).sum(1), x.double().view(-1, 512).sum(1)
+        magnitude = x.double().view(-1, 512).abs().sum(1)
+    assert ((sums - expected).abs() <= 1e-6 * magnitude).all(), (sums, expected)
 
 
 def test_qsgd_l2_norm_holds_beyond_float32_squares(path: str) -> None:

@@ -36,6 +36,7 @@ if not CUDA:
 
 triton = pytest.importorskip("triton")
 
+from conftest import huge_gradient  # noqa: E402
 from operators import Operators  # noqa: E402
 from triton_compile import compile_for, covering, recording  # noqa: E402
 
@@ -925,6 +926,31 @@ def test_methods_on_the_triton_kernels_equal_the_cpu_kernels(cpu: object, method
         results = _through_method(method, moved, options, error_feedback)
     for index, (expected, got) in enumerate(zip(reference, results, strict=True)):
         same(expected, got, f"{method}, output {index}")
+
+
+@pytest.mark.parametrize("method", ["signsgd", "efsignsgd", "onebit", "bingrad"])
+def test_sign_scales_and_binary_levels_beyond_float32_sums_equal_the_cpu_kernels(cpu: object, method: str,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A gradient up to 1e38, whose float32 sums overflow (tests/test_quantizers.py checks what the CPU kernels keep
+    of it): the Triton kernels sum x scaled by a power of two where the CPU kernels sum in float64, so their scale or
+    levels, the decoded gradient and the residual of error feedback (x minus the decoded: to the rounding of either)
+    are the CPU kernels' to float32 rounding."""
+    x = huge_gradient()
+    compressor = make_compressor(method, {"momentum": 0} if "sign" in method else {})
+
+    def run(x: torch.Tensor) -> list[torch.Tensor]:
+        ctx = Context.local(x)
+        state = compressor.init_state(x, ctx)
+        payload, meta = compressor.compress(x.clone(), state, ctx)
+        return [payload[0], compressor.decompress(payload, meta), *([state["residual"]] if "residual" in state else [])]
+
+    reference = run(x)
+    if not CUDA:
+        monkeypatch.setenv("HVDCOMP_KERNELS", "triton")
+    for index, (expected, got) in enumerate(zip(reference, run(x.to(DEVICE)), strict=True)):
+        scale = torch.maximum(x.abs(), reference[1].abs()) if index == 2 else expected.abs()
+        assert torch.isfinite(got).all() and ((got.cpu() - expected).abs() <= 1e-6 * scale).all(), \
+            f"{method}, output {index}: {got.cpu()} against the CPU kernels' {expected}"
 
 
 def test_larger_buckets_than_registers_hold_take_the_torch_path(monkeypatch: pytest.MonkeyPatch) -> None:

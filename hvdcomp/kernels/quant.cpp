@@ -19,8 +19,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <limits>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 #include <vector>
 
@@ -100,7 +100,8 @@ inline float l2_norm(const float* v, int64_t m, double squares, float absmax) {
   return std::min(static_cast<float>(std::sqrt(squares)), std::numeric_limits<float>::max());
 }
 
-// Sum and count of the values below t, and the sum of all, in 8 lanes.
+// Sum and count of the values below t, and the sum of all, in 8 lanes of float32; in float64 where a lane's sum
+// overflows (|x| above ~1e36: the means, at most max |x|, are still float32's).
 inline void below(const float* v, int64_t m, float t, double& sum_below, int64_t& count_below, double& sum_all) {
   float s[8] = {}, all[8] = {};
   int32_t c[8] = {};
@@ -124,6 +125,12 @@ inline void below(const float* v, int64_t m, float t, double& sum_below, int64_t
     sum_below += s[j];
     sum_all += all[j];
     count_below += c[j];
+  }
+  if (std::isfinite(sum_below) && std::isfinite(sum_all)) return;
+  sum_below = sum_all = 0.0;
+  for (i = 0; i < m; ++i) {
+    sum_below += v[i] < t ? v[i] : 0.0;
+    sum_all += v[i];
   }
 }
 

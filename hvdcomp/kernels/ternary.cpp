@@ -72,11 +72,17 @@ torch::Tensor moments(const torch::Tensor& x) {
           a[0] += std::fabs(data[i]);
         }
         float block_sum = 0.f, block_max = 0.f;
+        double block_abs = 0.0;
         for (int j = 0; j < 8; ++j) {
           block_sum += s[j];
           block_max = std::max(block_max, m[j]);
-          ca += a[j];
+          block_abs += a[j];
         }
+        if (!std::isfinite(block_abs) && std::isfinite(block_max)) {  // a lane's float32 sum overflowed (|x| above
+          block_abs = 0.0;                                              // ~2.6e36): summed again in float64
+          for (i = b; i < e; ++i) block_abs += std::fabs(data[i]);
+        }
+        ca += block_abs;
         cm = std::max<double>(cm, block_max);
         // The mean and deviations times 2^-k, with 2^k the block's max |x| rounded up to a power of two: exact (the
         // same bits as unscaled), and the deviations' squares neither overflow (|x| above ~1.8e19) nor underflow

@@ -50,13 +50,14 @@ class BinGrad(BucketQuantizer):
     def quantize_torch(self, x: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
         xb, valid = buckets(x, self.bucket(x.numel()))
         count = valid.sum(dim=1)
-        total = xb.sum(dim=1)
-        threshold = total / count.clamp(min=1)
+        # the sums in float64, as the kernels where float32's overflow (|x| above ~1e36); the means are float32's
+        total = xb.sum(dim=1, dtype=torch.float64)
+        threshold = (total / count.clamp(min=1)).float()
         levels = xb.new_zeros(xb.shape[0], 2)
         for iteration in range(self.iterations):
             under = (xb < threshold.unsqueeze(1)) & valid
             count_under = under.sum(dim=1)
-            sum_under = torch.where(under, xb, 0).sum(dim=1)
+            sum_under = torch.where(under, xb, 0).sum(dim=1, dtype=torch.float64)
             count_over = count - count_under
             levels[:, 0] = torch.where(count_under > 0, sum_under / count_under.clamp(min=1), threshold)
             levels[:, 1] = torch.where(count_over > 0, (total - sum_under) / count_over.clamp(min=1), threshold)

@@ -42,6 +42,7 @@ class OneBit(BucketQuantizer):
         xb, valid = buckets(x, self.bucket(x.numel()))
         negative = (xb < 0) & valid
         positive = ~negative & valid
-        levels = torch.stack([torch.where(negative, xb, 0).sum(dim=1) / negative.sum(dim=1).clamp(min=1),
-                              torch.where(positive, xb, 0).sum(dim=1) / positive.sum(dim=1).clamp(min=1)], dim=1)
+        # summed in float64, as the kernels where float32's sums overflow (|x| above ~1e36); the means are float32's
+        levels = torch.stack([torch.where(side, xb, 0).sum(dim=1, dtype=torch.float64) / side.sum(dim=1).clamp(min=1)
+                              for side in (negative, positive)], dim=1).float()
         return levels, pack_bits((~negative).reshape(-1)[:x.numel()].to(torch.uint8), 1)

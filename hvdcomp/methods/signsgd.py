@@ -87,7 +87,8 @@ class EFSignSGD(BucketQuantizer):
         return torch.tensor([[kernels.moments(x)[3].item() / max(x.numel(), 1)]], dtype=torch.float32)
 
     def scale_torch(self, x: torch.Tensor) -> torch.Tensor:
-        return (x.abs().sum() / max(x.numel(), 1)).reshape(1, 1)
+        # summed in float64, as the kernels merge their blocks: float32's sum overflows from |x| ~ 1e36
+        return (x.abs().sum(dtype=torch.float64) / max(x.numel(), 1)).float().reshape(1, 1)
 
     def quantize_kernel(self, kernels: Any, x: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
         if is_triton(kernels):  # the scale on the device (no sync), its sums in the pass that packs the signs

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hvdcomp.kernels.gpu.common import load_codes, random_bits, seed_key, store_packed, uniforms
+from hvdcomp.kernels.gpu.common import load_codes, power_scale, random_bits, seed_key, store_packed, uniforms
 from hvdcomp.kernels.gpu.ternary import ABS_MEAN, STATS_BLOCK, abs_mean, finish_moments
 
 #: the largest bucket a program holds in registers; larger buckets take the PyTorch path
@@ -27,6 +27,8 @@ _SIGN_GROUPS = STATS_BLOCK // 8  # bytes of signs a program packs: its block is 
 _KIND_ORQ, _KIND_QSGD_L2, _KIND_QSGD_MAX = 0, 1, 2
 _KIND_BINGRAD, _KIND_ONEBIT = 0, 1
 _FLOAT32_MAX = tl.constexpr(3.4028234663852886e38)
+#: the max |x| (2^64) from which a bucket's sums for BinGrad's and 1-bit SGD's levels are of x scaled down
+_SCALED_FROM = tl.constexpr(18446744073709551616.0)
 
 
 def _check_bucket(bucket: int, what: str) -> None:
@@ -230,8 +232,12 @@ def quantize_levels(x: torch.Tensor, bucket: int, bits: int, kind: int, iteratio
 def _binary_kernel(x_ptr, tables_ptr, packed_ptr, n, nbytes, bucket, buckets, iterations, KIND: tl.constexpr,
                    ROWS: tl.constexpr, BLOCK: tl.constexpr):
     first, rows, x, valid, count = _bucket_block(x_ptr, n, bucket, buckets, ROWS, BLOCK)
+    # the sums of x times 2^-k, exactly, in a bucket whose max |x| has k > 64: float32's would overflow from |x| ~ 1e36
+    # (the CPU kernel sums those in float64); the means, at most max |x|, are float32's
+    top = tl.max(tl.abs(x), axis=1)
+    scale = tl.where(top >= _SCALED_FROM, power_scale(top), 1.0)
     if KIND == 0:  # BinGrad: the 2-level Lloyd-Max fixed point from the mean, at most ``iterations`` partitions
-        threshold = tl.div_rn(tl.sum(x, axis=1), tl.maximum(count, 1).to(tl.float32))
+        threshold = tl.div_rn(tl.sum(x * scale[:, None], axis=1), tl.maximum(count, 1).to(tl.float32)) / scale
     else:  # 1-bit SGD: the sign, levels the means of the negative and the non-negative values
         threshold = tl.zeros([ROWS], dtype=tl.float32)
     low = tl.zeros([ROWS], dtype=tl.float32)
@@ -245,10 +251,12 @@ def _binary_kernel(x_ptr, tables_ptr, packed_ptr, n, nbytes, bucket, buckets, it
         below = tl.sum(under.to(tl.int32), axis=1)
         above = count - below
         empty = threshold if KIND == 0 else tl.zeros([ROWS], dtype=tl.float32)  # an empty side's level
-        low = tl.where(active, tl.where(below > 0, tl.div_rn(tl.sum(tl.where(under, x, 0.0), axis=1),
-                                                             tl.maximum(below, 1).to(tl.float32)), empty), low)
-        high = tl.where(active, tl.where(above > 0, tl.div_rn(tl.sum(tl.where(over, x, 0.0), axis=1),
-                                                              tl.maximum(above, 1).to(tl.float32)), empty), high)
+        low = tl.where(active, tl.where(below > 0, tl.div_rn(tl.sum(tl.where(under, x * scale[:, None], 0.0), axis=1),
+                                                             tl.maximum(below, 1).to(tl.float32)) / scale,
+                                        empty), low)
+        high = tl.where(active, tl.where(above > 0, tl.div_rn(tl.sum(tl.where(over, x * scale[:, None], 0.0), axis=1),
+                                                              tl.maximum(above, 1).to(tl.float32)) / scale,
+                                         empty), high)
         # the sets {g < t} are nested, so an unchanged count is an unchanged partition: a fixed point
         go_on = active & (below != previous) & (sweep + 1 < iterations)
         previous = below
@@ -290,8 +298,11 @@ def _signs_kernel(x_ptr, packed_ptr, partial_ptr, n, key, COIN: tl.constexpr, MO
     lane = tl.arange(0, 8)
     elements = groups[:, None] * 8 + lane[None, :]
     x = tl.load(x_ptr + elements, mask=elements < n, other=1.0)
-    if MOMENTS:  # the block's sum |x| in its row of the moments (ternary._moments_kernel's block), for the scale
-        tl.store(partial_ptr + pid * 4 + 3, tl.sum(tl.abs(tl.reshape(tl.where(elements < n, x, 0.0), [GROUPS * 8]))))
+    if MOMENTS:  # the block's max |x| and scaled sum |x| in its row of the moments (ternary._moments_kernel's)
+        magnitude = tl.abs(tl.reshape(tl.where(elements < n, x, 0.0), [GROUPS * 8]))
+        top = tl.max(magnitude)
+        tl.store(partial_ptr + pid * 4 + 2, top)
+        tl.store(partial_ptr + pid * 4 + 3, tl.sum(magnitude * power_scale(top)))
     if COIN:  # an exact zero votes on a fair coin: bit j of splitmix64(key + group)
         coins = ((random_bits(key, groups)[:, None] >> lane[None, :].to(tl.uint64)) & 1).to(tl.int1)
     else:

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hvdcomp.kernels.gpu.common import seed_key, uniforms
+from hvdcomp.kernels.gpu.common import power_scale, seed_key, uniforms
 
 #: the entries one program of the moments' first pass sums (``finish_moments`` takes rows of this many)
 STATS_BLOCK = 4096
@@ -35,41 +35,32 @@ _TERNARY, ABS_MEAN = 0, 1
 @triton.jit(do_not_specialize=["n"])
 def _moments_kernel(x_ptr, partial_ptr, n, BLOCK: tl.constexpr):
     """Per block, a row of ``partial`` (float32): the sum and the sum of squared deviations from the block's own
-    mean, both of x times the block's :func:`_scale`, then max |x| and sum |x|. Deviations, not sum(x^2): in
-    float32, sum(x^2) - sum(x)^2 / n cancels where the mean is far above the spread; scaled (exactly, by a power of
-    two), so that neither the sum (|x| above ~1e34) nor the squares overflow (~1.8e19) or underflow (~1e-19)."""
+    mean, both of x times the block's :func:`power_scale`, then max |x| and sum |x| times that scale. Deviations, not
+    sum(x^2): in float32, sum(x^2) - sum(x)^2 / n cancels where the mean is far above the spread; scaled (exactly, by
+    a power of two), so that neither the sums (|x| above ~1e34) nor the squares overflow (~1.8e19) or underflow
+    (~1e-19)."""
     pid = tl.program_id(0).to(tl.int64)
     offsets = pid * BLOCK + tl.arange(0, BLOCK)
     valid = offsets < n
     x = tl.load(x_ptr + offsets, mask=valid, other=0.0)
-    magnitude = tl.abs(x)
-    top = tl.max(magnitude)
-    scaled = x * _scale(top)
+    top = tl.max(tl.abs(x))
+    scaled = x * power_scale(top)
     total = tl.sum(scaled)
     deviation = tl.where(valid, scaled - tl.div_rn(total, tl.minimum(n - pid * BLOCK, BLOCK).to(tl.float32)), 0.0)
     tl.store(partial_ptr + pid * 4 + 0, total)
     tl.store(partial_ptr + pid * 4 + 1, tl.sum(deviation * deviation))
     tl.store(partial_ptr + pid * 4 + 2, top)
-    tl.store(partial_ptr + pid * 4 + 3, tl.sum(magnitude))
-
-
-@triton.jit
-def _scale(top):
-    """2^-k for a block's max |x| = f 2^k, f in [0.5, 1) (``frexp``'s k, as the CPU kernel), k kept in [-125, 126]
-    so that 2^-k is a normal float32: from the max's exponent bits (the finalizing program computes it again)."""
-    biased = (top.to(tl.int32, bitcast=True) >> 23) & 0xFF
-    k = tl.minimum(tl.maximum(biased - 126, -125), 126)
-    return ((127 - k) << 23).to(tl.float32, bitcast=True)
+    tl.store(partial_ptr + pid * 4 + 3, tl.sum(tl.abs(scaled)))
 
 
 @triton.jit(do_not_specialize=["blocks", "n"])
 def _finish_kernel(partial_ptr, out_ptr, blocks, n, clip: tl.float64, MODE: tl.constexpr, ROW: tl.constexpr,
                    BLOCK: tl.constexpr):
     """One program: merges the rows of blocks of ``ROW`` entries (their scaled sums and deviations back in x's
-    units: :func:`_scale`) in float64 in a fixed order, then writes [bound, scaler] (TernGrad: c * sigma, and
-    min(max |x|, c * sigma); clip < 0 means no clipping) or [sum |x| / n] (the sign family, which reads only the rows'
-    sum |x|). Sigma merges the blocks' deviations as Chan et al. (1979) do: M2 = sum_b M2_b + sum_b n_b (mean_b -
-    mean)^2."""
+    units: :func:`power_scale` of the row's max) in float64 in a fixed order, then writes [bound, scaler] (TernGrad:
+    c * sigma, and min(max |x|, c * sigma); clip < 0 means no clipping) or [sum |x| / n] (the sign family, which
+    reads only the rows' max and sum |x|). Sigma merges the blocks' deviations as Chan et al. (1979) do: M2 =
+    sum_b M2_b + sum_b n_b (mean_b - mean)^2."""
     if MODE == 0:
         total = tl.zeros([BLOCK], dtype=tl.float64)
         absmax = tl.zeros([BLOCK], dtype=tl.float32)
@@ -78,7 +69,7 @@ def _finish_kernel(partial_ptr, out_ptr, blocks, n, clip: tl.float64, MODE: tl.c
             rows = start + tl.arange(0, BLOCK)
             mask = rows < blocks
             top = tl.load(partial_ptr + rows * 4 + 2, mask=mask, other=0.0)
-            total += tl.load(partial_ptr + rows * 4 + 0, mask=mask, other=0.0).to(tl.float64) / _scale(top)
+            total += tl.load(partial_ptr + rows * 4 + 0, mask=mask, other=0.0).to(tl.float64) / power_scale(top)
             absmax = tl.maximum(absmax, top)
             start += BLOCK
         mean = tl.sum(total) / n
@@ -88,7 +79,7 @@ def _finish_kernel(partial_ptr, out_ptr, blocks, n, clip: tl.float64, MODE: tl.c
             rows = start + tl.arange(0, BLOCK)
             mask = rows < blocks
             count = tl.maximum(tl.minimum(n - rows.to(tl.int64) * ROW, ROW), 1).to(tl.float64)
-            scale = _scale(tl.load(partial_ptr + rows * 4 + 2, mask=mask, other=0.0)).to(tl.float64)
+            scale = power_scale(tl.load(partial_ptr + rows * 4 + 2, mask=mask, other=0.0)).to(tl.float64)
             offset = tl.load(partial_ptr + rows * 4 + 0, mask=mask, other=0.0).to(tl.float64) / (scale * count) - mean
             spread = tl.load(partial_ptr + rows * 4 + 1, mask=mask, other=0.0).to(tl.float64) / (scale * scale)
             deviations += tl.where(mask, spread + count * offset * offset, 0.0)
@@ -102,7 +93,9 @@ def _finish_kernel(partial_ptr, out_ptr, blocks, n, clip: tl.float64, MODE: tl.c
         start = 0
         while start < blocks:
             rows = start + tl.arange(0, BLOCK)
-            absolute += tl.load(partial_ptr + rows * 4 + 3, mask=rows < blocks, other=0.0).to(tl.float64)
+            mask = rows < blocks
+            scale = power_scale(tl.load(partial_ptr + rows * 4 + 2, mask=mask, other=0.0)).to(tl.float64)
+            absolute += tl.load(partial_ptr + rows * 4 + 3, mask=mask, other=0.0).to(tl.float64) / scale
             start += BLOCK
         tl.store(out_ptr, (tl.sum(absolute) / n).to(tl.float32))
 
@@ -121,8 +114,8 @@ def _moments(x: torch.Tensor, mode: int, clip: float, results: int) -> torch.Ten
 
 def finish_moments(buffer: torch.Tensor, blocks: int, n: int, mode: int, clip: float, results: int) -> torch.Tensor:
     """The ``results`` values of ``mode`` from the partial rows of ``blocks`` blocks of ``STATS_BLOCK`` entries (sum,
-    sum of squared deviations from the block's mean, max |x|, sum |x|; ``ABS_MEAN`` reads only sum |x|) that follow
-    them in ``buffer``: one program."""
+    sum of squared deviations from the block's mean, max |x|, sum |x|, the sums times :func:`power_scale` of the max;
+    ``ABS_MEAN`` reads only the max and sum |x|) that follow them in ``buffer``: one program."""
     _finish_kernel[(1,)](buffer[results:], buffer, blocks, n, clip, MODE=mode, ROW=STATS_BLOCK, BLOCK=_FINAL_BLOCK,
                          enable_fp_fusion=False)
     return buffer[:results]
