@@ -953,6 +953,38 @@ def test_sign_scales_and_binary_levels_beyond_float32_sums_equal_the_cpu_kernels
             f"{method}, output {index}: {got.cpu()} against the CPU kernels' {expected}"
 
 
+def test_each_kernel_runs_on_its_tensors_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every function of the Triton kernels' interface switches the current CUDA device (where Triton launches) to
+    its first tensor's GPU for its run, and only where that is another: tensors on GPU 1 with GPU 0 current (a model
+    split across GPUs), a list of tensors first. (The devices stood in for: these machines have one GPU each.)"""
+    events: list[object] = []
+
+    @contextmanager
+    def device(index: int) -> Iterator[None]:
+        events.append(("switch to", index))
+        yield
+        events.append("back")
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device", device)
+
+    class OnGpu1(torch.Tensor):
+        def get_device(self) -> int:
+            return 1
+
+    class OnGpu0(torch.Tensor):
+        def get_device(self) -> int:
+            return 0
+
+    run = gpu._on_their_device(lambda *args, **kwargs: events.append("run"))
+    on_0, on_1, on_cpu = torch.zeros(1).as_subclass(OnGpu0), torch.zeros(1).as_subclass(OnGpu1), torch.zeros(1)
+    for args in ((on_0, on_1), (on_cpu, on_1), (on_1, on_0), ([on_1], on_1)):
+        run(*args, seed=0)
+    assert events == ["run", "run", ("switch to", 1), "run", "back", ("switch to", 1), "run", "back"], events
+    interface = [name for name in gpu.__all__ if callable(getattr(gpu, name))]
+    assert len(interface) > 25 and all(getattr(gpu, name).__wrapped__ for name in interface), interface
+
+
 def test_larger_buckets_than_registers_hold_take_the_torch_path(monkeypatch: pytest.MonkeyPatch) -> None:
     if not CUDA:
         monkeypatch.setenv("HVDCOMP_KERNELS", "triton")

@@ -17,10 +17,17 @@ divisions and square roots are the correctly rounded ``tl.div_rn`` and ``tl.sqrt
 correctly). Sums are another matter: the GPU adds in a tree, the CPU in its own order (or in float64), so codes and
 levels are the same bits on both where the sums are exact (the tests' dyadic inputs), and differ by rounding
 elsewhere.
+Each function runs with its tensors' GPU as the current CUDA device (:func:`_on_their_device`).
 Triton's interpreter (``TRITON_INTERPRET=1`` in the environment before this package is imported) runs the same
 kernels on CPU tensors: that is how they are tested without a GPU, and tests/test_triton.py puts a covering set of
 the launches those tests made through Triton's compiler front end for a Hopper GPU (sm_90), which needs no GPU either.
 """
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
 
 from hvdcomp.kernels.gpu.lowrank import (
     MAX_PRODUCT_RANK,
@@ -60,3 +67,25 @@ __all__ = ["MAX_BUCKET", "MAX_NORMS", "MAX_PRODUCT_RANK", "MAX_PRODUCT_SIDE", "a
            "quantize_levels", "randomk_select", "release", "sign_vote", "sketch_bucket_counts", "sketch_candidates",
            "sketch_encode", "sketch_peel", "sketch_rows", "squared_norms", "ternarize_pack", "ternary_statistics",
            "threshold_fit", "topk", "unpack_sum"]
+
+
+def _on_their_device(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function`` run with the GPU of its first tensor argument as the current CUDA device. Triton launches on the
+    current device and its stream, where PyTorch's operators take their tensors' device: in a process whose tensors
+    are on several GPUs (a model split across them) a kernel would otherwise run on another GPU than its tensors',
+    unordered with their stream. Where the device is current already (one GPU per rank), one check and no switch."""
+    @functools.wraps(function)
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        first = args[0]  # a tensor, or a list of them followed by one
+        tensor = first if isinstance(first, torch.Tensor) else next(a for a in args if isinstance(a, torch.Tensor))
+        index = tensor.get_device()  # -1 on CPU (the interpreter)
+        if index < 0 or index == torch.cuda.current_device():
+            return function(*args, **kwargs)
+        with torch.cuda.device(index):
+            return function(*args, **kwargs)
+    return guarded
+
+
+for _name in __all__:  # every function of this package's interface (not its constants)
+    if callable(globals()[_name]):
+        globals()[_name] = _on_their_device(globals()[_name])
