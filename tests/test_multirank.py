@@ -57,7 +57,7 @@ _launches: dict[tuple[tuple[str, ...], str, int], Ranks] = {}
 #: 4-rank launches: there Gloo runs them on 2 ranks, and MPI on 4 (hvdcomp has no path of its own per controller;
 #: test_process_sets still starts 4 ranks under Gloo).
 LAYOUTS = [pytest.param(controller, np, marks=pytest.mark.skipif(
-    controller == "gloo" and np > len(os.sched_getaffinity(0)),
+    controller == "gloo" and np > max(2, len(os.sched_getaffinity(0))),
     reason=f"Gloo on {np} ranks over fewer cores: MPI runs the scenarios on {np} ranks, Gloo on 2"))
     for controller in CONTROLLERS for np in (2, 4)]
 

@@ -353,7 +353,8 @@ def test_the_cpu_decoder_reads_no_byte_past_a_short_payload() -> None:
 
 @pytest.mark.parametrize("method", ["signsgd", "efsignsgd", "onebit", "bingrad"])
 def test_sign_scales_and_binary_levels_hold_beyond_float32_sums(path: str, method: str) -> None:
-    """Sums of |x| overflow float32 from |x| ~ 1e36 in a bucket of 512 (~2.6e36 in the CPU kernels' lanes): the sign
+    """Sums of |x| overflow float32 from |x| ~ 1e36 in a bucket of 512 (the CPU kernels' lanes from ~2.6e36 for the
+    scale, ~5e36 for the levels): the sign
     family's scale and 1-bit SGD's and BinGrad's levels are summed in float64 there (scaled, in the Triton kernels),
     so a gradient at any magnitude whose 2-rank sum float32 holds decodes finite, with what the method keeps kept: the
     L1 norm (the sign family) or each bucket's sum (the binary quantizers' levels are their sides' means); and the

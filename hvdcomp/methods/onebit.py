@@ -41,8 +41,11 @@ class OneBit(BucketQuantizer):
     def quantize_torch(self, x: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
         xb, valid = buckets(x, self.bucket(x.numel()))
         negative = (xb < 0) & valid
-        positive = ~negative & valid
-        # summed in float64, as the kernels where float32's sums overflow (|x| above ~1e36); the means are float32's
-        levels = torch.stack([torch.where(side, xb, 0).sum(dim=1, dtype=torch.float64) / side.sum(dim=1).clamp(min=1)
-                              for side in (negative, positive)], dim=1).float()
+        count = negative.sum(dim=1)
+        # as the CPU kernel: the negative side's sum and the bucket's, in float64 (float32's overflow from |x| ~ 1e36;
+        # the means are float32's); the other side's the difference
+        total = xb.sum(dim=1, dtype=torch.float64)
+        below = torch.where(negative, xb, 0).sum(dim=1, dtype=torch.float64)
+        levels = torch.stack([below / count.clamp(min=1), (total - below) / (valid.sum(dim=1) - count).clamp(min=1)],
+                             dim=1).float()
         return levels, pack_bits((~negative).reshape(-1)[:x.numel()].to(torch.uint8), 1)

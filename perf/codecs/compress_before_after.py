@@ -10,6 +10,7 @@ base first in even alternations and last in odd ones, so that a change of load o
 Rows, tagged ``before: COMMIT`` or ``after`` (with this tree's commit, ``+`` where it has uncommitted changes, the
 date and the machine), are appended to perf/results/OUT; per method the medians of compress + decompress GB/s on
 each side, their ranges and the ratio after / before are printed. One timing run at a time on this 2-core machine.
+``HVDCOMP_KERNELS=0`` in the environment times the PyTorch path instead of the CPU kernels (rows say which).
 
 ``--step`` times a training step's work on one gradient instead (:data:`STEP`, through the public API, so that any
 base runs it): with the method's default memory (error feedback, momentum correction), ``agree``, ``compress`` (the
@@ -98,6 +99,7 @@ def main() -> None:
                         row = {"side": side, "alternation": alternation, "after_commit": after + "+" * dirty,
                                "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                                "machine": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+                               "kernels": os.environ.get("HVDCOMP_KERNELS", "default"),
                                **run(tree, method, args.numel, args.repeats, args.step)}
                         rows.append(row)
                         with open(RESULTS / args.out, "a") as out:

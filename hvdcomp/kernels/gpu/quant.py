@@ -27,7 +27,7 @@ _SIGN_GROUPS = STATS_BLOCK // 8  # bytes of signs a program packs: its block is 
 _KIND_ORQ, _KIND_QSGD_L2, _KIND_QSGD_MAX = 0, 1, 2
 _KIND_BINGRAD, _KIND_ONEBIT = 0, 1
 _FLOAT32_MAX = tl.constexpr(3.4028234663852886e38)
-#: the max |x| (2^64) from which a bucket's sums for BinGrad's and 1-bit SGD's levels are of x scaled down
+#: the max |x| (2^64) from which a bucket's sums for BinGrad's and 1-bit SGD's levels are of x scaled down to it
 _SCALED_FROM = tl.constexpr(18446744073709551616.0)
 
 
@@ -232,12 +232,14 @@ def quantize_levels(x: torch.Tensor, bucket: int, bits: int, kind: int, iteratio
 def _binary_kernel(x_ptr, tables_ptr, packed_ptr, n, nbytes, bucket, buckets, iterations, KIND: tl.constexpr,
                    ROWS: tl.constexpr, BLOCK: tl.constexpr):
     first, rows, x, valid, count = _bucket_block(x_ptr, n, bucket, buckets, ROWS, BLOCK)
-    # the sums of x times 2^-k, exactly, in a bucket whose max |x| has k > 64: float32's would overflow from |x| ~ 1e36
-    # (the CPU kernel sums those in float64); the means, at most max |x|, are float32's
+    # In a bucket whose finite max |x| is 2^64 or more, the sums are of x times 2^(64 - k) (exactly, k the max's
+    # exponent; float32's sums of x would overflow from |x| ~ 1e36, and the CPU kernel sums those in float64), and
+    # each mean is one correctly rounded division by the count times that scale: in other buckets (scale 1) the bits
+    # of an unscaled sum and division.
     top = tl.max(tl.abs(x), axis=1)
-    scale = tl.where(top >= _SCALED_FROM, power_scale(top), 1.0)
+    scale = tl.where((top >= _SCALED_FROM) & (top <= _FLOAT32_MAX), power_scale(top) * _SCALED_FROM, 1.0)
     if KIND == 0:  # BinGrad: the 2-level Lloyd-Max fixed point from the mean, at most ``iterations`` partitions
-        threshold = tl.div_rn(tl.sum(x * scale[:, None], axis=1), tl.maximum(count, 1).to(tl.float32)) / scale
+        threshold = tl.div_rn(tl.sum(x * scale[:, None], axis=1), tl.maximum(count, 1).to(tl.float32) * scale)
     else:  # 1-bit SGD: the sign, levels the means of the negative and the non-negative values
         threshold = tl.zeros([ROWS], dtype=tl.float32)
     low = tl.zeros([ROWS], dtype=tl.float32)
@@ -252,11 +254,10 @@ def _binary_kernel(x_ptr, tables_ptr, packed_ptr, n, nbytes, bucket, buckets, it
         above = count - below
         empty = threshold if KIND == 0 else tl.zeros([ROWS], dtype=tl.float32)  # an empty side's level
         low = tl.where(active, tl.where(below > 0, tl.div_rn(tl.sum(tl.where(under, x * scale[:, None], 0.0), axis=1),
-                                                             tl.maximum(below, 1).to(tl.float32)) / scale,
-                                        empty), low)
+                                                             tl.maximum(below, 1).to(tl.float32) * scale), empty), low)
         high = tl.where(active, tl.where(above > 0, tl.div_rn(tl.sum(tl.where(over, x * scale[:, None], 0.0), axis=1),
-                                                              tl.maximum(above, 1).to(tl.float32)) / scale,
-                                         empty), high)
+                                                              tl.maximum(above, 1).to(tl.float32) * scale), empty),
+                        high)
         # the sets {g < t} are nested, so an unchanged count is an unchanged partition: a fixed point
         go_on = active & (below != previous) & (sweep + 1 < iterations)
         previous = below
