@@ -57,8 +57,8 @@ def uniforms(key, first_pair, ROWS: tl.constexpr, COLS: tl.constexpr, ROW_PAIRS)
 def power_scale(top):
     """2^-k for a block's max |x| = f 2^k, f in [0.5, 1) (``frexp``'s k, as the CPU kernels), k kept in [-125, 126]
     so that 2^-k is a normal float32: from the max's exponent bits. x times it is below 1 in magnitude (below 4 where
-    k is kept at 126) and exact (a power of two) but for values 2^150 times smaller than the max, so a block's sums of
-    it do not overflow (|x| above ~1e34 in float32) nor, squared, underflow."""
+    k is kept at 126), and exact (a power of two) but for values over 2^125 times smaller than the max, which lose
+    bits: a block's sums of it do not overflow (|x| above ~1e34 in float32) nor, squared, underflow."""
     biased = (top.to(tl.int32, bitcast=True) >> 23) & 0xFF
     k = tl.minimum(tl.maximum(biased - 126, -125), 126)
     return ((127 - k) << 23).to(tl.float32, bitcast=True)
