@@ -232,14 +232,15 @@ def quantize_levels(x: torch.Tensor, bucket: int, bits: int, kind: int, iteratio
 def _binary_kernel(x_ptr, tables_ptr, packed_ptr, n, nbytes, bucket, buckets, iterations, KIND: tl.constexpr,
                    ROWS: tl.constexpr, BLOCK: tl.constexpr):
     first, rows, x, valid, count = _bucket_block(x_ptr, n, bucket, buckets, ROWS, BLOCK)
-    # In a bucket whose finite max |x| is 2^64 or more, the sums are of x times 2^(64 - k) (exactly, k the max's
-    # exponent; float32's sums of x would overflow from |x| ~ 1e36, and the CPU kernel sums those in float64), and
-    # each mean is one correctly rounded division by the count times that scale: in other buckets (scale 1) the bits
-    # of an unscaled sum and division.
+    # A bucket whose finite max |x| is 2^64 or more is taken times 2^(64 - k) (exactly: k the max's exponent; float32's
+    # sums of x would overflow from |x| ~ 1e36, where the CPU kernel sums in float64): its levels, threshold and
+    # partitions are those of x in these units, each level divided back at the store (exactly). Other buckets are
+    # taken as they are (scale 1): the bits of unscaled sums.
     top = tl.max(tl.abs(x), axis=1)
     scale = tl.where((top >= _SCALED_FROM) & (top <= _FLOAT32_MAX), power_scale(top) * _SCALED_FROM, 1.0)
+    x = x * scale[:, None]
     if KIND == 0:  # BinGrad: the 2-level Lloyd-Max fixed point from the mean, at most ``iterations`` partitions
-        threshold = tl.div_rn(tl.sum(x * scale[:, None], axis=1), tl.maximum(count, 1).to(tl.float32) * scale)
+        threshold = tl.div_rn(tl.sum(x, axis=1), tl.maximum(count, 1).to(tl.float32))
     else:  # 1-bit SGD: the sign, levels the means of the negative and the non-negative values
         threshold = tl.zeros([ROWS], dtype=tl.float32)
     low = tl.zeros([ROWS], dtype=tl.float32)
@@ -253,11 +254,10 @@ def _binary_kernel(x_ptr, tables_ptr, packed_ptr, n, nbytes, bucket, buckets, it
         below = tl.sum(under.to(tl.int32), axis=1)
         above = count - below
         empty = threshold if KIND == 0 else tl.zeros([ROWS], dtype=tl.float32)  # an empty side's level
-        low = tl.where(active, tl.where(below > 0, tl.div_rn(tl.sum(tl.where(under, x * scale[:, None], 0.0), axis=1),
-                                                             tl.maximum(below, 1).to(tl.float32) * scale), empty), low)
-        high = tl.where(active, tl.where(above > 0, tl.div_rn(tl.sum(tl.where(over, x * scale[:, None], 0.0), axis=1),
-                                                              tl.maximum(above, 1).to(tl.float32) * scale), empty),
-                        high)
+        low = tl.where(active, tl.where(below > 0, tl.div_rn(tl.sum(tl.where(under, x, 0.0), axis=1),
+                                                             tl.maximum(below, 1).to(tl.float32)), empty), low)
+        high = tl.where(active, tl.where(above > 0, tl.div_rn(tl.sum(tl.where(over, x, 0.0), axis=1),
+                                                              tl.maximum(above, 1).to(tl.float32)), empty), high)
         # the sets {g < t} are nested, so an unchanged count is an unchanged partition: a fixed point
         go_on = active & (below != previous) & (sweep + 1 < iterations)
         previous = below
@@ -265,8 +265,8 @@ def _binary_kernel(x_ptr, tables_ptr, packed_ptr, n, nbytes, bucket, buckets, it
         active = go_on
         sweep += 1
     live = rows < buckets
-    tl.store(tables_ptr + rows * 2, low, mask=live)
-    tl.store(tables_ptr + rows * 2 + 1, high, mask=live)
+    tl.store(tables_ptr + rows * 2, tl.div_rn(low, scale), mask=live)
+    tl.store(tables_ptr + rows * 2 + 1, tl.div_rn(high, scale), mask=live)
     codes = tl.where(valid & (x >= threshold[:, None]), 1, 0)
     store_packed(packed_ptr, codes, first * (bucket // 8), ROWS, BLOCK, bucket // 8, (count[:, None] + 7) // 8,
                  nbytes, 1)
