@@ -374,6 +374,15 @@ def test_sign_scales_and_binary_levels_hold_beyond_float32_sums(path: str, metho
     assert ((sums - expected).abs() <= 1e-6 * magnitude).all(), (sums, expected)
 
 
+def test_bingrad_threshold_holds_where_its_levels_sum_overflows(path: str) -> None:
+    """BinGrad's threshold, the midpoint of its levels, where their sum overflows float32 (both above ~1.7e38): halved
+    first, so a bucket of two values that large is sent exactly, not with an infinite level."""
+    x = torch.tensor([2.0**127, 2.0**127, 1.5 * 2.0**127, 1.5 * 2.0**127] * 2)
+    compressor = BinGrad(bucket_size=8)
+    payload, meta = compressor.compress(x, {}, Context.local(x))
+    assert torch.equal(compressor.decompress(payload, meta), x), payload[0]
+
+
 def test_qsgd_l2_norm_holds_beyond_float32_squares(path: str) -> None:
     """Squares of |x| above ~1.8e19 overflow float32 and below ~1e-19 underflow it: the L2 norm is summed in float64
     there, and one beyond float32's range is its largest value (>= every |x|), so the bucket is sent (unbiased), not

@@ -953,6 +953,25 @@ def test_sign_scales_and_binary_levels_beyond_float32_sums_equal_the_cpu_kernels
             f"{method}, output {index}: {got.cpu()} against the CPU kernels' {expected}"
 
 
+@pytest.mark.parametrize(("method", "values"), [
+    ("onebit", [2.0**127, -1e-30, 1, 1, 1, 1, 1, 1]),  # -1e-30 under float32's normal range once scaled
+    ("onebit", [2.0**64, -2.0**-149, 1, 1, 1, 1, 1, 1]),
+    ("bingrad", [2.0**127, 2.0**127, 1.5 * 2.0**127, 1.5 * 2.0**127] * 2)])  # its levels' sum overflows
+def test_binary_codes_of_scaled_buckets_equal_the_cpu_kernels(cpu: object, method: str, values: list[float],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Buckets the binary kernel takes in scaled units (max |x| 2^64 or more): its codes are the CPU kernels' (a value
+    too small to scale keeps its sign) and its levels theirs to 1e-6 of the bucket's max."""
+    x = torch.tensor(values)
+    compressor = make_compressor(method, {"bucket_size": 8}, error_feedback=False)
+    expected = compressor.compress(x, {}, Context.local(x))[0]
+    if not CUDA:
+        monkeypatch.setenv("HVDCOMP_KERNELS", "triton")
+    moved = x.to(DEVICE)
+    levels, codes = compressor.compress(moved, {}, Context.local(moved))[0]
+    same(expected[1], codes, f"{method}, codes")
+    assert ((levels.cpu() - expected[0]).abs() <= 1e-6 * x.abs().max()).all(), (levels, expected[0])
+
+
 def test_each_kernel_runs_on_its_tensors_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every function of the Triton kernels' interface switches the current CUDA device (where Triton launches) to
     its first tensor's GPU for its run, and only where that is another: tensors on GPU 1 with GPU 0 current (a model

@@ -134,6 +134,12 @@ inline void below(const float* v, int64_t m, float t, double& sum_below, int64_t
   }
 }
 
+// (a + b) / 2, halved first where the sum overflows (both above ~1.7e38): as the Triton kernel's scaled units give it.
+inline float midpoint(float a, float b) {
+  const float sum = a + b;
+  return std::isfinite(sum) || !std::isfinite(a) || !std::isfinite(b) ? 0.5f * sum : 0.5f * a + 0.5f * b;
+}
+
 // Eight 24-bit uniforms in [0, 1) for group ``group``: four splitmix64 draws, two per call.
 inline void uniforms8(uint64_t key, int64_t group, float* u) {
   for (int i = 0; i < 4; ++i) {
@@ -366,7 +372,7 @@ std::vector<torch::Tensor> quantize_binary(const torch::Tensor& x, int64_t bucke
         threshold = static_cast<float>(sum_all / m);
         // Up to ``iterations`` partitions; the sets {g < t} are nested, so an unchanged count is an unchanged
         // partition: a fixed point, where further iterations would change nothing.
-        for (int64_t it = 0; cells(threshold) && it + 1 < iterations; ++it) threshold = 0.5f * (low + high);
+        for (int64_t it = 0; cells(threshold) && it + 1 < iterations; ++it) threshold = midpoint(low, high);
       }
       table[2 * b] = low;
       table[2 * b + 1] = high;

@@ -62,7 +62,9 @@ class BinGrad(BucketQuantizer):
             levels[:, 0] = torch.where(count_under > 0, sum_under / count_under.clamp(min=1), threshold)
             levels[:, 1] = torch.where(count_over > 0, (total - sum_under) / count_over.clamp(min=1), threshold)
             cut = threshold
-            if iteration + 1 < self.iterations:
-                threshold = levels.mean(dim=1)
+            if iteration + 1 < self.iterations:  # the levels' midpoint, halved first where their sum overflows
+                summed = levels.sum(dim=1)
+                halves = 0.5 * levels[:, 0] + 0.5 * levels[:, 1]
+                threshold = torch.where(summed.isinf() & levels.isfinite().all(dim=1), halves, 0.5 * summed)
         codes = (xb >= cut.unsqueeze(1)).reshape(-1)[:x.numel()].to(torch.uint8)
         return levels, pack_bits(codes, 1)

@@ -49,9 +49,10 @@ def _stand_ins() -> None:
                        residual_scale: float | None = None) -> torch.Tensor:
         return ps.new_empty(sum(m.numel() for m in matrices))
 
-    gpu.products, gpu.approximations = products, approximations
-    gpu.orthogonalize_parts = lambda flat, rows, rank, epsilon=0.0: flat
-    gpu.orthogonalize = lambda matrix, epsilon=0.0: matrix
+    # each wrapped as the kernels' interface wraps its functions (its device check is the host's too)
+    gpu.products, gpu.approximations = gpu._on_their_device(products), gpu._on_their_device(approximations)
+    gpu.orthogonalize_parts = gpu._on_their_device(lambda flat, rows, rank, epsilon=0.0: flat)
+    gpu.orthogonalize = gpu._on_their_device(lambda matrix, epsilon=0.0: matrix)
     torch._foreach_add_ = lambda *args, **kwargs: None
 
 

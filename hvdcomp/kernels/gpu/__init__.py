@@ -76,9 +76,10 @@ def _on_their_device(function: Callable[..., Any]) -> Callable[..., Any]:
     unordered with their stream. Where the device is current already (one GPU per rank), one check and no switch."""
     @functools.wraps(function)
     def guarded(*args: Any, **kwargs: Any) -> Any:
-        first = args[0]  # a tensor, or a list of them followed by one
-        tensor = first if isinstance(first, torch.Tensor) else next(a for a in args if isinstance(a, torch.Tensor))
-        index = tensor.get_device()  # -1 on CPU (the interpreter)
+        first = args[0] if args else None  # a tensor, or a list of them followed by one
+        tensor = first if isinstance(first, torch.Tensor) else next(
+            (a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
+        index = -1 if tensor is None else tensor.get_device()  # -1 on CPU (the interpreter)
         if index < 0 or index == torch.cuda.current_device():
             return function(*args, **kwargs)
         with torch.cuda.device(index):

@@ -27,8 +27,9 @@ _SIGN_GROUPS = STATS_BLOCK // 8  # bytes of signs a program packs: its block is 
 _KIND_ORQ, _KIND_QSGD_L2, _KIND_QSGD_MAX = 0, 1, 2
 _KIND_BINGRAD, _KIND_ONEBIT = 0, 1
 _FLOAT32_MAX = tl.constexpr(3.4028234663852886e38)
-#: the max |x| (2^64) from which a bucket's sums for BinGrad's and 1-bit SGD's levels are of x scaled down to it
+#: the max |x| (2^64) from which BinGrad and 1-bit SGD take a bucket in scaled units (``_binary_kernel``)
 _SCALED_FROM = tl.constexpr(18446744073709551616.0)
+_MIN_NORMAL = tl.constexpr(1.1754943508222875e-38)  # 2^-126
 
 
 def _check_bucket(bucket: int, what: str) -> None:
@@ -232,13 +233,15 @@ def quantize_levels(x: torch.Tensor, bucket: int, bits: int, kind: int, iteratio
 def _binary_kernel(x_ptr, tables_ptr, packed_ptr, n, nbytes, bucket, buckets, iterations, KIND: tl.constexpr,
                    ROWS: tl.constexpr, BLOCK: tl.constexpr):
     first, rows, x, valid, count = _bucket_block(x_ptr, n, bucket, buckets, ROWS, BLOCK)
-    # A bucket whose finite max |x| is 2^64 or more is taken times 2^(64 - k) (exactly: k the max's exponent; float32's
-    # sums of x would overflow from |x| ~ 1e36, where the CPU kernel sums in float64): its levels, threshold and
-    # partitions are those of x in these units, each level divided back at the store (exactly). Other buckets are
-    # taken as they are (scale 1): the bits of unscaled sums.
+    # A bucket whose finite max |x| is 2^64 or more is taken times a power of two that brings the max below 2^66
+    # (float32's sums of x would overflow from |x| ~ 1e36, where the CPU kernel sums in float64): its levels, threshold
+    # and partitions are those of x in these units, each level divided back at the store. That is exact but for
+    # values over 2^190 below the max, which would fall below float32's normal range: they are taken as +-2^-126,
+    # their signs (1-bit SGD's codes) kept. Other buckets are taken as they are (scale 1): the bits of unscaled sums.
     top = tl.max(tl.abs(x), axis=1)
     scale = tl.where((top >= _SCALED_FROM) & (top <= _FLOAT32_MAX), power_scale(top) * _SCALED_FROM, 1.0)
-    x = x * scale[:, None]
+    scaled = x * scale[:, None]
+    x = tl.where((tl.abs(scaled) < _MIN_NORMAL) & (x != 0), tl.where(x < 0, -_MIN_NORMAL, _MIN_NORMAL), scaled)
     if KIND == 0:  # BinGrad: the 2-level Lloyd-Max fixed point from the mean, at most ``iterations`` partitions
         threshold = tl.div_rn(tl.sum(x, axis=1), tl.maximum(count, 1).to(tl.float32))
     else:  # 1-bit SGD: the sign, levels the means of the negative and the non-negative values
@@ -265,8 +268,8 @@ def _binary_kernel(x_ptr, tables_ptr, packed_ptr, n, nbytes, bucket, buckets, it
         active = go_on
         sweep += 1
     live = rows < buckets
-    tl.store(tables_ptr + rows * 2, tl.div_rn(low, scale), mask=live)
-    tl.store(tables_ptr + rows * 2 + 1, tl.div_rn(high, scale), mask=live)
+    tl.store(tables_ptr + rows * 2, tl.where(scale == 1.0, low, tl.div_rn(low, scale)), mask=live)
+    tl.store(tables_ptr + rows * 2 + 1, tl.where(scale == 1.0, high, tl.div_rn(high, scale)), mask=live)
     codes = tl.where(valid & (x >= threshold[:, None]), 1, 0)
     store_packed(packed_ptr, codes, first * (bucket // 8), ROWS, BLOCK, bucket // 8, (count[:, None] + 7) // 8,
                  nbytes, 1)
