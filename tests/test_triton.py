@@ -972,6 +972,21 @@ def test_binary_codes_of_scaled_buckets_equal_the_cpu_kernels(cpu: object, metho
     assert ((levels.cpu() - expected[0]).abs() <= 1e-6 * x.abs().max()).all(), (levels, expected[0])
 
 
+@pytest.mark.parametrize("method", ["onebit", "bingrad"])
+def test_binary_levels_of_subnormal_values_equal_the_cpu_kernels(cpu: object, method: str,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bucket the binary kernel takes as it is (max |x| under 2^64) keeps its subnormal values: its codes and
+    levels are the CPU kernels' bits."""
+    x = torch.tensor([1e-39, -2e-39, -3e-40, 4e-39, 2.0**-149, -(2.0**-149), 0.0, 1e-39])
+    compressor = make_compressor(method, {"bucket_size": 8}, error_feedback=False)
+    expected = compressor.compress(x, {}, Context.local(x))[0]
+    if not CUDA:
+        monkeypatch.setenv("HVDCOMP_KERNELS", "triton")
+    moved = x.to(DEVICE)
+    for index, got in enumerate(compressor.compress(moved, {}, Context.local(moved))[0]):
+        same(expected[index], got, f"{method}, output {index}")
+
+
 def test_each_kernel_runs_on_its_tensors_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every function of the Triton kernels' interface switches the current CUDA device (where Triton launches) to
     its first tensor's GPU for its run, and only where that is another: tensors on GPU 1 with GPU 0 current (a model

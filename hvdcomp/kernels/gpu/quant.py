@@ -241,7 +241,8 @@ def _binary_kernel(x_ptr, tables_ptr, packed_ptr, n, nbytes, bucket, buckets, it
     top = tl.max(tl.abs(x), axis=1)
     scale = tl.where((top >= _SCALED_FROM) & (top <= _FLOAT32_MAX), power_scale(top) * _SCALED_FROM, 1.0)
     scaled = x * scale[:, None]
-    x = tl.where((tl.abs(scaled) < _MIN_NORMAL) & (x != 0), tl.where(x < 0, -_MIN_NORMAL, _MIN_NORMAL), scaled)
+    lost = (scale < 1.0)[:, None] & (tl.abs(scaled) < _MIN_NORMAL) & (x != 0)  # (a subnormal x unscaled stays)
+    x = tl.where(lost, tl.where(x < 0, -_MIN_NORMAL, _MIN_NORMAL), scaled)
     if KIND == 0:  # BinGrad: the 2-level Lloyd-Max fixed point from the mean, at most ``iterations`` partitions
         threshold = tl.div_rn(tl.sum(x, axis=1), tl.maximum(count, 1).to(tl.float32))
     else:  # 1-bit SGD: the sign, levels the means of the negative and the non-negative values
