@@ -1,5 +1,6 @@
 """Shared helpers: start real Horovod ranks with mpirun (MPI controller) or horovodrun --gloo (Gloo); run a test
-on a method's fused CPU kernels and on its pure-PyTorch path; a gradient at float32's largest magnitudes."""
+on a method's fused CPU kernels and on its pure-PyTorch path; a gradient at float32's largest magnitudes, and one
+with NaN and infinite entries."""
 
 from __future__ import annotations
 
@@ -40,6 +41,17 @@ def huge_gradient() -> torch.Tensor:
         part = x[512 * bucket:512 * (bucket + 1)]
         part *= top / part.abs().max()
     return x.float()
+
+
+def nonfinite_buckets() -> torch.Tensor:
+    """Six buckets of 8 multiples of 1/8: with a NaN, +Inf, -Inf, both infinities, all NaN, and none."""
+    base = torch.arange(-3, 5).float() / 8
+    buckets = []
+    for bad in ([float("nan")], [float("inf")], [-float("inf")], [float("inf"), -float("inf")], [float("nan")] * 8, []):
+        bucket = base.clone()
+        bucket[:len(bad)] = torch.tensor(bad)
+        buckets.append(bucket)
+    return torch.cat(buckets)
 
 
 @dataclass

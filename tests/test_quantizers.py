@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from conftest import huge_gradient
+from conftest import huge_gradient, nonfinite_buckets
 from torch import nn
 
 from hvdcomp import ORQ, QSGD, BinGrad, Context, ErrorFeedback, OneBit, SignSGD, make_compressor, wire
@@ -372,6 +372,22 @@ def test_sign_scales_and_binary_levels_hold_beyond_float32_sums(path: str, metho
         sums, expected = decoded.view(-1, 512).sum(1), x.double().view(-1, 512).sum(1)
         magnitude = x.double().view(-1, 512).abs().sum(1)
     assert ((sums - expected).abs() <= 1e-6 * magnitude).all(), (sums, expected)
+
+
+@pytest.mark.skipif(cpu_kernels() is None, reason="no C++ compiler: the PyTorch paths only")
+@pytest.mark.parametrize("method", ["onebit", "bingrad"])
+def test_binary_payloads_of_nonfinite_buckets_are_the_same_on_both_paths(monkeypatch: pytest.MonkeyPatch,
+                                                                        method: str) -> None:
+    """Buckets holding NaN or infinities (which the optimizer then reports on every rank) are sent alike by the CPU
+    kernels and the PyTorch path: the same levels, NaN where the bucket's sum less the lower side's is, and the same
+    codes (a NaN is not >= the threshold: code 0)."""
+    x = nonfinite_buckets()
+    compressor = make_compressor(method, {"bucket_size": 8}, error_feedback=False)
+    expected, _ = compressor.compress(x, {}, Context.local(x))
+    monkeypatch.setenv("HVDCOMP_KERNELS", "0")
+    got, _ = compressor.compress(x, {}, Context.local(x))
+    torch.testing.assert_close(got[0], expected[0], rtol=0, atol=0, equal_nan=True)
+    assert torch.equal(got[1], expected[1]), (unpack_bits(got[1], 1, x.numel()), unpack_bits(expected[1], 1, x.numel()))
 
 
 def test_bingrad_threshold_holds_where_its_levels_sum_overflows(path: str) -> None:

@@ -36,7 +36,7 @@ if not CUDA:
 
 triton = pytest.importorskip("triton")
 
-from conftest import huge_gradient  # noqa: E402
+from conftest import huge_gradient, nonfinite_buckets  # noqa: E402
 from operators import Operators  # noqa: E402
 from triton_compile import compile_for, covering, recording  # noqa: E402
 
@@ -185,6 +185,19 @@ def test_binary_levels_and_codes_equal_the_cpu_kernels(cpu: object, n: int) -> N
     got = gpu.quantize_binary(*on_device(x), 64, 0, 4)
     torch.testing.assert_close(got[0].cpu(), tables, rtol=1e-5, atol=1e-6)
     same(packed, got[1], "bingrad codes of a Gaussian tensor")
+
+
+def test_binary_levels_and_codes_of_nan_and_infinite_inputs_equal_the_cpu_kernels(cpu: object) -> None:
+    """Buckets holding NaN, +-Inf or both infinities (which the optimizer then reports on every rank): the levels are
+    the CPU kernels' (NaN where theirs is: the upper level is the bucket's sum less the lower side's) and so are the
+    codes (NaN codes 0: it is not >= the threshold)."""
+    x = nonfinite_buckets()
+    for kind, iterations in ((0, 1), (0, 4), (1, 0)):
+        tables, packed = cpu.quantize_binary(x, 8, kind, iterations)
+        got = gpu.quantize_binary(*on_device(x), 8, kind, iterations)
+        torch.testing.assert_close(got[0].cpu(), tables, rtol=0, atol=0, equal_nan=True,
+                                   msg=lambda m, kind=kind: f"kind {kind}: {m}")
+        same(packed, got[1], f"binary codes, kind {kind}")
 
 
 @pytest.mark.parametrize("n", (*SIZES, 9000))

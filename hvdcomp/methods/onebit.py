@@ -48,4 +48,4 @@ class OneBit(BucketQuantizer):
         below = torch.where(negative, xb, 0).sum(dim=1, dtype=torch.float64)
         levels = torch.stack([below / count.clamp(min=1), (total - below) / (valid.sum(dim=1) - count).clamp(min=1)],
                              dim=1).float()
-        return levels, pack_bits((~negative).reshape(-1)[:x.numel()].to(torch.uint8), 1)
+        return levels, pack_bits((xb >= 0).reshape(-1)[:x.numel()].to(torch.uint8), 1)  # NaN: 0, as the kernels

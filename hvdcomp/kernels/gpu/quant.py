@@ -254,14 +254,17 @@ def _binary_kernel(x_ptr, tables_ptr, packed_ptr, n, nbytes, bucket, buckets, it
     sweep = 0
     while tl.max(active.to(tl.int32)) > 0:
         under = (x < threshold[:, None]) & valid
-        over = (x >= threshold[:, None]) & valid
         below = tl.sum(under.to(tl.int32), axis=1)
         above = count - below
         empty = threshold if KIND == 0 else tl.zeros([ROWS], dtype=tl.float32)  # an empty side's level
-        low = tl.where(active, tl.where(below > 0, tl.div_rn(tl.sum(tl.where(under, x, 0.0), axis=1),
-                                                             tl.maximum(below, 1).to(tl.float32)), empty), low)
-        high = tl.where(active, tl.where(above > 0, tl.div_rn(tl.sum(tl.where(over, x, 0.0), axis=1),
-                                                              tl.maximum(above, 1).to(tl.float32)), empty), high)
+        sum_under = tl.sum(tl.where(under, x, 0.0), axis=1)
+        # The upper side is the rest of the bucket, a NaN included (the padding is 0), as the CPU kernel takes it
+        # (the bucket's sum less the lower side's); which makes it NaN also where the lower side's sum is -Inf.
+        sum_over = tl.where(sum_under > float("-inf"), tl.sum(tl.where(under, 0.0, x), axis=1), float("nan"))
+        low = tl.where(active, tl.where(below > 0, tl.div_rn(sum_under, tl.maximum(below, 1).to(tl.float32)), empty),
+                       low)
+        high = tl.where(active, tl.where(above > 0, tl.div_rn(sum_over, tl.maximum(above, 1).to(tl.float32)), empty),
+                        high)
         # the sets {g < t} are nested, so an unchanged count is an unchanged partition: a fixed point
         go_on = active & (below != previous) & (sweep + 1 < iterations)
         previous = below
