@@ -9,12 +9,14 @@
     def train(state): ...  # state.commit() now and then
 
 Building an hvdcomp optimizer registers :class:`_OptimizerState` as Horovod's state handler for it
-(:func:`register`). Three things differ from Horovod's handler of other optimizers:
+(:func:`register`). Four things differ from Horovod's handler of other optimizers:
 
 * The saved and restored optimizer state is the wrapped optimizer's (momentum) only, from the first copy on: hvdcomp's
   per-rank state (residuals, PowerSGD's Q) is neither deep-copied at each commit nor restored from a world of another
   size. A restore starts it afresh (``load_state_dict`` without an ``"hvdcomp"`` entry), on every rank alike: a step
   that failed part-way may have left it updated on some ranks only.
+* Each restore loads a copy of the saved state. Horovod's loads the saved tensors themselves, which the steps after
+  a restore then update in place: a second failure before the next commit would restore those steps' momentum.
 * The wrapped optimizer's state is created locally before each sync. Horovod's ``broadcast_optimizer_state``
   otherwise creates it by calling ``step()`` on any optimizer that is not Horovod's own: on hvdcomp's a reduction
   that only the ranks with empty state (a rank joining the job) would run, while the others wait in the broadcast.
@@ -37,8 +39,8 @@ from hvdcomp.optimizer import _DistributedOptimizer
 
 
 class _OptimizerState(horovod_state.OptimizerStateHandler):
-    """Saves and restores the wrapped optimizer's state, without hvdcomp's per-rank state; creates it locally before a
-    sync (module docstring)."""
+    """Saves and restores the wrapped optimizer's state, without hvdcomp's per-rank state, restoring a copy each time;
+    creates it locally before a sync (module docstring)."""
 
     def __init__(self, optimizer: _DistributedOptimizer) -> None:
         horovod_state.StateHandler.__init__(self, optimizer)
@@ -48,6 +50,12 @@ class _OptimizerState(horovod_state.OptimizerStateHandler):
         state = self.value.state_dict()
         state.pop("hvdcomp", None)
         self._saved_optimizer_state = copy.deepcopy(state)
+
+    def restore(self) -> None:
+        # A copy: ``load_state_dict`` takes the saved tensors as the state where their device and dtype already fit
+        # (Horovod's handler loads them as they are), so steps after one restore would update the commit in place,
+        # and a second failure before the next commit would restore those steps' momentum.
+        self.value.load_state_dict(copy.deepcopy(self._saved_optimizer_state))
 
     def sync(self) -> None:
         self.value.reset()  # a new world, also where its size and this rank stayed (a host replaced): every rank

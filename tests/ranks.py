@@ -540,6 +540,15 @@ def elastic_state() -> None:
     buffers = torch.cat([optimizer.state[p]["momentum_buffer"].reshape(-1) for p in model.parameters()])
     gathered = hvd.allgather(buffers.unsqueeze(0), name="elastic.buffers")
     assert all(torch.equal(gathered[0], row) for row in gathered), "the ranks' momentum buffers differ after a sync"
+    state.save()  # (what a commit saves) then two failures before the next: each restore gives the committed state
+    committed = copy.deepcopy(optimizer.state_dict()["state"])
+    for _ in range(2):
+        state.restore()
+        train(model, optimizer, batches(1, seed=hvd.rank()))
+    state.restore()
+    restored = optimizer.state_dict()["state"]
+    assert all(torch.equal(committed[i]["momentum_buffer"], restored[i]["momentum_buffer"]) for i in committed), \
+        "a second restore gave momentum buffers that steps after the first restore had updated"
 
 
 def horovods_recipe() -> None:
