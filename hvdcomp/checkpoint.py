@@ -4,8 +4,8 @@ and whether an entry fits the optimizer that loads it (:meth:`hvdcomp.optimizer.
 A method state belongs to one rank of one world, under one method, bucket and set of options: residuals hold what
 that rank has not sent yet, PowerSGD's Q is shaped by its rank option, a bucket's state by its members. Loading it
 anywhere else would not fail at once: it would count residuals twice or fail deep in the next step. So each entry
-names its method, world size, rank and bucket, and :func:`check_entry` and :func:`check_fits` refuse, by parameter
-and with the way out, what does not fit. Horovod-free: the optimizer passes what it knows.
+names its method, world size, rank and bucket, and :func:`check_entry`, :func:`check_all_taken` and :func:`check_fits`
+refuse, by parameter and with the way out, what does not fit. Horovod-free: the optimizer passes what it knows.
 """
 
 from __future__ import annotations
@@ -63,6 +63,16 @@ def check_entry(name: str, saved: Mapping[str, Any] | None, choice: Choice, buck
                          f"{_bucket_text(bucket)}: the bucket_cap_mb of the compression config must be the "
                          "checkpoint's (one saved by an hvdcomp that compressed this method alone whatever "
                          "bucket_cap_mb resumes with bucket_cap_mb: 0)")
+
+
+def check_all_taken(saved: Mapping[str, Any], compressed: set[str]) -> None:
+    """Raises where the checkpoint holds a method state for a parameter that this optimizer does not compress: it
+    would be dropped, and with it what its residuals had not sent yet."""
+    for name in sorted(set(saved) - compressed):
+        raise ValueError(f"checkpoint holds hvdcomp method state for parameter {name!r} "
+                         f"({saved[name].get('method', 'compressed')}), which this optimizer does not compress (dense "
+                         f"here, one rank, outside the process set, or no such name): its residuals would be lost. "
+                         f"Resume with the checkpoint's compression config and world, or {AFRESH}")
 
 
 def check_fits(name: str, saved: State, fresh: State) -> None:

@@ -831,14 +831,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """The wrapped optimizer's state and this rank's method states (:mod:`hvdcomp.checkpoint`: each entry checked
-        against this optimizer before anything is loaded); without an ``"hvdcomp"`` entry the method states start
-        afresh."""
+        against this optimizer before anything is loaded, and a method state for a parameter not compressed here
+        refused, but under ``compression: auto``, whose plan is not carried over); without an ``"hvdcomp"`` entry the
+        method states start afresh."""
         state_dict = dict(state_dict)
         saved = state_dict.pop("hvdcomp", None)
         compressed = [slot for slot in self._slots if saved is not None and slot.choice.reduction is not None]
         for slot in compressed:
             checkpoint.check_entry(slot.name, saved.get(slot.name), slot.choice, slot.bucket, self.process_set.size(),
                                    self.process_set.rank())
+        if saved is not None and self.tuner is None and self.config.auto is None:  # (auto's plan is not carried over)
+            checkpoint.check_all_taken(saved, {slot.name for slot in compressed})
         for group in self._groups() if saved is not None else []:  # a bucket's state is its first member's
             checkpoint.check_fits(group[0].name, saved[group[0].name].get("state", {}), self._new_state(group))
         super().load_state_dict(state_dict)

@@ -599,7 +599,8 @@ def horovods_recipe() -> None:
 def resumed_elsewhere() -> None:
     """A checkpoint is refused by another method (a method's state would fail deep inside its next step), by a job
     of another world size, by another rank (its residuals would count twice), by an option that sizes the state
-    (PowerSGD's rank), and where it lacks a parameter, the parameter and both sides named."""
+    (PowerSGD's rank), where it lacks a parameter, and where it holds one that is not compressed here (its residuals
+    would be lost), the parameter and both sides named."""
     model = mlp()
 
     def make(compression: Any, net: nn.Module = model) -> torch.optim.Optimizer:
@@ -621,6 +622,8 @@ def resumed_elsewhere() -> None:
     lacking = copy.deepcopy(saved)
     del lacking["hvdcomp"]["0.weight"]
     refusals.append(("topk", lacking, "no hvdcomp state for parameter '0.weight' (a job that did not compress"))
+    refusals.append(("none", saved, "parameter '0.weight' (allgather:ErrorFeedback:topk), which this optimizer "
+                                    "does not compress"))
     plain = mlp()  # (models of their own: the topk optimizer's hooks are on the first)
     without_momentum = make({"method": "topk", "options": {"momentum": 0}}, plain)
     train(plain, without_momentum, batches(1, seed=hvd.rank()))
