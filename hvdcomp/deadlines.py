@@ -100,9 +100,9 @@ class _Watchdog:
             if waited > deadline_s:
                 try:  # whatever the message meets, the job ends
                     rank = hvd.rank() if hvd.is_initialized() else "?"
-                    where = context()
-                except Exception as error:
-                    rank, where = "?", f"(where the job stood could not be told: {error!r}) "
+                except Exception:
+                    rank = "?"
+                where = _told(context)
                 print(f"hvdcomp: rank {rank} on {socket.gethostname()} waited {waited:.1f} s for collective {what!r} "
                       f"{where}(deadline {deadline_s:.1f} s). A rank or its link is lost or stalled; ending the "
                       "job", file=sys.stderr, flush=True)
@@ -110,6 +110,14 @@ class _Watchdog:
 
 
 _watchdog = _Watchdog()
+
+
+def _told(context: Callable[[], str]) -> str:
+    """``context()`` (where the job stood), or why it could not be told: a failure's message must not fail itself."""
+    try:
+        return context()
+    except Exception as error:
+        return f"(where the job stood could not be told: {error!r}) "
 
 
 class Beacon:
@@ -297,8 +305,8 @@ def synchronize(handle: int, what: str, deadline_s: float | None = None,
             while not hvd.poll(handle):
                 time.sleep(POLL_S)
         return hvd.synchronize(handle)
-    except HorovodInternalError as error:
-        raise HorovodInternalError(f"hvdcomp: collective {what!r} {context()}failed: {error}") from error
+    except HorovodInternalError as error:  # (still one, whatever telling the context meets: Elastic recovers)
+        raise HorovodInternalError(f"hvdcomp: collective {what!r} {_told(context)}failed: {error}") from error
     finally:
         if deadline_s is not None:
             _watchdog.clear()

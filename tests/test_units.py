@@ -532,6 +532,26 @@ print(len(yes), len(no))
     assert done.stdout.split() == ["199", "0"], done.stdout + done.stderr
 
 
+def test_a_failed_collective_stays_horovods_error_whatever_its_context_meets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A collective that fails (a peer gone) is re-raised as HorovodInternalError, what Elastic Horovod recovers from,
+    naming it, also where telling where the job stood fails. (Horovod's wait stood in for: here no peer can go.)"""
+    import horovod.torch as hvd
+    from horovod.common.exceptions import HorovodInternalError
+
+    from hvdcomp import deadlines
+
+    def lost(handle: int) -> None:
+        raise HorovodInternalError("Gloo: connection closed by peer")
+
+    def context() -> str:
+        raise OSError("no file descriptor left")
+
+    monkeypatch.setattr(hvd, "synchronize", lost)
+    with pytest.raises(HorovodInternalError, match=r"collective 'hvdcomp\.c\.fc' \(where the job stood could not be "
+                                                   r"told: OSError.*failed: Gloo: connection closed"):
+        deadlines.synchronize(0, "hvdcomp.c.fc", context=context)
+
+
 def test_buckets_close_at_the_cap_per_method_and_dtype() -> None:
     """bucket_cap_mb: in the order given, a bucket per method (with its options and collective), dtype and device,
     closed once it holds the cap; dense parameters stay out, and a bucket of one is no bucket. PowerSGD's matrices and
