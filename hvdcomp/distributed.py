@@ -68,25 +68,24 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
 
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0,
                               model: torch.nn.Module | None = None) -> None:
-    """``hvd.broadcast_optimizer_state`` for an hvdcomp optimizer: the wrapped optimizer's state (SGD's momentum,
-    Adam's moments) from ``root_rank`` to every rank. Call it on every rank, where Horovod's recipe calls Horovod's
-    (after ``hvd.broadcast_parameters``; ``model`` names sparse parameters, as there).
+    """``hvd.broadcast_optimizer_state`` for an hvdcomp optimizer: the wrapped optimizer's options (learning rate,
+    momentum) and state (SGD's momentum, Adam's moments) from ``root_rank`` to every rank. Call it on every rank,
+    where Horovod's recipe calls Horovod's (after ``hvd.broadcast_parameters``; ``model`` names sparse parameters, as
+    there).
 
     Horovod's calls ``optimizer.step()`` on a rank whose optimizer has no state yet, except on Horovod's own
     optimizer: hvdcomp's step reduces, so where only the root loaded a checkpoint the other ranks would wait in that
     step's collectives until the deadline ends the job. This one creates the missing state locally first (a step of
     zeros of the wrapped optimizer alone; a stateless optimizer, SGD without momentum, has none to broadcast, and no
-    step is taken). hvdcomp's method states (residuals, PowerSGD's Q) belong to each rank and are not broadcast:
-    where every rank loaded its own they resume exactly; where only some did, every rank starts them afresh
-    (:meth:`~hvdcomp.optimizer._DistributedOptimizer.align_method_states`).
+    step is taken); and it broadcasts the options of a stateless optimizer too, which Horovod's leaves as each rank
+    has them. hvdcomp's method states (residuals, PowerSGD's Q) belong to each rank and are not broadcast: where every
+    rank loaded its own they resume exactly; where only some did, every rank starts them afresh
+    (:meth:`~hvdcomp.optimizer._DistributedOptimizer.broadcast_state`).
     """
     if not isinstance(optimizer, _DistributedOptimizer):
         raise TypeError(f"hvdcomp.broadcast_optimizer_state takes an hvdcomp.DistributedOptimizer; got "
                         f"{type(optimizer).__name__} (use hvd.broadcast_optimizer_state for other optimizers)")
     embeddings = [] if model is None else [module for module in model.modules()
                                            if isinstance(module, torch.nn.Embedding | torch.nn.EmbeddingBag)]
-    sparse = [p for module in embeddings if module.sparse for p in module.parameters()]
-    optimizer.create_missing_state(sparse)
-    if optimizer.state_dict()["state"]:  # a stateless optimizer (SGD without momentum) has nothing to broadcast,
-        hvd.broadcast_optimizer_state(optimizer, root_rank, model)  # and Horovod's would call step() to make some
-    optimizer.align_method_states(root_rank)
+    optimizer.broadcast_state(root_rank, model, [p for module in embeddings if module.sparse
+                                                 for p in module.parameters()])

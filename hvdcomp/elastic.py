@@ -17,10 +17,12 @@ Building an hvdcomp optimizer registers :class:`_OptimizerState` as Horovod's st
   that failed part-way may have left it updated on some ranks only.
 * Each restore loads a copy of the saved state. Horovod's loads the saved tensors themselves, which the steps after
   a restore then update in place: a second failure before the next commit would restore those steps' momentum.
-* The wrapped optimizer's state is created locally before each sync. Horovod's ``broadcast_optimizer_state``
-  otherwise creates it by calling ``step()`` on any optimizer that is not Horovod's own: on hvdcomp's a reduction
-  that only the ranks with empty state (a rank joining the job) would run, while the others wait in the broadcast.
-  A stateless optimizer (SGD without momentum) has nothing to broadcast.
+* A sync is :func:`hvdcomp.broadcast_optimizer_state`'s
+  (:meth:`~hvdcomp.optimizer._DistributedOptimizer.broadcast_state`): the wrapped optimizer's state is created
+  locally first. Horovod's ``broadcast_optimizer_state`` otherwise creates it by calling ``step()`` on any optimizer
+  that is not Horovod's own: on hvdcomp's a reduction that only the ranks with empty state (a rank joining the job)
+  would run, while the others wait in the broadcast. The options (learning rate) are rank 0's also for a stateless
+  optimizer (SGD without momentum), which has no state to broadcast.
 * No reset callback is needed: a sync (after every reset but one that only removed hosts) rebuilds the optimizer's
   plan (:meth:`hvdcomp.DistributedOptimizer.reset`) on every rank, a rank that joined too; after a reset that only
   removed hosts, the optimizer rebuilds it itself, its next step starting in a world of another size.
@@ -59,9 +61,7 @@ class _OptimizerState(horovod_state.OptimizerStateHandler):
 
     def sync(self) -> None:
         self.value.reset()  # a new world, also where its size and this rank stayed (a host replaced): every rank
-        self.value.create_missing_state()
-        if self.value.state_dict()["state"]:  # then the same parameters have state on every rank
-            hvd.broadcast_optimizer_state(self.value, root_rank=0)
+        self.value.broadcast_state(root_rank=0)
 
 
 def register() -> None:

@@ -860,7 +860,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             else:
                 slot.state = loaded[slot.name] = checkpoint.to_device(saved[slot.name]["state"], slot.param.device)
 
-    def create_missing_state(self, sparse: Collection[torch.Tensor] = ()) -> None:
+    def _create_missing_state(self, sparse: Collection[torch.Tensor]) -> None:
         """The wrapped optimizer's state (SGD's momentum buffers, Adam's moments) of the parameters that have none
         (all of them on a rank that loaded no checkpoint or joined the job; a parameter that never had a gradient, or
         whose group's momentum was just turned on), from one local step of zeros on those alone: no reduction, and
@@ -888,17 +888,38 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for p, grad in zip(params, grads, strict=True):
             p.grad = grad
 
-    def align_method_states(self, root_rank: int) -> None:
-        """Where some ranks loaded their method states from a checkpoint and others did not (Horovod's recipe: the
-        root loads, then broadcasts; :func:`hvdcomp.broadcast_optimizer_state` calls this), every rank starts them
-        afresh at the root's step counters: the plans then agree, and no rank adds residuals (or uses a PowerSGD Q)
-        that the others lack. Where every rank loaded its own (one file per rank) or none did, nothing changes. A
-        collective: call it on every rank."""
-        gathered = hvd.allgather_object((self._loaded, {slot.name: slot.step for slot in self._slots}),
-                                        name="hvdcomp.loaded")
-        if {loaded for loaded, steps in gathered if steps} != {False, True}:
+    def broadcast_state(self, root_rank: int, model: torch.nn.Module | None = None,
+                        sparse: Collection[torch.Tensor] = ()) -> None:
+        """The root's optimizer on every rank (:func:`hvdcomp.broadcast_optimizer_state`, and the elastic state's
+        sync): a collective, to call on every rank. In turn:
+
+        1. the root's options of each parameter group (learning rate, momentum, betas: what a checkpoint loaded on
+           the root alone, or a scheduler, set) on every rank, so that no rank steps with its own; Horovod's own
+           broadcast carries them only for an optimizer with state;
+        2. the wrapped optimizer's state (SGD's momentum buffers, Adam's moments) created locally where a parameter
+           has none (:meth:`_create_missing_state`), then broadcast from the root by Horovod's
+           ``broadcast_optimizer_state`` (``model`` names its sparse parameters); a stateless optimizer (SGD
+           without momentum) has none, and no step is taken;
+        3. where some ranks loaded their method states from a checkpoint and others did not (the root alone, in
+           Horovod's recipe), every rank starts them afresh at the root's step counters: the plans then agree, and
+           no rank adds residuals (or uses a PowerSGD Q) that the others lack. Where every rank loaded its own (one
+           file per rank) or none did, they stay.
+
+        Steps 1 and 3 share one collective (over every rank, as Horovod's broadcast)."""
+        options = [{key: value for key, value in group.items() if key != "params"} for group in self.param_groups]
+        gathered = hvd.allgather_object((options, self._loaded, {slot.name: slot.step for slot in self._slots}),
+                                        name="hvdcomp.broadcast_state")
+        if len({len(rank_options) for rank_options, _, _ in gathered}) != 1:
+            raise ValueError(f"hvdcomp: the ranks' optimizers have different numbers of parameter groups "
+                             f"({[len(rank_options) for rank_options, _, _ in gathered]} by rank)")
+        for group, root_options in zip(self.param_groups, gathered[root_rank][0], strict=True):
+            group.update(root_options)
+        self._create_missing_state(sparse)
+        if self.state_dict()["state"]:  # the same parameters' on every rank; none: Horovod's would call step()
+            hvd.broadcast_optimizer_state(self, root_rank, model)
+        if {loaded for _, loaded, steps in gathered if steps} != {False, True}:
             return
-        steps = gathered[root_rank][1]
+        steps = gathered[root_rank][2]
         self._fresh_states()
         self._loaded = False
         for slot in self._slots:

@@ -499,7 +499,8 @@ def elastic_state() -> None:
     """Horovod's elastic TorchState and hvdcomp's hold an hvdcomp optimizer alike (outside elastic mode: its
     save, restore and sync): the saved optimizer state is the wrapped optimizer's, from the first copy on; a restore,
     before any commit too, starts the method states afresh; a sync (after a reset that kept the world's size and this
-    rank too: a host replaced) rebuilds the plan, and takes no step for a stateless optimizer; with momentum, it
+    rank too: a host replaced) rebuilds the plan, gives a stateless optimizer rank 0's learning rate, and takes no step
+    for it; with momentum, it
     gives every rank rank 0's buffers also where a rank lacked one. A step that starts in a world other than its
     plan's rebuilds the plan first (the world is made to look stale here: Elastic Horovod's own resets are
     tests/test_elastic.py's)."""
@@ -520,7 +521,9 @@ def elastic_state() -> None:
         assert isinstance(handler, _OptimizerState) and "hvdcomp" not in handler._saved_optimizer_state, handler
         state.restore()
         assert first.step == 0 and not first.state["residual"].any(), "a restore starts the method states afresh"
+        optimizer.param_groups[0]["lr"] = 0.05 + 0.01 * hvd.rank()  # (a rank that joined with another schedule)
         state.sync()
+        assert optimizer.param_groups[0]["lr"] == 0.05, "a sync left a stateless optimizer's learning rate per rank"
         synced = compressed(optimizer)
         assert synced is not first, "a sync did not rebuild the plan"
         assert synced.step == 0, "a stateless optimizer's sync took a step"
@@ -555,7 +558,8 @@ def horovods_recipe() -> None:
     """Horovod's resume recipe: the root loads the checkpoint, then every rank broadcasts, here with
     hvdcomp.broadcast_optimizer_state (Horovod's would call step() on the ranks whose Adam has no state: a reduction
     the root never joins). Adam's state is then the root's everywhere; the method states (top-k's residuals) start
-    afresh on every rank at the root's step counters, so the plans agree and the replicas stay identical."""
+    afresh on every rank at the root's step counters, so the plans agree and the replicas stay identical. A stateless
+    optimizer's learning rate is the root's too (Horovod's broadcast leaves it as each rank has it)."""
     def make(net: nn.Module) -> torch.optim.Optimizer:
         return hvdcomp.DistributedOptimizer(torch.optim.Adam(net.parameters(), lr=1e-3),
                                             named_parameters=net.named_parameters(), compression="topk")
@@ -594,6 +598,14 @@ def horovods_recipe() -> None:
     data = batches(4, seed=hvd.rank())
     uninterrupted = train_and_resume(mlp, stateless, data, "stateless recipe", resumed_with=broadcast_then_train)
     assert_identical_across_ranks(uninterrupted, "stateless recipe")
+    # the root alone loads a stateless optimizer's checkpoint, with a decayed learning rate: every rank takes it
+    model = mlp()
+    optimizer = stateless(model)
+    if hvd.rank() == 0:
+        optimizer.load_state_dict({**optimizer.state_dict(), "param_groups": [
+            {**optimizer.state_dict()["param_groups"][0], "lr": 0.005}]})
+    hvdcomp.broadcast_optimizer_state(optimizer, root_rank=0)
+    assert optimizer.param_groups[0]["lr"] == 0.005 and not optimizer.state, "the root's learning rate was not taken"
 
 
 def resumed_elsewhere() -> None:
