@@ -87,6 +87,7 @@ def test_float32_cells_decode_to_float_rounding(path: str) -> None:
 def test_kernels_and_pytorch_paths_agree(monkeypatch: pytest.MonkeyPatch) -> None:
     """The same candidates and verdict; the same values with float64 cells (float32 cells: to rounding, as the
     paths peel in different orders)."""
+    assert sketch.cpu_kernels() is not None, "the fused CPU kernels did not build"
     supports = [torch.randperm(30_000, generator=torch.Generator().manual_seed(r))[:1500] for r in range(2)]
     for dtype in (torch.float64, torch.float32):
         monkeypatch.undo()

@@ -1295,9 +1295,11 @@ def _sketch_step(grads: list[torch.Tensor]) -> list[torch.Tensor]:
             answer = request.tensors
 
 
-def test_sketch_method_on_the_triton_kernels_decodes_as_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sketch_method_on_the_triton_kernels_decodes_as_on_the_cpu(cpu: object,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """Through :mod:`hvdcomp.methods.sketch` (on CUDA, or on CPU tensors with ``HVDCOMP_KERNELS=triton``): the
-    candidates, each rank's sketch and the decoded sum of 3 ranks, and one rank's reduction, equal the CPU path's."""
+    candidates, each rank's sketch and the decoded sum of 3 ranks, and one rank's reduction, equal the CPU kernels'
+    (the PyTorch path peels float32 cells in another order)."""
     generator = torch.Generator().manual_seed(3)
     grads = []
     for _ in range(3):

@@ -10,7 +10,8 @@
 // sketch_peel: peels the summed sketch over the candidates. A queue holds the cells covered by exactly one
 // unresolved candidate (ascending at first, then first-in first-out): the candidate's value is the cell's residual
 // times its sign, and its contribution leaves its other cells. Residuals are float64, so the subtractions are exact
-// where the values meeting in a cell are within 2^29 of each other in magnitude. Returns the values and how many
+// where every partial sum of the m float32 values meeting in a cell fits 53 bits: where they are within
+// 2^(29 - ceil(log2 m)) of each other in magnitude. Returns the values and how many
 // candidates were resolved: all of them when peeling completes (the hypergraph has an empty 2-core), which does not
 // depend on the values, so every rank that decodes the same sums reaches the same verdict.
 #include "common.h"

@@ -35,8 +35,9 @@ The sizes follow each step's data, from values every rank holds:
 
 Hash functions are drawn from the parameter's rank-independent seed and the step, so a support that peels badly in
 one step does not repeat the failure in the next. Decoding is exact up to float rounding: residuals are float64,
-so with ``dtype: float64`` the sum of all ranks' values is exact wherever the values meeting in one cell are within
-2^29 of each other in magnitude (false positives decode to exactly 0): lossless. The default float32 cells halve
+so with ``dtype: float64`` the sum of all ranks' values is exact wherever every partial sum of the m float32 values
+meeting in one cell (ranks x rows) fits float64's 53 bits, that is where they are within 2^(29 - ceil(log2 m)) of
+each other in magnitude (2^26 for 8 values); false positives then decode to exactly 0: lossless. The default float32 cells halve
 the sketch's bytes but are not lossless: a cell's sum is rounded to float32, so an entry sharing a cell with larger
 ones keeps only the bits left to it (an absolute error of about 2^-24 of the cell's magnitude: up to 8.5e-6 on unit
 Gaussian rows summed over 8 ranks in docs/cluster.md), and a false positive may decode to such a residue instead of 0.
@@ -72,7 +73,9 @@ candidates' count and once per 20 rounds of peeling (about 16 at the default siz
 are decoded by the C++ kernels on the host (the filter and the sketch are copied over; the decoded rows come back),
 and encoded by ``index_add_``, whose float64 atomics agree across ranks only where the sums are exact (as above).
 Where the C++ kernels cannot be built either, the PyTorch path here decodes on the tensors' device, peeling in
-rounds (on CUDA its float64 scatter-adds are likewise deterministic only where they are exact).
+rounds (on CUDA its float64 scatter-adds are likewise deterministic only where they are exact). It peels in another
+order than the kernels, so with float32 cells its decoded values may differ from theirs in the last bits; every
+rank's plan names its kernels, and ranks that would mix paths are refused.
 """
 
 from __future__ import annotations
