@@ -37,10 +37,11 @@ Hash functions are drawn from the parameter's rank-independent seed and the step
 one step does not repeat the failure in the next. Decoding is exact up to float rounding: residuals are float64,
 so with ``dtype: float64`` the sum of all ranks' values is exact wherever every partial sum of the m float32 values
 meeting in one cell (ranks x rows) fits float64's 53 bits, that is where they are within 2^(29 - ceil(log2 m)) of
-each other in magnitude (2^26 for 8 values); false positives then decode to exactly 0: lossless. The default float32 cells halve
-the sketch's bytes but are not lossless: a cell's sum is rounded to float32, so an entry sharing a cell with larger
-ones keeps only the bits left to it (an absolute error of about 2^-24 of the cell's magnitude: up to 8.5e-6 on unit
-Gaussian rows summed over 8 ranks in docs/cluster.md), and a false positive may decode to such a residue instead of 0.
+each other in magnitude (2^26 for 8 values); false positives then decode to exactly 0: lossless. The default
+float32 cells halve the sketch's bytes but are not lossless: a cell's sum is rounded to float32, so an entry sharing
+a cell with larger ones keeps only the bits left to it (an absolute error of about 2^-24 of the cell's magnitude: up
+to 8.5e-6 on unit Gaussian rows summed over 8 ranks in docs/cluster.md), and a false positive may decode to such a
+residue instead of 0.
 
 Two ways to use it:
 

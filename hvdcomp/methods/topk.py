@@ -97,8 +97,9 @@ def largest(x: torch.Tensor, k: int) -> torch.Tensor:
 
 def top_entries(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(values, indices) of the ``k`` entries of the 1-D ``x`` with the largest magnitude, the indices of
-    :func:`index_dtype`: on CUDA as the Triton selection writes them (in index order, ties by index), elsewhere
-    :func:`largest`'s indices and the values gathered at them."""
+    :func:`index_dtype`: on CUDA as the Triton selection writes them (those above the k-th largest magnitude in index
+    order, then the first of those equal to it), elsewhere :func:`largest`'s indices and the values gathered at
+    them."""
     kernels = kernels_for(x.device)
     if is_triton(kernels):
         return kernels.topk(x, k, index_dtype(x.numel()))

@@ -7,6 +7,9 @@ digit, 8 bits at a time from the top: each pass histograms the digit of the entr
 prefix found so far (one local histogram per program, added into the pass's 256 counters with integer atomics, whose
 sum does not depend on their order). Every program finds that prefix itself from the earlier passes' counters (the
 digit where the count from the top reaches k, pass by pass: a few scans of 256 counters), so a pass is one launch.
+The keys are float32's: float64 entries are ranked by their magnitudes rounded to float32 (of those that round
+alike the lower indices first; under a threshold it is the rounded magnitude that is compared), and sent in their
+own dtype.
 After 4 passes the k-th largest key T is exact, with r, how many entries equal to T belong to the top k. Compaction then
 writes the entries above T, in index order, then the first r equal to T: per-block counts, an exclusive scan, and
 each block's entries at its offset. Every step's result lives on the device: the count of entries is k by
