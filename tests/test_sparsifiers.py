@@ -31,6 +31,18 @@ def test_fitted_threshold_keeps_about_the_density(law: str, density: float) -> N
     assert density / 2 <= kept <= 2 * density, (law, density, kept)
 
 
+def test_fitted_threshold_leaves_nan_out_on_both_paths(path: str) -> None:
+    """A NaN entry is not above any t and adds nothing to the fit (which the optimizer then reports on every rank):
+    the fit of the finite entries, on the fused kernels and on the PyTorch path alike."""
+    x = torch.randn(1000, generator=torch.Generator().manual_seed(0))
+    finite = fitted_threshold(x, 0.01)
+    x[[3, 500]] = float("nan")
+    fitted = fitted_threshold(x, 0.01)
+    assert torch.isfinite(fitted).all() and fitted.item() == pytest.approx(finite.item(), rel=0.05)
+    (values, indices), _ = Threshold(density=0.01).compress(x, {}, _ctx(x))
+    assert torch.isfinite(values).all() and not {3, 500} & set(indices.tolist())
+
+
 def test_fixed_threshold_sends_exactly_the_entries_above_it_up_to_the_cap() -> None:
     x = torch.tensor([0.5, -2.0, 0.1, 3.0, -0.9, 1.5, 0.0, -1.1, 0.2, 0.3])
     compressor = Threshold(threshold=1.0, max_density=1.0)

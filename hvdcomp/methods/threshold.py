@@ -57,7 +57,8 @@ def fitted_threshold(x: torch.Tensor, density: float) -> torch.Tensor:
         return t
     magnitudes = x.abs().float()  # the fit's sums in float32 (fp16 overflows)
     for _ in range(stages):
-        mean_excess = magnitudes.sub(t).clamp_(min=0).sum() / magnitudes.gt(t).sum().clamp_(min=1)
+        above = magnitudes.gt(t)  # (a NaN is not above t, and adds nothing: as the kernels)
+        mean_excess = torch.where(above, magnitudes - t, 0).sum() / above.sum().clamp_(min=1)
         t = t + mean_excess * step
     return t
 
@@ -123,10 +124,10 @@ class Threshold(Sparse):
             indices = magnitudes.gt(t).nonzero().view(-1)
             if indices.numel() > capacity:  # (decoding does not depend on the order of unique indices)
                 indices = indices[magnitudes[indices].topk(capacity, sorted=False).indices]
-        else:  # the same by torch.topk: entries at or below t are zeroed, the largest above t kept
-            masked = magnitudes.masked_fill_(magnitudes.le(t), 0)
+        else:  # the same by torch.topk: entries not above t (NaN too) are zeroed, the largest above t kept
+            masked = magnitudes.masked_fill_(magnitudes.gt(t).logical_not_(), 0)
             indices = masked.topk(capacity, sorted=False).indices
         values = x[indices]
         if x.device.type != "cpu":
-            values = values.masked_fill(values.abs().le(t), 0)
+            values = values.masked_fill(values.abs().gt(t).logical_not_(), 0)
         return [values, indices.to(index_dtype(n))], (tensor.shape, n, x.dtype)
