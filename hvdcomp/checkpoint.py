@@ -39,12 +39,16 @@ def entry(step: int, state: State, bucket: str, choice: Choice, size: int, rank:
 
 def check_entry(name: str, saved: Mapping[str, Any] | None, choice: Choice, bucket: str, size: int,
                 rank: int) -> None:
-    """Raises where parameter ``name``'s entry ``saved`` (None: the checkpoint has none) belongs to another method,
-    world size, rank or bucket than this optimizer's; an entry without one of these keys (an older hvdcomp's) is
-    taken as matching it."""
+    """Raises where parameter ``name``'s entry ``saved`` (None: the checkpoint has none) lacks its step or state, or
+    belongs to another method, world size, rank or bucket than this optimizer's; an entry without a method, size or
+    rank (an older hvdcomp's) is taken as matching it, one without a bucket as alone."""
     if saved is None:
         raise ValueError(f"checkpoint has no hvdcomp state for parameter {name!r} (a job that did not compress it "
                          f"saved it: dense, one rank, or compression: auto); {AFRESH}")
+    missing = [key for key in ("step", "state") if key not in saved]
+    if missing:
+        raise ValueError(f"checkpoint's hvdcomp entry for parameter {name!r} has no {' or '.join(missing)}: not one "
+                         f"that state_dict() saved; {AFRESH}")
     method = method_of(choice)
     if saved.get("method", method) != method:
         raise ValueError(f"checkpoint's parameter {name!r} was compressed by {saved['method']}, here by {method}: its "

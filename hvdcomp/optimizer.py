@@ -824,7 +824,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         rank: save one file per rank to resume exactly.
         """
         state = super().state_dict()
-        size, rank = self.process_set.size(), self.process_set.rank()
+        size, rank = self._world  # the slots' world (after a reset that removed hosts, until the next step rebuilds)
         state["hvdcomp"] = {slot.name: checkpoint.entry(slot.step, slot.state, slot.bucket, slot.choice, size, rank)
                             for slot in self._slots if slot.choice.reduction is not None}
         return state
@@ -838,8 +838,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         saved = state_dict.pop("hvdcomp", None)
         compressed = [slot for slot in self._slots if saved is not None and slot.choice.reduction is not None]
         for slot in compressed:
-            checkpoint.check_entry(slot.name, saved.get(slot.name), slot.choice, slot.bucket, self.process_set.size(),
-                                   self.process_set.rank())
+            checkpoint.check_entry(slot.name, saved.get(slot.name), slot.choice, slot.bucket, *self._world)
         if saved is not None and self.tuner is None and self.config.auto is None:  # (auto's plan is not carried over)
             checkpoint.check_all_taken(saved, {slot.name for slot in compressed})
         for group in self._groups() if saved is not None else []:  # a bucket's state is its first member's

@@ -528,6 +528,8 @@ def elastic_state() -> None:
         assert synced is not first, "a sync did not rebuild the plan"
         assert synced.step == 0, "a stateless optimizer's sync took a step"
     optimizer._world = (hvd.size() + 1, hvd.rank())
+    entries = optimizer.state_dict()["hvdcomp"].values()  # the slots' world until a step rebuilds them
+    assert entries and all(entry["size"] == hvd.size() + 1 for entry in entries), "entries named another world"
     train(model, optimizer, batches(1, seed=hvd.rank()))
     rebuilt = compressed(optimizer)
     assert rebuilt is not synced and rebuilt.step == 1 and optimizer.steps_done == 1, "the plan was not rebuilt"
@@ -611,8 +613,8 @@ def horovods_recipe() -> None:
 def resumed_elsewhere() -> None:
     """A checkpoint is refused by another method (a method's state would fail deep inside its next step), by a job
     of another world size, by another rank (its residuals would count twice), by an option that sizes the state
-    (PowerSGD's rank), where it lacks a parameter, and where it holds one that is not compressed here (its residuals
-    would be lost), the parameter and both sides named."""
+    (PowerSGD's rank), where it lacks a parameter or an entry's step, and where it holds one that is not compressed
+    here (its residuals would be lost), the parameter and both sides named."""
     model = mlp()
 
     def make(compression: Any, net: nn.Module = model) -> torch.optim.Optimizer:
@@ -636,6 +638,9 @@ def resumed_elsewhere() -> None:
     refusals.append(("topk", lacking, "no hvdcomp state for parameter '0.weight' (a job that did not compress"))
     refusals.append(("none", saved, "parameter '0.weight' (allgather:ErrorFeedback:topk), which this optimizer "
                                     "does not compress"))
+    stepless = copy.deepcopy(saved)
+    del stepless["hvdcomp"]["0.weight"]["step"]
+    refusals.append(("topk", stepless, "hvdcomp entry for parameter '0.weight' has no step"))
     plain = mlp()  # (models of their own: the topk optimizer's hooks are on the first)
     without_momentum = make({"method": "topk", "options": {"momentum": 0}}, plain)
     train(plain, without_momentum, batches(1, seed=hvd.rank()))
