@@ -49,7 +49,7 @@ Two ways to use it:
   sparse=True)``) is taken as its rows, without densifying it; a dense one as its nonzero rows (entries, for 1-D
   tensors; counted on the device for the vote, whose sum comes back on the host, then found, on CUDA by the Triton
   kernels with one host sync, after it; a sparse CUDA gradient is coalesced to count its rows, one host sync in the
-  backward hook).
+  backward hook, and again to encode them, one more after the vote).
 * ``collective: sketch`` for the sparsifiers (top-k, threshold, DGC; their error feedback as usual): their payloads
   are summed in compressed form instead of gathered, so a rank receives about the union of the supports rather
   than N x k entries.
