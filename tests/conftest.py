@@ -1,6 +1,6 @@
 """Shared helpers: start real Horovod ranks with mpirun (MPI controller) or horovodrun --gloo (Gloo); run a test
-on a method's fused CPU kernels and on its pure-PyTorch path; a gradient at float32's largest magnitudes, and one
-with NaN and infinite entries."""
+on a method's fused CPU kernels and on its pure-PyTorch path; a gradient at float32's largest magnitudes, one with
+NaN and infinite entries, and nearly rank-deficient matrices."""
 
 from __future__ import annotations
 
@@ -52,6 +52,16 @@ def nonfinite_buckets() -> torch.Tensor:
         bucket[:len(bad)] = torch.tensor(bad)
         buckets.append(bucket)
     return torch.cat(buckets)
+
+
+def nearly_parallel(batch: int = 50, rows: int = 300) -> torch.Tensor:
+    """P = M Q of rank-1 Ms (u v^T, plus noise 1e-6 of it in half of them): a batch of n x 2 matrices whose second
+    column is the first's multiple to float32 rounding (or to the noise), as PowerSGD meets where a gradient's rank,
+    summed over the ranks, is below its own."""
+    generator = torch.Generator().manual_seed(5)
+    u = torch.randn(batch, rows, 1, generator=generator)
+    noise = torch.randn(batch, rows, 2, generator=generator) * 1e-6 * (torch.arange(batch) % 2).view(-1, 1, 1)
+    return u @ torch.randn(batch, 1, 2, generator=generator) + noise * u.abs().mean()
 
 
 @dataclass

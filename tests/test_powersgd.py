@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from conftest import nearly_parallel
 
 from hvdcomp import CompressionConfig, Context, ErrorFeedback, PowerSGD
 from hvdcomp.error_feedback import with_memory
@@ -19,6 +20,29 @@ def test_orthogonalize_gives_orthonormal_columns(rank: int) -> None:
     matrix = torch.randn(50, rank, dtype=torch.float64, generator=torch.Generator().manual_seed(rank))
     q = orthogonalize(matrix.clone())
     torch.testing.assert_close(q.t() @ q, torch.eye(rank, dtype=torch.float64))
+
+
+def test_nearly_parallel_columns_come_out_orthonormal() -> None:
+    """Where the second column's projection leaves little but rounding, one Gram-Schmidt pass normalizes that
+    rounding (in any direction, along the first column too: P P^T M then scales M up to 2x); projected twice it is
+    orthonormal."""
+    got = orthogonalize(nearly_parallel())
+    eye = torch.eye(2).expand(50, 2, 2)
+    torch.testing.assert_close(got.transpose(-2, -1) @ got, eye, atol=1e-5, rtol=0)
+
+
+def test_a_rank_one_matrix_at_rank_two_is_recovered_not_amplified() -> None:
+    """PowerSGD at rank 2 on rank-1 matrices: each decodes to itself (its approximation a projection, never above it),
+    and the residual stays near zero."""
+    compressor = PowerSGD(rank=2)
+    for seed in range(20):
+        generator = torch.Generator().manual_seed(seed)
+        matrix = torch.randn(300, 1, generator=generator) @ torch.randn(1, 200, generator=generator)
+        ctx = Context.local(matrix)
+        state = compressor.init_state(matrix, ctx)
+        payload, meta = compressor.compress(matrix, state, ctx)
+        torch.testing.assert_close(compressor.decompress(payload, meta), matrix, rtol=1e-4, atol=1e-4)
+        assert state["residual"].abs().max() < 1e-4 * matrix.abs().max(), seed
 
 
 @pytest.mark.parametrize("rows", [2, 3, 40])

@@ -36,7 +36,7 @@ if not CUDA:
 
 triton = pytest.importorskip("triton")
 
-from conftest import huge_gradient, nonfinite_buckets  # noqa: E402
+from conftest import huge_gradient, nearly_parallel, nonfinite_buckets  # noqa: E402
 from operators import Operators  # noqa: E402
 from triton_compile import compile_for, covering, recording  # noqa: E402
 
@@ -708,6 +708,13 @@ def test_orthogonalization_equals_pytorch_gram_schmidt(shape: tuple[int, ...], e
         assert expected.abs().amax(-2).min() > 0, "a column stayed zero"
     got = gpu.orthogonalize(matrix.clone().to(DEVICE), epsilon)
     torch.testing.assert_close(got.cpu(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_orthogonalization_of_nearly_parallel_columns_is_orthonormal() -> None:
+    """Where column 1 lies along column 0 to float rounding (or to noise 1e-6 of it), projected out twice, as on the
+    PyTorch path: orthonormal columns, not normalized rounding."""
+    got = gpu.orthogonalize(nearly_parallel().to(DEVICE)).cpu()
+    torch.testing.assert_close(got.transpose(-2, -1) @ got, torch.eye(2).expand(50, 2, 2), atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("rank", [1, 2])

@@ -106,8 +106,10 @@ def spare_columns(n: int, rank: int, device: torch.device, dtype: torch.dtype = 
 
 def gram_schmidt(matrix: torch.Tensor, epsilon: float = 0.0) -> torch.Tensor:
     """Gram-Schmidt on the columns of ``matrix`` (n x r or b x n x r) in place, in PyTorch operations: as PyTorch's
-    hook, with ``epsilon`` added to each column's norm, but a column that is zero (once the columns before it are
-    projected out) replaced by its spare (:func:`spare_columns`), so projected, normalized. The hook leaves such a
+    hook, with ``epsilon`` added to each column's norm, but each column projected out of the ones before it twice
+    (after one pass, a column nearly in their span is mostly rounding: normalized, it is not orthogonal to them, and
+    P P^T M would scale M up to 2x), and a column that is zero (once the columns before it are projected out)
+    replaced by its spare (:func:`spare_columns`), so projected, normalized. The hook leaves such a
     column zero, or NaN with epsilon 0; zero, it would stay so: where M is zero in one step (a layer with no gradient
     yet, or the zero step of ``hvd.broadcast_optimizer_state``) P = M Q and Q = M^T P are, and with the warm start P =
     M Q would be zero in every step after, the residual growing and nothing sent.
@@ -119,6 +121,10 @@ def gram_schmidt(matrix: torch.Tensor, epsilon: float = 0.0) -> torch.Tensor:
     on_host = matrix.device.type == "cpu"
     for i in range(rank):
         column = matrix[..., i:i + 1]
+        for j in range(i):  # projected out again ("twice is enough"): where the column lay nearly in the others'
+            # span, one pass leaves mostly rounding, in any direction, which normalizing would blow up, along them too
+            before = matrix[..., j:j + 1]
+            column -= torch.sum(before * column, dim=-2, keepdim=True) * before
         norm = torch.linalg.vector_norm(column, dim=-2, keepdim=True)
         zero = norm == 0
         if on_host and not zero.any():

@@ -4,10 +4,12 @@ Ps or Qs, of any numbers of rows), in one launch, where the PyTorch path takes 1
 division per column, a projection between them).
 
 One program per matrix (n x r, float32, rows contiguous; where it starts and its n read from a small table of the
-layout, made once per layout and device and kept), in three passes over its rows: the sums of squares and the
-columns' dot product, the second column's norm once the first is projected out, then the writes. Column 0 becomes
-c0 / |c0|, column 1 becomes (c1 - (c1 . q0) q0) / |c1 - (c1 . q0) q0|, with (c1 . q0) = (c1 . c0) / |c0|; each
-norm with epsilon added, as on the PyTorch path. A zero column (column 1: once column 0 is projected out) is
+layout, made once per layout and device and kept), in four passes over its rows: the sums of squares and the
+columns' dot product, what is left of column 1 along q0 once column 0 is projected out, the norm of column 1 with
+both projected out, then the writes. Column 0 becomes q0 = c0 / |c0|, column 1 c1' = c1 - (c1 . q0) q0, with
+(c1 . q0) = (c1 . c0) / |c0|, then c1'' = c1' - (c1' . q0) q0 (projected twice, as on the PyTorch path: where c1
+lies nearly along c0, c1' is mostly rounding, in any direction), c1'' / |c1''|; each norm with epsilon added, as on
+the PyTorch path. A zero column (column 1: once column 0 is projected out) is
 replaced, as on the PyTorch path, by its spare vector of signs (:func:`hvdcomp.methods.powersgd.spare_columns`), so
 projected (for column 1, an extra pass finds that norm) and normalized. The sums run in another order than PyTorch's,
 so the results agree to float rounding, not bit for bit.
@@ -90,6 +92,7 @@ def _gram_schmidt_kernel(x_ptr, layout_ptr, count, epsilon, R: tl.constexpr, BLO
     spare1 = False
     if R == 2:
         squares1 = tl.zeros([BLOCK], dtype=tl.float32)
+        again = tl.zeros([BLOCK], dtype=tl.float32)  # (c1 - (c1 . q0) q0) . q0: rounding, projected out too
         spare_squares = tl.zeros([BLOCK], dtype=tl.float32)  # |s1 - (s1 . q0) q0|^2, where column 1 is zero then
         spare_projections = tl.zeros([BLOCK], dtype=tl.float32)  # s1 . q0
         start = 0
@@ -99,8 +102,17 @@ def _gram_schmidt_kernel(x_ptr, layout_ptr, count, epsilon, R: tl.constexpr, BLO
             q0 = _q0(base, rows, mask, spare0, norm0, R)
             q0 = tl.where(mask, q0, 0.0)
             c1 = tl.load(base + rows * R + 1, mask=mask, other=0.0) - projection * q0
-            squares1 += c1 * c1
+            again += c1 * q0
             spare_projections += tl.where(mask, _spare(rows, 1), 0.0) * q0
+            start += BLOCK
+        projection_again = tl.sum(again, axis=0)
+        start = 0
+        while start < n:
+            rows = start + offsets
+            mask = rows < n
+            q0 = tl.where(mask, _q0(base, rows, mask, spare0, norm0, R), 0.0)
+            c1 = (tl.load(base + rows * R + 1, mask=mask, other=0.0) - projection * q0) - projection_again * q0
+            squares1 += c1 * c1
             start += BLOCK
         sum1 = tl.sum(squares1, axis=0)
         spare1 = sum1 == 0  # column 1 is zero once column 0 is projected out: its spare s1, so projected, instead
@@ -126,7 +138,7 @@ def _gram_schmidt_kernel(x_ptr, layout_ptr, count, epsilon, R: tl.constexpr, BLO
             if spare1:
                 c1 = _spare(rows, 1) - spare_projection * q0
             else:
-                c1 = tl.load(base + rows * R + 1, mask=mask, other=0.0) - projection * q0
+                c1 = (tl.load(base + rows * R + 1, mask=mask, other=0.0) - projection * q0) - projection_again * q0
             tl.store(base + rows * R + 1, tl.div_rn(c1, norm1), mask=mask)
         tl.store(base + rows * R, q0, mask=mask)
         start += BLOCK
