@@ -517,7 +517,8 @@ def test_predict_rejects_bad_arguments(tmp_path: Path, capsys: pytest.CaptureFix
 def test_profile_any_model_from_python(capsys: pytest.CaptureFixture[str]) -> None:
     """``hvdcomp.perfmodel.profile.profile(model, batch, loss_fn)``: a user's model with its own loss (a regression
     here) and inputs of two tensors; gradients listed in the order backward makes them ready, the compressors
-    measured on them; a parameter that gets no gradient is left out, and named."""
+    measured on them; a parameter that gets no gradient, in any step or in some, is left out, and named, and the
+    document loads."""
     import torch
     from torch import nn
 
@@ -528,9 +529,13 @@ def test_profile_any_model_from_python(capsys: pytest.CaptureFixture[str]) -> No
             super().__init__()
             self.left, self.right, self.out = nn.Linear(16, 64), nn.Linear(16, 64), nn.Linear(64, 1)
             self.spare = nn.Linear(4, 4)  # unused in forward
+            self.sometimes = nn.Linear(64, 64)  # unused in the first timed step (the third), used in the last
+            self.calls = 0
 
         def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-            return self.out(torch.relu(self.left(a) + self.right(b))).squeeze(1)
+            self.calls += 1
+            h = torch.relu(self.left(a) + self.right(b))
+            return self.out(h if self.calls == 3 else self.sometimes(h)).squeeze(1)
 
     torch.manual_seed(0)
     batch = ((torch.randn(8, 16), torch.randn(8, 16)), torch.randn(8))
@@ -539,9 +544,11 @@ def test_profile_any_model_from_python(capsys: pytest.CaptureFixture[str]) -> No
     names = [g["name"] for g in document["gradients"]]
     assert names[0] in ("out.weight", "out.bias") and set(names) == {
         f"{layer}.{kind}" for layer in ("left", "right", "out") for kind in ("weight", "bias")}
-    assert "left out (as if frozen): spare.bias, spare.weight" in capsys.readouterr().err
+    assert "left out (as if frozen): sometimes.bias, sometimes.weight, spare.bias, spare.weight" in \
+        capsys.readouterr().err
     assert set(document["compressors"]) == {"topk", "fp16"}
     assert set(document["compressors"]["topk"]["gradients"]) == {"left.weight", "right.weight"}  # min_numel 1024
+    schema.parse_profile(document, "two")
     assert document["forward_ms"] > 0 and document["backward_ms"] > 0 and document["check_all_ms"] > 0
     assert document["measured"]["clock"] == "host" and "autocast" not in document
 

@@ -401,8 +401,10 @@ def profile(model: nn.Module, batch: Batch, loss_fn: LossFn | None = None, *, me
     document.update(measure_steps(model, batch, loss_fn, repeats, ranks, autocast))
     compute_ms = document["forward_ms"] + document["backward_ms"]
     # sparse gradients (bow's embedding) densified, as DistributedOptimizer hands them to every method but the sketch
+    # (the parameters measure_steps kept: one without a gradient in some step is left out, as there)
+    kept = {gradient["name"] for gradient in document["gradients"]}
     named = [(key, p.grad.detach().to_dense() if p.grad.is_sparse else p.grad.detach().clone())
-             for key, p in model.named_parameters() if p.grad is not None]
+             for key, p in model.named_parameters() if key in kept]
     compressors = {}
     for method in methods:
         measured = measure_compressor(method, named, repeats, ranks)
