@@ -37,7 +37,8 @@ and chooses while it trains, by one rule:
 
 Candidates: every registered method (a method added later joins) with its defaults, or those of ``candidates``, but
 those :data:`hvdcomp.methods.ACCURACY_GUARD` holds back for accuracy unless ``allow`` names them; where the wrapped
-optimizer has momentum, methods that apply it themselves (DGC); methods whose warm-up outlasts MAX_STEPS steps from
+optimizer has momentum, methods that apply it themselves by default (``applies_momentum``: top-k, random-k, threshold,
+DGC, signSGD, EF-signSGD: two momentums would compound); methods whose warm-up outlasts MAX_STEPS steps from
 here; and methods whose reduction states no costs the timeline can price (the report says why each is left out).
 
 A change of plan starts every compressed parameter's method state afresh (error-feedback residuals are dropped); the

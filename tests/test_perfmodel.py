@@ -258,6 +258,7 @@ PROFILE = {"kind": "profile", "model": "m", "batch_size": 4, "device": "cpu", "f
      "compressors.topk.step_encode_ms must be a non-negative finite number; got 'slow'"),
     (lambda d: d["compressors"]["topk"].update(step_encode=0.1), "unknown field compressors.topk.step_encode; valid:"),
     (lambda d: d["gradients"].append(dict(d["gradients"][0])), "gradients name w more than once"),
+    (lambda d: d.update(forward_ms=0, backward_ms=0, optimizer_ms=0), "optimizer_ms are all 0: a step takes"),
 ])
 def test_profile_errors_name_the_field(tmp_path: Path, edit, message: str) -> None:
     data = json.loads(json.dumps(PROFILE))
@@ -512,6 +513,12 @@ def test_predict_rejects_bad_arguments(tmp_path: Path, capsys: pytest.CaptureFix
         assert code == 2 and message in stderr, (workers, stderr)
     done = _hvdcomp("predict", "--cluster", "gtx1080-pcie-1gbe", "--profile", str(profile), "--workers", "1,4,16")
     assert done.returncode == 0 and "(nominal)" in done.stdout
+    profile.write_text(yaml.safe_dump({**PROFILE, "compressors": {"topk": {**PROFILE["compressors"]["topk"],
+                                                                           "reduction": "bogus"}}}))
+    for mode in (["--workers", "2"], ["--per-tensor", "4"]):
+        code, stderr = _hvdcomp_here(capsys, "predict", "--cluster", "gtx1080-pcie-1gbe", "--profile", str(profile),
+                                     *mode)
+        assert code == 2 and "compressors.topk.reduction 'bogus' is not a reduction" in stderr, (mode, stderr)
 
 
 def test_profile_any_model_from_python(capsys: pytest.CaptureFixture[str]) -> None:

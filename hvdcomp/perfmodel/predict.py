@@ -153,14 +153,19 @@ def recommend(prediction_options: list[Option], workers: int) -> str:
             f"{dense.step.collective}: {dense.step.step_s * 1e3:.1f} ms); check accuracy before adopting it")
 
 
-def predict(cluster: Cluster, profile: Profile, workers: list[int]) -> Prediction:
-    """Every method and collective at every worker count, break-even bandwidths and a recommendation."""
-    if not workers or any(w < 1 for w in workers):
-        raise ValueError(f"workers must be positive integers; got {workers}")
+def _check_reductions(profile: Profile) -> None:
+    """Raises where a compressor's ``reduction`` (written by a newer hvdcomp, or by hand) is none of this one's."""
     for method, compressor in profile.compressors.items():
         if compressor.reduction is not None and compressor.reduction not in reductions.REDUCTIONS:
             raise ValueError(f"profile: compressors.{method}.reduction {compressor.reduction!r} is not a reduction; "
                              f"valid: {', '.join(sorted(reductions.REDUCTIONS))}")
+
+
+def predict(cluster: Cluster, profile: Profile, workers: list[int]) -> Prediction:
+    """Every method and collective at every worker count, break-even bandwidths and a recommendation."""
+    if not workers or any(w < 1 for w in workers):
+        raise ValueError(f"workers must be positive integers; got {workers}")
+    _check_reductions(profile)
     workers = sorted(set(workers))
     base = profile.batch_size / timeline.simulate(profile, cluster, "none", 1).step_s
     options = [o for w in workers for o in _options(cluster, profile, w, base)]
@@ -269,6 +274,7 @@ def choose_plans(cluster: Cluster, profile: Profile, workers: int, candidates: S
     where fusion and overlap with backward count: one pass over the gradients, largest first, giving each the option
     (dense, or a candidate with a collective ``collective: auto`` may pick) that shortens the predicted step most
     (each option must beat the best so far by 0.1%)."""
+    _check_reductions(profile)
     costs = tensor_costs(cluster, profile, workers)
     gradients = {g.name: g for g in profile.gradients}
     options = {name: [("none", "allreduce"), *((method, collective) for method in candidates

@@ -321,6 +321,9 @@ def parse_profile(data: Any, where: str) -> Profile:
                       top.number("check_all_ms") if "check_all_ms" in top.data else None)
     top.informational("source", "measured", "autocast")
     top.done()
+    if profile.forward_ms + profile.backward_ms + profile.optimizer_ms <= 0:
+        raise ValueError(f"{where}: forward_ms, backward_ms and optimizer_ms are all 0: a step takes some time (the "
+                         f"model predicts throughput from it)")
     return profile
 
 
