@@ -44,6 +44,10 @@ class Pending:
     result: Any = field(default=None)
     done: bool = False
 
+    def ready(self) -> bool:
+        """Whether waiting would return at once: every collective is done (``hvd.poll``; no wait)."""
+        return self.done or all(hvd.poll(handle) for handle in self.handles)
+
     def wait(self, deadline_s: float | None = None, context: Callable[[], str] = lambda: "") -> Any:
         """The request's result, waiting at most ``deadline_s`` for each collective (:func:`synchronize`)."""
         if not self.done:

@@ -19,8 +19,12 @@ Each step:
    together, in one reduction, once the last of them has its gradient.
 2. When every compressed parameter has started, one small collective (the *vote*) carries each parameter's
    non-finite flag, a fingerprint of every parameter's plan, and every value methods asked to agree on
-   (TernGrad's scalers): one collective per step, not one per layer. Reductions waiting on it (gated
-   encodings) then go on, in the order the gradients became ready.
+   (TernGrad's scalers): one collective per step, not one per layer (two where values are summed: a max-allreduce
+   and a gather, :func:`hvdcomp.collectives.start_vote`). Reductions waiting on it (gated
+   encodings) then go on, in the order the gradients became ready: at the next gradient's hook that finds the vote
+   done, else in ``synchronize()``. Nothing waits for it inside backward: a rank where a gradient is missing starts
+   the vote only in ``synchronize()``, and the others must reach it (past a second optimizer's hooks, or a
+   ``SyncBatchNorm``'s collective, later in backward).
 3. ``synchronize()`` submits parameters that got no gradient (as zeros, so no rank waits forever), drives
    every reduction to completion in the order they were started (the first sent is the first decoded,
    while later payloads are still on the wire), fusing agreements asked for later in the step into further
@@ -517,6 +521,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         passes have accumulated it."""
         if not self._work:  # a step's first gradient (or one accumulated before it)
             self._follow_world()
+        if self._vote is not None and self._vote.ready():  # agreed values that gate encodings: resolved once here
+            self._finish_vote()  # (waiting for them inside backward could wait for ranks that start this vote only
+            # in synchronize(), a gradient missing there, while they wait for a collective later in backward)
         index = self._index.get(id(param))
         if index is None:  # one rank (nothing to reduce), or a parameter the plan leaves out (frozen when planned)
             return
@@ -584,8 +591,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._compressed_started += 1
         if self._compressed_started == self._compressed_total:
             self._start_vote()
-            if any(w.agree is not None for w in self._compressed_work()):
-                self._finish_vote()  # agreed values gate compression: resolve them now, at end of backward
 
     def _input_flags(self, grads: list[torch.Tensor], compressor: Compressor) -> torch.Tensor:
         """The vote's non-finite flags of compressed gradients, float32 [len(grads)]: this rank + 1 where one holds a

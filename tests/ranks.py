@@ -1643,6 +1643,24 @@ def scenario_nograd() -> None:
             nn.functional.cross_entropy(model(x, use_branch), y).backward()
             optimizer.step()
         assert_identical_across_ranks(model, f"nograd.{method}")
+    # two optimizers on one backward, TernGrad's scalers gating both encodings, the first's branch unused on some
+    # ranks: no rank may wait for a vote inside backward (the first's, whose ranks without the branch start it in
+    # its synchronize()), where the others go on to the second's (deadline 30 s: a wait fails, not hangs)
+    model = Branchy().to(DEVICE)
+
+    def terngrad(*modules: str) -> torch.optim.Optimizer:
+        named = [(name, p) for name, p in model.named_parameters() if name.split(".")[0] in modules]
+        return hvdcomp.DistributedOptimizer(torch.optim.SGD([p for _, p in named], lr=0.05), named_parameters=named,
+                                            compression={"method": "terngrad", "min_numel": 100}, deadline=30)
+
+    first, second = terngrad("head", "branch"), terngrad("trunk")
+    for step, (x, y) in enumerate(batches(4, seed=hvd.rank())):
+        first.zero_grad()
+        second.zero_grad()
+        nn.functional.cross_entropy(model(x, (step + hvd.rank()) % 2 == 0), y).backward()
+        first.step()
+        second.step()
+    assert_identical_across_ranks(model, "nograd.two optimizers")
     # a layer frozen, then the plan rebuilt (apply_config): every gradient's hook starts its own parameter's
     # reduction during backward (read in the optimizer's work list), not one at its former index
     model = mlp()
