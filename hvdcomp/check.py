@@ -34,32 +34,33 @@ def invalid(owner: str, name: str, expected: str, value: Any) -> ValueError:
 
 @overload
 def number(owner: str, name: str, value: Any, *, gt: Bound = None, ge: Bound = None, lt: Bound = None,
-           le: Bound = None, finite: bool = False, optional: Literal[False] = False, noun: str = "number",
+           le: Bound = None, optional: Literal[False] = False, noun: str = "number",
            expected: str | None = None) -> float: ...
 
 
 @overload
 def number(owner: str, name: str, value: Any, *, gt: Bound = None, ge: Bound = None, lt: Bound = None,
-           le: Bound = None, finite: bool = False, optional: Literal[True], noun: str = "number",
+           le: Bound = None, optional: Literal[True], noun: str = "number",
            expected: str | None = None) -> float | None: ...
 
 
 def number(owner: str, name: str, value: Any, *, gt: Bound = None, ge: Bound = None, lt: Bound = None,
-           le: Bound = None, finite: bool = False, optional: bool = False, noun: str = "number",
+           le: Bound = None, optional: bool = False, noun: str = "number",
            expected: str | None = None) -> float | None:
-    """``value`` as a float: an int or a float, not a bool, with ``value > gt``, ``>= ge``, ``< lt``, ``<= le``
-    (each bound that is given), finite if ``finite``; ``None`` too if ``optional`` (YAML's null: "no limit", "off").
+    """``value`` as a float: a finite int or float, not a bool, with ``value > gt``, ``>= ge``, ``< lt``, ``<= le``
+    (each bound that is given); ``None`` too if ``optional`` (YAML's null: "no limit", "off", where an option has
+    one: never ``.inf``, which no option means, and which would reach a step as NaN or an overflow).
 
     The message says so from the bounds and ``noun`` ("fraction": "a fraction in [0, 1)"), or says ``expected``.
     """
     if value is None and optional:
         return None
-    if _is_number(value) and _within(value, gt, ge, lt, le) and (not finite or math.isfinite(value)):
+    if _is_number(value) and _within(value, gt, ge, lt, le):
         return float(value)
     if expected is None:
         adjective, suffix = _range(gt, ge, lt, le, integral=False)
         bounded = (gt, ge) != (None, None) and (lt, le) != (None, None)
-        expected = _a(f"{adjective}{'finite ' if finite and not bounded else ''}{noun}{suffix}")
+        expected = _a(f"{adjective}{'' if bounded else 'finite '}{noun}{suffix}")
         expected += " or null" if optional else ""
     raise invalid(owner, name, expected, value)
 
@@ -79,14 +80,15 @@ def integer(owner: str, name: str, value: Any, *, gt: Bound = None, ge: Bound = 
 
 def numbers(owner: str, name: str, value: Any, *, gt: Bound = None, ge: Bound = None, lt: Bound = None,
             le: Bound = None, nonempty: bool = False, noun: str = "numbers") -> tuple[float, ...]:
-    """``value`` as a tuple of floats: a list or tuple (not a string) of numbers (as :func:`number`'s) each within
-    the bounds, and not empty if ``nonempty``; the message names them with the plural ``noun`` ("a non-empty list of
-    compression factors > 1")."""
+    """``value`` as a tuple of floats: a list or tuple (not a string) of numbers (finite, as :func:`number`'s) each
+    within the bounds, and not empty if ``nonempty``; the message names them with the plural ``noun`` ("a non-empty
+    list of finite compression factors > 1")."""
     if (isinstance(value, Sequence) and not isinstance(value, str | bytes) and (len(value) > 0 or not nonempty)
             and all(_is_number(item) and _within(item, gt, ge, lt, le) for item in value)):
         return tuple(float(item) for item in value)
     adjective, suffix = _range(gt, ge, lt, le, integral=False)
-    raise invalid(owner, name, f"a {'non-empty ' if nonempty else ''}list of {adjective}{noun}{suffix}", value)
+    finite = "" if (gt, ge) != (None, None) and (lt, le) != (None, None) else "finite "
+    raise invalid(owner, name, f"a {'non-empty ' if nonempty else ''}list of {adjective}{finite}{noun}{suffix}", value)
 
 
 @overload
@@ -112,7 +114,8 @@ def choice(owner: str, name: str, value: Any, choices: Collection[str]) -> str:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    """An int or a finite float, not a bool."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _within(value: float, gt: Bound, ge: Bound, lt: Bound, le: Bound) -> bool:

@@ -94,7 +94,7 @@ class AutoSettings:
             raise ValueError(f"options of method auto must be a mapping; got {options!r}")
         _check_keys("auto's options", options, ("allow", "candidates", "plans", "budget_s"))
         plans = check.integer("auto", "plans", options.get("plans", cls.plans), ge=1)
-        budget_s = check.number("auto", "budget_s", options.get("budget_s", cls.budget_s), ge=0, finite=True,
+        budget_s = check.number("auto", "budget_s", options.get("budget_s", cls.budget_s), ge=0,
                                 noun="number of seconds")
         allow = options.get("allow") or ()
         if not isinstance(allow, (list, tuple)) or not all(isinstance(m, str) for m in allow):
@@ -275,7 +275,7 @@ class CompressionConfig:
         if not isinstance(dense, list | tuple) or not all(isinstance(p, str) for p in dense):
             raise check.invalid("", "dense", "a list of parameter-name patterns", dense)
         min_numel = check.integer("", "min_numel", compression.get("min_numel", 1024), ge=0)
-        bucket_cap_mb = check.number("", "bucket_cap_mb", compression.get("bucket_cap_mb", 0), ge=0, finite=True,
+        bucket_cap_mb = check.number("", "bucket_cap_mb", compression.get("bucket_cap_mb", 0), ge=0,
                                      noun="number of MiB")
         seed = check.integer("", "seed", compression.get("seed", 0))
         nonfinite = compression.get("nonfinite", "raise")

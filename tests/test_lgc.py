@@ -19,8 +19,8 @@ from hvdcomp.methods.lgc import LGC
     ({"innovation_ratio": 1.5}, "innovation_ratio must be a number in"),
     ({"train_steps": 0}, "train_steps must be a positive integer"),
     ({"downsample": 0}, "downsample must be a positive integer"),
-    ({"lr": 0}, "lr must be a positive number"),
-    ({"max_error": -1}, "max_error must be a non-negative number"),
+    ({"lr": 0}, "lr must be a positive finite number"),
+    ({"max_error": -1}, "max_error must be a non-negative finite number"),
     ({"dense_edges": "yes"}, "dense_edges must be true or false"),
 ])
 def test_lgc_rejects_bad_options(options: dict, message: str) -> None:

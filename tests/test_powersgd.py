@@ -132,9 +132,9 @@ def test_own_memory_takes_no_generic_error_feedback() -> None:
 @pytest.mark.parametrize(("options", "message"), [
     ({"rank": 0}, "rank must be a positive integer"),
     ({"start_iter": -1}, "start_iter must be a non-negative integer"),
-    ({"min_compression_rate": 0}, "min_compression_rate must be a positive number"),
+    ({"min_compression_rate": 0}, "min_compression_rate must be a positive finite number"),
     ({"warm_start": "yes"}, "warm_start must be true or false"),
-    ({"orthogonalization_epsilon": -1e-8}, "orthogonalization_epsilon must be a non-negative number"),
+    ({"orthogonalization_epsilon": -1e-8}, "orthogonalization_epsilon must be a non-negative finite number"),
 ])
 def test_bad_options_are_rejected(options: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):

@@ -142,5 +142,5 @@ def test_wire_size_at_most_2_05_bits_per_element() -> None:
 
 @pytest.mark.parametrize("bad", [0, -1.0, "2.5", True])
 def test_bad_clip_is_rejected(bad: object) -> None:
-    with pytest.raises(ValueError, match="clip must be a positive number"):
+    with pytest.raises(ValueError, match="clip must be a positive finite number"):
         TernGrad(clip=bad)

@@ -84,7 +84,7 @@ class Threshold(Sparse):
     def __init__(self, threshold: float | None = None, density: float | None = None,
                  max_density: float | None = None, momentum: float = 0.9) -> None:
         self.momentum = check.number(self.name, "momentum", momentum, ge=0, lt=1)  # the memory policy reads it
-        check.number(self.name, "threshold", threshold, gt=0, finite=True, optional=True)
+        check.number(self.name, "threshold", threshold, gt=0, optional=True)
         check.number(self.name, "density", density, gt=0, lt=1, optional=True)
         check.number(self.name, "max_density", max_density, gt=0, le=1, optional=True)
         if threshold is not None and density is not None:

@@ -48,7 +48,7 @@ class Fields:
     def number(self, key: str, minimum: float = 0.0, strict: bool = False, default: Any = None) -> float:
         value = self._get(key, _REQUIRED if default is None else default)
         return check.number(self.where, self._name(key), value, gt=minimum if strict else None,
-                            ge=None if strict else minimum, finite=True)
+                            ge=None if strict else minimum)
 
     def integer(self, key: str, minimum: int = 0, default: Any = None) -> int:
         value = self._get(key, _REQUIRED if default is None else default)

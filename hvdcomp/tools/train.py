@@ -125,7 +125,7 @@ def load_job(path: str) -> dict[str, Any]:
         if job.get(key) is not None:
             check.integer(path, key, job[key], ge=least)
     if job.get("lr") is not None:  # YAML reads 1e-2 as text (its floats need a dot: 1.0e-2)
-        check.number(path, "lr", job["lr"], gt=0, finite=True, expected="a positive number" + (
+        check.number(path, "lr", job["lr"], gt=0, expected="a positive number" + (
             " (YAML reads 1e-2 as text: write 1.0e-2)" if isinstance(job["lr"], str) else ""))
     return dict(job)
 
