@@ -75,10 +75,11 @@ class AccuracyWarning(UserWarning):
 
 def register(registry: dict[str, Any], cls: type, kind: str) -> None:
     """Registers ``cls`` under the ``name`` it defines itself (not one it inherits); a second class of the same
-    name is an error, naming both."""
+    name is an error, naming both (the same class again, from a module imported anew, replaces it)."""
     name = cls.__dict__.get("name")
     if isinstance(name, str):
-        if name in registry and registry[name].__qualname__ != cls.__qualname__:
+        if name in registry and (registry[name].__module__, registry[name].__qualname__) != (cls.__module__,
+                                                                                             cls.__qualname__):
             raise ValueError(f"{kind} {name!r} is defined twice: {registry[name]} and {cls}")
         registry[name] = cls
 

@@ -141,7 +141,7 @@ def _check_keys(where: str, given: Mapping[str, Any], valid: tuple[str, ...]) ->
 def make_compressor(method: str, options: Mapping[str, Any] | None = None,
                     error_feedback: bool | None = None) -> Compressor:
     """Builds the named method with its memory policy (:func:`hvdcomp.error_feedback.with_memory`)."""
-    if method not in METHODS:
+    if not isinstance(method, str) or method not in METHODS:
         raise _unknown("compression method", method, [*sorted(METHODS), "auto"] if method != "auto" else
                        sorted(METHODS))
     cls = METHODS[method]
@@ -208,6 +208,9 @@ def _rule(where: str, entry: Mapping[str, Any], match: str, defaults: Mapping[st
     collective_options = _mapping(where, "collective_options", merged.get("collective_options"))
     try:
         compressor = make_compressor(merged.get("method", "none"), options, merged.get("error_feedback"))
+        if merged.get("error_feedback") is False and compressor.own_memory:  # (true is refused by make_compressor)
+            raise ValueError(f"{compressor.name} keeps its own memory: set its own option (e.g. error_feedback in "
+                             "options) instead of the generic error_feedback key, which it would ignore")
         # checked now, not at the first parameter it meets; options inherited from the defaults were checked there
         # (against the default method), and each reduction is given only those it takes
         if "collective_options" in entry:

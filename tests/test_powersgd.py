@@ -121,8 +121,9 @@ def test_own_memory_takes_no_generic_error_feedback() -> None:
     chosen = CompressionConfig.parse("powersgd").choose("w", (96, 32), 2).compressor
     assert isinstance(chosen, PowerSGD)
     assert isinstance(with_memory(PowerSGD()), PowerSGD)
-    with pytest.raises(ValueError, match="keeps its own memory"):
-        CompressionConfig.parse({"method": "powersgd", "error_feedback": True})
+    for error_feedback in (True, False):  # (false would be ignored: its own option is error_feedback in options)
+        with pytest.raises(ValueError, match="keeps its own memory"):
+            CompressionConfig.parse({"method": "powersgd", "error_feedback": error_feedback})
     with pytest.raises(ValueError, match="keeps its own memory"):
         ErrorFeedback(PowerSGD())
     no_memory = PowerSGD(error_feedback=False)

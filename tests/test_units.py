@@ -414,6 +414,18 @@ def test_every_registered_method_builds_with_defaults() -> None:
         assert make_compressor(name).name == name
 
 
+def test_a_method_of_a_taken_name_is_refused_and_a_method_name_must_be_a_string() -> None:
+    """A class of another module under a built-in method's name is refused, naming both (it would replace the
+    built-in everywhere); a method that is not a string gets the message of an unknown one."""
+    from hvdcomp.compressor import Compressor
+
+    with pytest.raises(ValueError, match="compression method 'topk' is defined twice"):
+        type("TopK", (Compressor,), {"name": "topk", "__module__": "users_code"})
+    assert METHODS["topk"].__module__ == "hvdcomp.methods.topk"
+    with pytest.raises(ValueError, match=r"unknown compression method \['topk'\]; valid:"):
+        make_compressor(["topk"])  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(("call", "message"), [
     (lambda: check.number("topk", "ratio", True, gt=0, le=1), "topk: ratio must be a number in (0, 1]; got True"),
     (lambda: check.number("dgc", "momentum", 1, ge=0, lt=1), "dgc: momentum must be a number in [0, 1); got 1"),
