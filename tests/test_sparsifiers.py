@@ -123,11 +123,18 @@ def test_dgc_at_density_one_is_momentum_sgd() -> None:
         torch.testing.assert_close(dgc.decompress(payload, meta), buffer)
 
 
-def test_dgc_local_clipping_scales_by_one_over_sqrt_n() -> None:
-    g = torch.tensor([3.0, 4.0])  # norm 5; clip_norm 2 on 4 ranks: each rank clips to 1
-    dgc = DGC(density=1.0, momentum=0.0, warmup_densities=[], clip_norm=2.0)
+def test_dgc_local_clipping_takes_a_ranks_share_of_the_threshold() -> None:
+    """The paper's N^-1/2 of the threshold for a rank's share g / N of the summed gradient: g clipped to clip_norm x
+    sqrt(N), so that the average of N independent gradients is clipped near clip_norm."""
+    g = torch.tensor([3.0, 4.0])  # norm 5; clip_norm 0.5 on 4 ranks: each rank clips to 1
+    dgc = DGC(density=1.0, momentum=0.0, warmup_densities=[], clip_norm=0.5)
     (values, _), _ = dgc.compress(g, dgc.init_state(g, _ctx(g)), _ctx(g, size=4))
     torch.testing.assert_close(values.sort().values, torch.tensor([0.6, 0.8]))
+    generator = torch.Generator().manual_seed(0)
+    gradients = [torch.randn(10_000, generator=generator) for _ in range(16)]  # independent, norm about 100 each
+    dgc = DGC(density=1.0, momentum=0.0, warmup_densities=[], clip_norm=5.0)
+    clipped = [dgc.decompress(*dgc.compress(x, dgc.init_state(x, _ctx(x)), _ctx(x, size=16))) for x in gradients]
+    assert torch.stack(clipped).mean(0).norm().item() == pytest.approx(5.0, rel=0.05)
 
 
 def test_dgc_follows_the_warmup_schedule() -> None:

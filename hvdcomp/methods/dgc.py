@@ -4,7 +4,7 @@ Communication Bandwidth for Distributed Training", ICLR 2018, arXiv:1712.01887).
 Top-k sparsification made to keep SGD with momentum's accuracy, with a memory of its own (Algorithm 1 with
 Section 3.2's momentum correction and, as an option, factor masking): for each rank's gradient g of one tensor,
 
-    g <- g * min(1, (clip_norm / sqrt(N)) / ||g||)     local gradient clipping (when clip_norm is set)
+    g <- g * min(1, (clip_norm * sqrt(N)) / ||g||)     local gradient clipping (when clip_norm is set)
     u <- m u + g                                         momentum correction: momentum is accumulated locally
     v <- v + u                                           accumulation (DGC's error feedback)
     send v_i for i in top-k(|v|)                         k = density(step) * d
@@ -27,9 +27,12 @@ Knobs:
   0.015625, 0.004, then ``density``); each stage lasts ``warmup_steps`` steps (one epoch in the paper: set it to
   the job's steps per epoch). ``warmup_densities: []`` switches the warm-up off. The stage comes from the step
   counter, so every rank changes density in the same step.
-* ``clip_norm``: local gradient clipping (Section 3.2): each rank clips its gradient of this tensor to
-  ``clip_norm / sqrt(N)``, so that the sum over N ranks is bounded by ``clip_norm``. The paper clips the norm of
-  the whole model's gradient; here it is per tensor (the unit hvdcomp reduces). Off by default.
+* ``clip_norm``: local gradient clipping (Section 3.2), the threshold of the averaged gradient's norm: the paper
+  clips each node's share of the summed gradient (here g / N) to the threshold times N^-1/2, its share if the N
+  ranks' gradients were independent and alike, so each rank clips its gradient of this tensor to
+  ``clip_norm * sqrt(N)``: the average of N such gradients then has a norm of about ``clip_norm`` (at most
+  ``clip_norm * sqrt(N)``, where they are all alike). The paper clips the norm of the whole model's gradient; here
+  it is per tensor (the unit hvdcomp reduces). Off by default.
 * ``momentum_masking``: the paper's factor masking (Section 3.2), off by default. Masking zeroes the momentum of
   every entry sent, so an entry sent in every step gets no momentum at all: a step 1 / (1 - m) = 10 times smaller
   than dense momentum SGD gives it. The entries sent most often are the largest, and in the warm-up's first stage
@@ -115,7 +118,7 @@ class DGC(Sparse):
         u, v = state["momentum"], state["accumulated"]
         if self.clip_norm is not None:  # scale = min(1, c / ||g||), without a host sync
             norm = torch.linalg.vector_norm(g.float())
-            scale = (self.clip_norm / math.sqrt(ctx.size)) / norm.clamp(min=torch.finfo(torch.float32).tiny)
+            scale = (self.clip_norm * math.sqrt(ctx.size)) / norm.clamp(min=torch.finfo(torch.float32).tiny)
             g = g * scale.clamp(max=1)
         momentum_step(g, u, v, self.momentum, True)
         return v
