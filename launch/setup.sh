@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up this checkout on a fresh machine, idempotently:
-#   a. Open MPI (Debian packages) when mpirun/mpicc are missing,
+#   a. the system packages a build needs (Debian's), those missing: Open MPI (mpirun, mpicc), g++, Python's venv
+#      and its headers,
 #   b. the virtual environment .venv with PyTorch,
 #   c. Horovod 0.28.1 built once from its PyPI source release and cached as a wheel outside the checkout,
 #   d. hvdcomp itself (editable, with the extras the demo and the tests need),
@@ -56,31 +57,42 @@ die() {
     exit 1
 }
 
-# True when the system python3 already has a torch that can use a GPU: the venv then inherits it.
+# True when the system python3 already has a torch that can use a GPU (a CUDA build, with a GPU to see): the venv
+# then inherits it. A CUDA build that cannot reach the GPU here (a container without the device) counts where
+# nvidia-smi answers; a CPU build never does.
 system_torch_has_cuda() {
-    python3 -c 'import torch' >/dev/null 2>&1 || return 1
+    python3 -c 'import sys, torch; sys.exit(0 if torch.version.cuda else 1)' >/dev/null 2>&1 || return 1
     python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1 && return 0
     command -v nvidia-smi >/dev/null && nvidia-smi >/dev/null 2>&1
 }
 
-# a. Open MPI: mpirun to launch ranks, mpicc and the headers to build Horovod and mpi4py.
-install_mpi() {
-    if command -v mpirun >/dev/null && command -v mpicc >/dev/null; then
-        log "Open MPI already installed: $(mpirun --version 2>/dev/null | head -n 1)"
+# a. The system packages a build needs, those missing (Debian's names): Open MPI (mpirun to launch ranks, mpicc and
+# the headers to build Horovod and mpi4py), g++ (Horovod, the kernels; Open MPI's packages bring gcc, not g++),
+# Python's venv and its headers (Python.h).
+install_system_packages() {
+    local missing=()
+    command -v mpirun >/dev/null && command -v mpicc >/dev/null || missing+=(openmpi-bin libopenmpi-dev)
+    command -v g++ >/dev/null || missing+=(g++)
+    python3 -m ensurepip --version >/dev/null 2>&1 || missing+=(python3-venv)
+    local headers
+    headers=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
+    [[ -f $headers/Python.h ]] || missing+=(python3-dev)
+    if [[ ${#missing[@]} -eq 0 ]]; then
+        log "system packages present: $(mpirun --version 2>/dev/null | head -n 1), $(g++ --version | head -n 1)"
         return
     fi
     local sudo=()
     if [[ $EUID -ne 0 ]]; then
         command -v sudo >/dev/null ||
-            die "mpirun/mpicc not found and not running as root: install Open MPI first" \
-                "(Debian/Ubuntu: apt-get install openmpi-bin libopenmpi-dev), then re-run $0"
+            die "missing ${missing[*]} and not running as root: install them first" \
+                "(Debian/Ubuntu: apt-get install ${missing[*]}), then re-run $0"
         sudo=(sudo)
     fi
-    log "installing Open MPI from Debian's packages (apt-get install openmpi-bin libopenmpi-dev)"
+    log "installing Debian's packages: apt-get install ${missing[*]}"
     "${sudo[@]}" apt-get update -qq
     "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive \
-        apt-get install -y -qq --no-install-recommends openmpi-bin libopenmpi-dev >/dev/null
-    log "Open MPI installed: $(mpirun --version 2>/dev/null | head -n 1)"
+        apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    log "installed: $(mpirun --version 2>/dev/null | head -n 1)"
 }
 
 # b. The virtual environment and torch. With a CUDA torch already on the machine, .venv sees it: through
@@ -344,7 +356,7 @@ print("\n".join(r for r in chosen if re.match(r"(torch|horovod|hvdcomp|triton)\b
 
 main() {
     local start=$SECONDS
-    install_mpi
+    install_system_packages
 
     local system_site=false
     system_torch_has_cuda && system_site=true
