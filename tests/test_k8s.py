@@ -294,6 +294,8 @@ BREAKAGES = [
     (lambda j: _worker(j).pop("readinessProbe"), "containers[0].readinessProbe", "tcpSocket"),
     (lambda j: _launcher(j).update(command=["python"], args=["train.py"]), "containers[0].command",
      "horovodrun -np 16"),
+    (lambda j: _launcher(j)["args"].__delitem__(slice(2, 4)), "Launcher.template.spec.containers[0].args",
+     "add --hostfile /etc/mpi/hostfile"),
     # the operator mounts the keys at /root/.ssh by default, where a non-root sshd finds none
     (lambda j: j["spec"].pop("sshAuthMountPath"), "spec.sshAuthMountPath", "/home/mpiuser/.ssh"),
     (lambda j: _launcher(j)["resources"]["limits"].update({render.GPU: 8}), "Launcher.template.spec.containers",

@@ -169,6 +169,21 @@ def launcher_np(argv: list[str]) -> tuple[str | None, str | None]:
     return None, None
 
 
+def horovodrun_hosts(argv: list[str]) -> bool:
+    """Whether horovodrun in a launcher argv is told its hosts (``--hostfile``, ``-H``/``--hosts`` or
+    ``--host-discovery-script``), before the training command; without, it runs every rank on its own host."""
+    flags = ("--hostfile", "-H", "--hosts", "--host-discovery-script")
+    for index, word in enumerate(argv):
+        if word.rsplit("/", 1)[-1] == "horovodrun":
+            for flag in argv[index + 1:]:
+                if flag in flags or flag.split("=")[0] in flags:
+                    return True
+                if not flag.startswith("-") and flag.rsplit("/", 1)[-1] in ("python", "python3", "hvdcomp"):
+                    return False  # the training command: its own flags are not horovodrun's
+            return False
+    return False
+
+
 def _quantity_int(value: Any) -> int | None:
     try:
         return int(str(value))
@@ -289,6 +304,10 @@ def rule_problems(job: Mapping[str, Any], where: str) -> Iterator[Problem]:
         elif np != str(expected):
             yield Problem(where, f"{path}.args", f"-np {np}, but {hosts} hosts x slotsPerWorker {slots} = {expected} "
                           "(hvdcomp)", f"use -np {expected}, or change the worker replicas or slotsPerWorker")
+        if program == "horovodrun" and not horovodrun_hosts(launcher_argv(_containers(launcher["template"])[0])):
+            yield Problem(where, f"{path}.args", "horovodrun names no hosts: it would start every rank in the "
+                          "launcher's pod (its default, localhost) (hvdcomp)",
+                          "add --hostfile /etc/mpi/hostfile (the operator's), before the training command")
 
 
 def _gpus(replica: Mapping[str, Any]) -> int:

@@ -30,8 +30,8 @@ Every input to a decision is agreed across ranks: the squared norms and each ran
 step's vote (one small collective for all parameters), and the decision is computed from the sums on every rank
 alike, so all ranks change CF in the same step (the CF and phase are in the plan the optimizer checks). The
 decision reads the vote's result on the host once the vote is done (at a backward hook that finds it done, where
-the optimizer resolves the vote, or in ``synchronize()``): the vote copies it there (``Agree.host``) in its one transfer a step,
-with every other parameter's.
+the optimizer resolves the vote, or in ``synchronize()``): the vote copies it there (``Agree.host``) in its one
+transfer a step, with every other parameter's.
 
 The step time is the wall time between this parameter's consecutive reductions on each rank (its mean over
 ranks). A step's reading covers mostly the previous step's communication, so the first step of each trial is not
