@@ -5,7 +5,10 @@ is the *gain* of a CF c on the error-compensated gradient p (the gradient plus t
 
     gain(c) = ||C_c(p)|| / ||p||,          summed over ranks: sqrt(sum_r ||C_c(p_r)||^2 / sum_r ||p_r||^2)
 
-for the sparsifiers, which keep some of p's entries (the paper's; then ||C_c(p)||^2 = ||p||^2 - ||C_c(p) - p||^2).
+for the sparsifiers, which keep some of p's entries (then ||C_c(p)||^2 = ||p||^2 - ||C_c(p) - p||^2). This is not
+quite the paper's: its code divides the smoothed ||C_c(p)|| by the smoothed norm of the gradient g alone, which error
+feedback can take above 1; here the gain is at most 1, and lower the more p holds that earlier steps left unsent, so
+this controller falls back to a lower CF, or dense, sooner than the paper's.
 A quantizer's C_c(p) is noisy, not a part of p: an unbiased one's ||C_c(p)|| exceeds ||p|| by its variance, more
 the more it compresses, so its gain is the part of p's norm that its error leaves, 0 where the error outweighs p:
 
