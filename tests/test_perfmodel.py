@@ -106,10 +106,10 @@ def test_timeline_gated_compressor_encodes_after_backward() -> None:
     compressor = schema.CompressorProfile("tern", summable=False, fixed_size=True, shared_before_encode=True,
                                           gradients={"a": encoded})
     step = timeline.simulate(profile_of(ready_ms=10, compressors={"tern": compressor}), cluster_of(0.16), "tern", 2)
-    vote = 16 * 8 / 0.16e9  # flag, scaler, the plan fingerprint's max and min
-    # "a" is ready at 10 ms: hook (1 ms), vote, encode (4 ms), then the rest of backward (90 ms) overlaps the
-    # allgather; "b" (ready at 100 ms + 5 ms of hook work) then its tiny allreduce; decode 3 ms; optimizer 5 ms
-    expected = 0.010 + 0.100 + 0.001 + vote + 0.004 + 4 * 8 / 0.16e9 + 0.003 + 0.005
+    # "a" is ready at 10 ms: hook (1 ms), the vote starts (nothing waits for it in backward); "b"'s hook, at the end
+    # of backward (100 ms + 1), finds it done and encodes "a" (4 ms), whose allgather (3.125 ms) then runs past
+    # backward's end, "b"'s tiny allreduce after it; decode 3 ms; optimizer 5 ms
+    expected = 0.010 + 0.100 + 0.001 + 0.004 + 62_500 * 8 / 0.16e9 + 0.003 + 0.005
     assert step.collective == "allgather"
     assert step.step_s == pytest.approx(expected, rel=1e-4)
     assert step.bytes_per_rank == pytest.approx(62_500 + 4 + 16)

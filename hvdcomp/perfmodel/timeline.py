@@ -18,9 +18,10 @@ The step is simulated on two resources, as it runs:
   the collectives submitted before a round began share it, and each then pays only its own latency.
 
 Compressors whose encoding needs values shared by all ranks (TernGrad's scaler sharing) only compute their
-statistics in the hook; the vote then runs at the end of backward and all encoding follows it, so their
-communication cannot overlap backward. What a reduction sends, and the computation between its collectives,
-is what the reduction class itself states (:meth:`hvdcomp.reductions.ReductionMethod.phases`): the
+statistics in the hook; the vote starts at the last compressed gradient's hook, and their encoding follows it, at
+the first later hook that finds the vote done or else in ``synchronize()`` (nothing waits for it inside
+backward), so their communication cannot overlap backward. What a reduction sends, and the computation between
+its collectives, is what the reduction class itself states (:meth:`hvdcomp.reductions.ReductionMethod.phases`): the
 two-phase scheme's second collective is submitted from ``synchronize()`` after the owner has summed and
 re-encoded its chunk; PowerSGD's Q allreduce after P's. Which reductions a method may use and which
 ``collective: auto`` picks come from :mod:`hvdcomp.reductions` too. Two plans are priced only for comparison
@@ -139,6 +140,13 @@ class BackgroundThread:
         while math.isnan(op.end):
             self._run_next()
         return op.end
+
+    def done_by(self, op: Op, time: float) -> bool:
+        """Whether ``op`` has ended by ``time``: the collectives that start before it are run (as a submission at
+        ``time`` would run them), none after."""
+        while math.isnan(op.end) and self.pending and max(self.free, self.pending[0].issued) < time:
+            self._run_next()
+        return op.end <= time
 
     def _run_next(self) -> None:
         head = self.pending.pop(0)
@@ -326,8 +334,24 @@ def _timeline(profile: Profile, cluster: Cluster, workers: int, chosen: Mapping[
         reduction = reduction_of(plan)
         encoded[name] = in_parts(profile, compressor, name, reduction.parts(workers)), reduction
 
+    def encode_gated(start: float) -> float:
+        """Every gated gradient encoded from ``start`` (in ready order), its first collective submitted; the end."""
+        nonlocal encode_total
+        now = start
+        for name in (g.name for g in profile.gradients if g.name in gated):
+            e, reduction = encoded[name]
+            now += reduction.hook_ms(e) * ms
+            encode_total += reduction.hook_ms(e) * ms
+            submit(name, now, reduction.phases(e, workers)[0])
+        return now
+
+    waiting = False  # gated encodings waiting for the vote
     for index, gradient in enumerate(profile.gradients):
         hook = forward + gradient.ready_ms * ms + delay
+        if waiting and vote is not None and thread.done_by(vote, hook):  # a later hook finds the vote done
+            delay += encode_gated(hook) - hook
+            hook = forward + gradient.ready_ms * ms + delay
+            waiting = False
         if gradient.name not in chosen:
             ops[gradient.name] = thread.submit(Op(hook, dense_plan, gradient.bytes, "dense"))
             sent += gradient.bytes
@@ -346,18 +370,13 @@ def _timeline(profile: Profile, cluster: Cluster, workers: int, chosen: Mapping[
             vote_bytes = 4 * (len(chosen) + len(gated)) + 8  # flags (and scalers), the plan fingerprint
             vote = thread.submit(Op(now, "allreduce", vote_bytes))
             sent += vote_bytes
-            if gated:  # the last hook waits for the vote, then encodes every gated gradient
-                now = thread.wait(vote)
-                for name in (g.name for g in profile.gradients if g.name in gated):  # in ready order
-                    e, reduction = encoded[name]
-                    now += reduction.hook_ms(e) * ms
-                    encode_total += reduction.hook_ms(e) * ms
-                    submit(name, now, reduction.phases(e, workers)[0])
-                delay = now - forward - gradient.ready_ms * ms
+            waiting = bool(gated)  # nothing waits for the vote inside backward
     backward_end = forward + backward + delay
     now = backward_end
-    if vote is not None and not gated:
+    if vote is not None:  # synchronize() waits for it, then encodes what it gates (if no hook did)
         now = max(now, thread.wait(vote))
+        if waiting:
+            now = encode_gated(now)
     decode_total = 0.0
     # synchronize(): passes over the compressed gradients in submission order (the order of readiness), each
     # waiting for one collective per reduction and starting its next (after the computation before it) or
