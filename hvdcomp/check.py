@@ -49,7 +49,7 @@ def number(owner: str, name: str, value: Any, *, gt: Bound = None, ge: Bound = N
            expected: str | None = None) -> float | None:
     """``value`` as a float: a finite int or float, not a bool, with ``value > gt``, ``>= ge``, ``< lt``, ``<= le``
     (each bound that is given); ``None`` too if ``optional`` (YAML's null: "no limit", "off", where an option has
-    one: never ``.inf``, which no option means, and which would reach a step as NaN or an overflow).
+    one: never ``.inf``, which would reach a step as NaN or an overflow; a deadline without a limit is ``None``).
 
     The message says so from the bounds and ``noun`` ("fraction": "a fraction in [0, 1)"), or says ``expected``.
     """
@@ -115,7 +115,8 @@ def choice(owner: str, name: str, value: Any, choices: Collection[str]) -> str:
 
 def _is_number(value: Any) -> bool:
     """An int or a finite float, not a bool."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return isinstance(value, int | float) and not isinstance(value, bool) and (isinstance(value, int)
+                                                                              or math.isfinite(value))
 
 
 def _within(value: float, gt: Bound, ge: Bound, lt: Bound, le: Bound) -> bool:

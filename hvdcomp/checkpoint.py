@@ -72,11 +72,13 @@ def check_entry(name: str, saved: Mapping[str, Any] | None, choice: Choice, buck
 def check_all_taken(saved: Mapping[str, Any], compressed: set[str]) -> None:
     """Raises where the checkpoint holds a method state for a parameter that this optimizer does not compress: it
     would be dropped, and with it what its residuals had not sent yet."""
-    for name in sorted(set(saved) - compressed):
-        raise ValueError(f"checkpoint holds hvdcomp method state for parameter {name!r} "
-                         f"({saved[name].get('method', 'compressed')}), which this optimizer does not compress (dense "
-                         f"here, one rank, outside the process set, or no such name): its residuals would be lost. "
-                         f"Resume with the checkpoint's compression config and world, or {AFRESH}")
+    left = sorted(set(saved) - compressed)
+    if left:
+        named = ", ".join(f"{name!r} ({saved[name].get('method', 'compressed')})" for name in left)
+        raise ValueError(f"checkpoint holds hvdcomp method state for parameter{'s' if len(left) > 1 else ''} {named}, "
+                         f"which this optimizer does not compress (dense here, one rank, outside the process set, or "
+                         f"no such name): its residuals would be lost. Resume with the checkpoint's compression config "
+                         f"and world, or {AFRESH}")
 
 
 def check_fits(name: str, saved: State, fresh: State) -> None:

@@ -321,6 +321,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._compressed_total = sum(slot.choice.reduction is not None for slot in self._slots)
         self._compressed_started = 0
         self._vote: Pending | None = None
+        self._vote_gates = False  # the vote holds values that encodings wait for
         self._vote_result: torch.Tensor | None = None
         self._synchronized = False
         self._backward_since_synchronize = False  # a gradient hook fired since the last synchronize()
@@ -521,9 +522,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         passes have accumulated it."""
         if not self._work:  # a step's first gradient (or one accumulated before it)
             self._follow_world()
-        if self._vote is not None and self._vote.ready():  # agreed values that gate encodings: resolved once here
-            self._finish_vote()  # (waiting for them inside backward could wait for ranks that start this vote only
-            # in synchronize(), a gradient missing there, while they wait for a collective later in backward)
+        if self._vote_gates and self._vote is not None and self._vote.ready():  # agreed values that gate encodings:
+            self._finish_vote()  # resolved once here (waiting for them inside backward could wait for ranks that
+            # start this vote only in synchronize(), a gradient missing there, while they wait for a collective later
+            # in backward); a vote that gates nothing waits for synchronize(): reading it is a host sync on CUDA
         index = self._index.get(id(param))
         if index is None:  # one rank (nothing to reduce), or a parameter the plan leaves out (frozen when planned)
             return
@@ -650,6 +652,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         agreements = [Agree(torch.cat([w.flag.to(device) for w in works]), "max"), Agree(fingerprint, "max", host=True),
                       Agree(fingerprint, "min", host=True), *(w.agree for w in works if w.agree is not None)]
         self._vote = start_vote(agreements, self._vote_name, self.process_set)
+        self._vote_gates = any(w.agree is not None for w in works)
         self._bytes_sent += self._vote.nbytes
 
     def _finish_vote(self) -> None:
@@ -898,8 +901,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         sync): a collective, to call on every rank. In turn:
 
         1. the root's options of each parameter group (learning rate, momentum, betas: what a checkpoint loaded on
-           the root alone, or a scheduler, set) on every rank, so that no rank steps with its own; Horovod's own
-           broadcast carries them only for an optimizer with state;
+           the root alone, or a scheduler, set) on every rank whose optimizer is over the root's process set, so
+           that no rank steps with its own; Horovod's own broadcast carries them only for an optimizer with state;
         2. the wrapped optimizer's state (SGD's momentum buffers, Adam's moments) created locally where a parameter
            has none (:meth:`_create_missing_state`), then broadcast from the root by Horovod's
            ``broadcast_optimizer_state`` (``model`` names its sparse parameters); a stateless optimizer (SGD
@@ -911,19 +914,25 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
         Steps 1 and 3 share one collective (over every rank, as Horovod's broadcast)."""
         options = [{key: value for key, value in group.items() if key != "params"} for group in self.param_groups]
-        gathered = hvd.allgather_object((options, self._loaded, {slot.name: slot.step for slot in self._slots}),
-                                        name="hvdcomp.broadcast_state")
-        if len({len(rank_options) for rank_options, _, _ in gathered}) != 1:
-            raise ValueError(f"hvdcomp: the ranks' optimizers have different numbers of parameter groups "
-                             f"({[len(rank_options) for rank_options, _, _ in gathered]} by rank)")
-        for group, root_options in zip(self.param_groups, gathered[root_rank][0], strict=True):
-            group.update(root_options)
+        gathered = hvd.allgather_object((options, self._loaded, {slot.name: slot.step for slot in self._slots},
+                                         self.process_set.process_set_id), name="hvdcomp.broadcast_state")
+        root_options, _, steps, root_set = gathered[root_rank]
+        counts = [len(rank_options) for rank_options, _, _, set_id in gathered if set_id == root_set]
+        if len(set(counts)) != 1:  # (decided from what every rank gathered: raised on every rank)
+            raise ValueError(f"hvdcomp: the optimizers of rank {root_rank}'s process set have different numbers of "
+                             f"parameter groups ({counts}, by rank)")
+        if self.process_set.process_set_id == root_set:  # (an optimizer over another process set keeps its own)
+            for group, given in zip(self.param_groups, root_options, strict=True):
+                for key, value in given.items():
+                    if isinstance(group.get(key), torch.Tensor) and isinstance(value, torch.Tensor):
+                        group[key].copy_(value)  # (a tensor learning rate stays on this rank's device)
+                    else:
+                        group[key] = value
         self._create_missing_state(sparse)
         if self.state_dict()["state"]:  # the same parameters' on every rank; none: Horovod's would call step()
             hvd.broadcast_optimizer_state(self, root_rank, model)
-        if {loaded for _, loaded, steps in gathered if steps} != {False, True}:
+        if {loaded for _, loaded, rank_steps, _ in gathered if rank_steps} != {False, True}:
             return
-        steps = gathered[root_rank][2]
         self._fresh_states()
         self._loaded = False
         for slot in self._slots:

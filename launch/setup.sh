@@ -73,10 +73,14 @@ install_system_packages() {
     local missing=()
     command -v mpirun >/dev/null && command -v mpicc >/dev/null || missing+=(openmpi-bin libopenmpi-dev)
     command -v g++ >/dev/null || missing+=(g++)
-    python3 -m ensurepip --version >/dev/null 2>&1 || missing+=(python3-venv)
-    local headers
-    headers=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
-    [[ -f $headers/Python.h ]] || missing+=(python3-dev)
+    if command -v python3 >/dev/null; then
+        python3 -m ensurepip --version >/dev/null 2>&1 || missing+=(python3-venv)
+        local headers
+        headers=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])' 2>/dev/null) || headers=""
+        [[ -n $headers && -f $headers/Python.h ]] || missing+=(python3-dev)
+    else
+        missing+=(python3 python3-venv python3-dev)
+    fi
     if [[ ${#missing[@]} -eq 0 ]]; then
         log "system packages present: $(mpirun --version 2>/dev/null | head -n 1), $(g++ --version | head -n 1)"
         return

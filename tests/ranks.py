@@ -636,8 +636,8 @@ def resumed_elsewhere() -> None:
     lacking = copy.deepcopy(saved)
     del lacking["hvdcomp"]["0.weight"]
     refusals.append(("topk", lacking, "no hvdcomp state for parameter '0.weight' (a job that did not compress"))
-    refusals.append(("none", saved, "parameter '0.weight' (allgather:ErrorFeedback:topk), which this optimizer "
-                                    "does not compress"))
+    refusals.append(("none", saved, "hvdcomp method state for parameters '0.weight' (allgather:ErrorFeedback:topk), "
+                                    "'2.weight'"))
     stepless = copy.deepcopy(saved)
     del stepless["hvdcomp"]["0.weight"]["step"]
     refusals.append(("topk", stepless, "hvdcomp entry for parameter '0.weight' has no step"))

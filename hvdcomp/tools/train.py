@@ -433,8 +433,8 @@ def deadline_arg(text: str) -> Deadline | float | None:
         seconds = float(text)
     except ValueError:
         seconds = 0.0
-    if not seconds > 0:
-        raise argparse.ArgumentTypeError(f"must be auto, off or a positive number of seconds; got {text!r}")
+    if not 0 < seconds < math.inf:  # (no limit: off)
+        raise argparse.ArgumentTypeError(f"must be auto, off or a positive finite number of seconds; got {text!r}")
     return seconds
 
 
