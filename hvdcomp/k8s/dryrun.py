@@ -30,7 +30,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import yaml
 
@@ -85,14 +84,9 @@ def map_paths(value: str, mapping: Mapping[str, str]) -> str:
 
 def parse_horovodrun(argv: list[str]) -> Launch:
     """horovodrun's own parser reads the arguments; its options become HOROVOD_* variables as horovodrun sets them."""
-    from horovod.runner import launch
     from horovod.runner.common.util import config_parser
 
-    with mock.patch.object(sys, "argv", ["horovodrun", *argv[1:]]):
-        try:
-            args = launch.parse_args()
-        except SystemExit:
-            raise ValueError(f"horovodrun rejects the launcher's arguments: {' '.join(argv)}") from None
+    args = validate.horovodrun_args(argv)
     if not args.command:
         raise ValueError("the horovodrun command line has no training command after its options")
     env: dict[str, str] = {}

@@ -20,11 +20,13 @@ import difflib
 import json
 import re
 import shlex
+import sys
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from typing import Any
+from unittest import mock
 
 import yaml
 
@@ -169,19 +171,28 @@ def launcher_np(argv: list[str]) -> tuple[str | None, str | None]:
     return None, None
 
 
+def horovodrun_args(argv: list[str]) -> Any:
+    """The arguments of horovodrun in a launcher argv (from the word naming it on), read by horovodrun's own parser;
+    raises ValueError where it refuses them."""
+    from horovod.runner import launch
+
+    start = next(i for i, word in enumerate(argv) if word.rsplit("/", 1)[-1] == "horovodrun")
+    with mock.patch.object(sys, "argv", ["horovodrun", *argv[start + 1:]]):
+        try:
+            return launch.parse_args()
+        except SystemExit:
+            raise ValueError(f"horovodrun rejects the launcher's arguments: {' '.join(argv[start:])}") from None
+
+
 def horovodrun_hosts(argv: list[str]) -> bool:
-    """Whether horovodrun in a launcher argv is told its hosts (``--hostfile``, ``-H``/``--hosts`` or
-    ``--host-discovery-script``), before the training command; without, it runs every rank on its own host."""
-    flags = ("--hostfile", "-H", "--hosts", "--host-discovery-script")
-    for index, word in enumerate(argv):
-        if word.rsplit("/", 1)[-1] == "horovodrun":
-            for flag in argv[index + 1:]:
-                if flag in flags or flag.split("=")[0] in flags:
-                    return True
-                if not flag.startswith("-") and flag.rsplit("/", 1)[-1] in ("python", "python3", "hvdcomp"):
-                    return False  # the training command: its own flags are not horovodrun's
-            return False
-    return False
+    """Whether horovodrun in a launcher argv is told its hosts (a hostfile, hosts or a host discovery script);
+    without, it starts every rank on the launcher's own host. Arguments horovodrun refuses count as told (that
+    problem is another's)."""
+    try:
+        args = horovodrun_args(argv)
+    except ValueError:
+        return True
+    return bool(args.hostfile or args.hosts or args.host_discovery_script)
 
 
 def _quantity_int(value: Any) -> int | None:
