@@ -214,7 +214,7 @@ def _rule(where: str, entry: Mapping[str, Any], match: str, defaults: Mapping[st
         # checked now, not at the first parameter it meets; options inherited from the defaults were checked there
         # (against the default method), and each reduction is given only those it takes
         if "collective_options" in entry:
-            reductions.check_options(compressor, collective_options, collective)
+            reductions.check_options(compressor, collective_options, collective, named=where == _TOP)
         for name in reductions.resolved(compressor, collective):  # each checks the values it takes
             reductions.make(name, compressor, collective_options)
     except ValueError as error:

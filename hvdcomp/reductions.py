@@ -362,9 +362,13 @@ def resolved(traits: Traits, requested: str) -> tuple[str, ...]:
     return automatic(traits) if requested == "auto" else (choose(traits, requested, 2),)
 
 
-def check_options(traits: Traits, options: Mapping[str, Any], requested: str = "auto") -> None:
-    """Raises if an option is taken by none of the reductions ``requested`` may resolve to (:func:`resolved`)."""
+def check_options(traits: Traits, options: Mapping[str, Any], requested: str = "auto", named: bool = False) -> None:
+    """Raises if an option is taken by none of the reductions ``requested`` may resolve to (:func:`resolved`), or,
+    with ``named``, by ``requested`` itself (the configuration's top level, whose collective and options carry over
+    to overrides whose methods may take it where the default method does not: ``none``, ``fp16``)."""
     names = resolved(traits, requested)
+    if named and requested != "auto" and requested not in names:
+        names = (*names, requested)
     valid = sorted({key for name in names for key in _options(name)})
     for key in options:
         if key not in valid:

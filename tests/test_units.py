@@ -273,6 +273,12 @@ def test_config_choices() -> None:
                                      "overrides": [{"match": "*.bias", "method": "fp16"}]})
     assert mixed.choose("b.bias", (10**6,), 2).reduction.name == "allreduce"
     assert mixed.choose("w", (10**6,), 2).reduction.owner_error_feedback is False
+    # and the other way: a default method that takes no collective option (none) names the collective and its
+    # options for the overrides
+    dense_default = CompressionConfig.parse({"method": "none", "collective": "two_phase",
+                                            "collective_options": {"owner_error_feedback": False},
+                                            "overrides": [{"match": "w*", "method": "terngrad"}]})
+    assert dense_default.choose("w", (10**6,), 2).reduction.owner_error_feedback is False
 
 
 @pytest.mark.parametrize(("argument", "message"), [
