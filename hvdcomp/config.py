@@ -190,7 +190,8 @@ def _mapping(where: str, key: str, value: Any) -> Mapping[str, Any]:
 
 
 def _rule(where: str, entry: Mapping[str, Any], match: str, defaults: Mapping[str, Any]) -> _Rule:
-    # an override that names a method takes not the default's options, and for another method not its error_feedback
+    # an override that names a method takes not the default's options (one that names none adds its own to them),
+    # and for another method not its error_feedback
     # (whether a method needs a memory is the method's: a top-k override of an unbiased default without one would
     # lose what it does not send); the collective and its options carry over, each reduction taking those it takes
     if "method" not in entry:
@@ -201,6 +202,9 @@ def _rule(where: str, entry: Mapping[str, Any], match: str, defaults: Mapping[st
         dropped = ("options", "error_feedback")
     inherited = {k: v for k, v in defaults.items() if k not in dropped}
     merged = {**inherited, **entry}
+    if "method" not in entry and "options" in entry:  # the default's method: its options, these over them
+        merged["options"] = {**_mapping(_TOP, "options", defaults.get("options")),
+                             **_mapping(where, "options", entry["options"])}
     collective = merged.get("collective", "auto")
     if collective not in reductions.selectable():
         raise _unknown(f"collective in {where}", collective, reductions.selectable())

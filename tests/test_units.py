@@ -273,6 +273,11 @@ def test_config_choices() -> None:
                                      "overrides": [{"match": "*.bias", "method": "fp16"}]})
     assert mixed.choose("b.bias", (10**6,), 2).reduction.name == "allreduce"
     assert mixed.choose("w", (10**6,), 2).reduction.owner_error_feedback is False
+    # an override that names no method sets its options over the default's (clip stays off)
+    kept = CompressionConfig.parse({"method": "terngrad", "options": {"clip": None},
+                                    "overrides": [{"match": "emb*", "options": {"scaler_sharing": False}}]})
+    chosen = kept.choose("emb.weight", (10**6,), 2).compressor
+    assert chosen.clip is None and chosen.scaler_sharing is False
     # and the other way: a default method that takes no collective option (none) names the collective and its
     # options for the overrides
     dense_default = CompressionConfig.parse({"method": "none", "collective": "two_phase",
