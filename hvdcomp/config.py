@@ -273,11 +273,10 @@ class CompressionConfig:
             raise check.invalid("", "overrides", "a list of mappings, each with a 'match' pattern", entries)
         for i, entry in enumerate(entries):
             where = f"overrides[{i}]"
-            if not isinstance(entry, Mapping) or "match" not in entry:
-                raise ValueError(f"{where} must be a mapping with a 'match' pattern; got {entry!r}")
+            if not isinstance(entry, Mapping) or not isinstance(entry.get("match"), str):
+                raise ValueError(f"{where} must be a mapping with a 'match' pattern (a string); got {entry!r}")
             _check_keys(where, entry, _OVERRIDE_KEYS)
-            overrides.append(_rule(where, {k: v for k, v in entry.items() if k != "match"}, str(entry["match"]),
-                                   defaults))
+            overrides.append(_rule(where, {k: v for k, v in entry.items() if k != "match"}, entry["match"], defaults))
         dense = compression.get("dense") or []
         if not isinstance(dense, list | tuple) or not all(isinstance(p, str) for p in dense):
             raise check.invalid("", "dense", "a list of parameter-name patterns", dense)

@@ -369,6 +369,8 @@ def test_memory_policy_is_the_same_for_names_configs_and_objects() -> None:
     ({"method": "topk", "nonfinite": "ignore"}, "unknown nonfinite policy 'ignore'; valid: raise, skip"),
     ({"method": "topk", "error_feedback": "yes"}, "error_feedback must be true, false or null"),
     ({"overrides": [{"method": "topk"}]}, r"overrides\[0\] must be a mapping with a 'match' pattern"),
+    ({"overrides": [{"match": None, "method": "topk"}]}, r"overrides\[0\] must be a mapping with a 'match' pattern \(a "
+                                                          r"string\); got \{'match': None"),
     ({"method": "terngrad", "collective": "two_phase", "overrides": [{"match": "x", "method": "topk"}]},
      r"overrides\[0\]: .*two_phase needs fixed-size payloads"),
     ({"overrides": {"match": "fc.*", "method": "topk"}}, "overrides must be a list of mappings, each with a 'match'"),
