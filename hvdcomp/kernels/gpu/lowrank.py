@@ -12,7 +12,8 @@ lies nearly along c0, c1' is mostly rounding, in any direction), c1'' / |c1''|; 
 the PyTorch path. A zero column (column 1: once column 0 is projected out) is
 replaced, as on the PyTorch path, by its spare vector of signs (:func:`hvdcomp.methods.powersgd.spare_columns`), so
 projected (for column 1, an extra pass finds that norm) and normalized. The sums run in another order than PyTorch's,
-so the results agree to float rounding, not bit for bit.
+so the results agree to float rounding, not bit for bit (but where column 1 lies along column 0 to rounding, its
+direction is that rounding's, another on each path: both orthonormal, which is what the product P P^T M needs).
 The matrices PowerSGD orthogonalizes are its factors P (n x r) and Q (m x r): small beside the gradient.
 
 The products of a step whose matrices are several (a bucket's, a batch's) are one launch each, whatever the
