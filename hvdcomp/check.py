@@ -59,8 +59,7 @@ def number(owner: str, name: str, value: Any, *, gt: Bound = None, ge: Bound = N
         return float(value)
     if expected is None:
         adjective, suffix = _range(gt, ge, lt, le, integral=False)
-        bounded = (gt, ge) != (None, None) and (lt, le) != (None, None)
-        expected = _a(f"{adjective}{'' if bounded else 'finite '}{noun}{suffix}")
+        expected = _a(f"{adjective}{noun}{suffix}")
         expected += " or null" if optional else ""
     raise invalid(owner, name, expected, value)
 
@@ -87,8 +86,7 @@ def numbers(owner: str, name: str, value: Any, *, gt: Bound = None, ge: Bound = 
             and all(_is_number(item) and _within(item, gt, ge, lt, le) for item in value)):
         return tuple(float(item) for item in value)
     adjective, suffix = _range(gt, ge, lt, le, integral=False)
-    finite = "" if (gt, ge) != (None, None) and (lt, le) != (None, None) else "finite "
-    raise invalid(owner, name, f"a {'non-empty ' if nonempty else ''}list of {adjective}{finite}{noun}{suffix}", value)
+    raise invalid(owner, name, f"a {'non-empty ' if nonempty else ''}list of {adjective}{noun}{suffix}", value)
 
 
 @overload
@@ -126,19 +124,21 @@ def _within(value: float, gt: Bound, ge: Bound, lt: Bound, le: Bound) -> bool:
 
 def _range(gt: Bound, ge: Bound, lt: Bound, le: Bound, integral: bool) -> tuple[str, str]:
     """The bounds in words: (an adjective before the noun, a suffix after it). Both bounds read as an interval
-    ("in (0, 1]"), a lower bound of 0 (or an integer's 1) as "positive" or "non-negative", another as "> 2"."""
+    ("in (0, 1]"), a lower bound of 0 (or an integer's 1) as "positive" or "non-negative", another as "> 2"; a float
+    not bounded on both sides is said to be finite."""
     if (gt is not None and ge is not None) or (lt is not None and le is not None):
         raise TypeError("give gt or ge, and lt or le, not both")
     low, high = (gt if ge is None else ge), (lt if le is None else le)
     if low is not None and high is not None:
         return "", f" in {'(' if ge is None else '['}{_bound(low)}, {_bound(high)}{')' if le is None else ']'}"
+    finite = "" if integral else "finite "
     if high is not None:
-        return "", f" {'<' if le is None else '<='} {_bound(high)}"
+        return finite, f" {'<' if le is None else '<='} {_bound(high)}"
     if low == 0 or (integral and ge == 1):
-        return ("non-negative " if ge == 0 else "positive "), ""
+        return ("non-negative " if ge == 0 else "positive ") + finite, ""
     if low is not None:
-        return "", f" {'>' if ge is None else '>='} {_bound(low)}"
-    return "", ""
+        return finite, f" {'>' if ge is None else '>='} {_bound(low)}"
+    return finite, ""
 
 
 def _bound(value: int | float) -> str:

@@ -929,7 +929,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     else:
                         group[key] = value
         self._create_missing_state(sparse)
-        if self.state_dict()["state"]:  # the same parameters' on every rank; none: Horovod's would call step()
+        if super().state_dict()["state"]:  # the same parameters' on every rank; none: Horovod's would call step()
             hvd.broadcast_optimizer_state(self, root_rank, model)
         if {loaded for _, loaded, rank_steps, _ in gathered if rank_steps} != {False, True}:
             return

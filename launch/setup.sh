@@ -61,9 +61,11 @@ die() {
 # then inherits it. A CUDA build that cannot reach the GPU here (a container without the device) counts where
 # nvidia-smi answers; a CPU build never does.
 system_torch_has_cuda() {
-    python3 -c 'import sys, torch; sys.exit(0 if torch.version.cuda else 1)' >/dev/null 2>&1 || return 1
-    python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1 && return 0
-    command -v nvidia-smi >/dev/null && nvidia-smi >/dev/null 2>&1
+    local status=0  # 0: a GPU is available, 2: a CUDA build without one, 1: no torch or a CPU build
+    python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 2 if torch.version.cuda else 1)' \
+        >/dev/null 2>&1 || status=$?
+    [[ $status -eq 0 ]] && return 0
+    [[ $status -eq 2 ]] && command -v nvidia-smi >/dev/null && nvidia-smi >/dev/null 2>&1
 }
 
 # a. The system packages a build needs, those missing (Debian's names): Open MPI (mpirun to launch ranks, mpicc and

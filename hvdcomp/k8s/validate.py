@@ -304,7 +304,8 @@ def rule_problems(job: Mapping[str, Any], where: str) -> Iterator[Problem]:
         hosts = replicas + (1 if spec.get("runLauncherAsWorker") else 0)
         expected = hosts * slots
         path = f"{base}.Launcher.template.spec.containers[0]"
-        program, np = launcher_np(launcher_argv(_containers(launcher["template"])[0]))
+        argv = launcher_argv(_containers(launcher["template"])[0])
+        program, np = launcher_np(argv)
         if program is None:
             yield Problem(where, f"{path}.command", f"runs neither {' nor '.join(LAUNCHERS)} (hvdcomp)",
                           f"run 'horovodrun -np {expected} --hostfile /etc/mpi/hostfile ...' or "
@@ -315,7 +316,7 @@ def rule_problems(job: Mapping[str, Any], where: str) -> Iterator[Problem]:
         elif np != str(expected):
             yield Problem(where, f"{path}.args", f"-np {np}, but {hosts} hosts x slotsPerWorker {slots} = {expected} "
                           "(hvdcomp)", f"use -np {expected}, or change the worker replicas or slotsPerWorker")
-        if program == "horovodrun" and not horovodrun_hosts(launcher_argv(_containers(launcher["template"])[0])):
+        if program == "horovodrun" and not horovodrun_hosts(argv):
             yield Problem(where, f"{path}.args", "horovodrun names no hosts: it would start every rank in the "
                           "launcher's pod (its default, localhost) (hvdcomp)",
                           "add --hostfile /etc/mpi/hostfile (the operator's), before the training command")
